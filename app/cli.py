@@ -1,0 +1,194 @@
+"""The ``tandem`` command: chat, generate, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from engine.drafters import DRAFTER_NAMES, make_drafter
+from engine.errors import TandemError
+from engine.generation import GenerationConfig, generate
+from engine.model_store import default_model_path, default_model_ready
+from engine.sampling import SamplingParams
+from engine.stats import GenerationStats
+from engine.target import Target, TargetConfig
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=Path, default=None,
+                   help="GGUF target (default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: cores)")
+    p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--drafter", choices=DRAFTER_NAMES, default="lookup")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=512)
+
+
+def _open_target(args: argparse.Namespace) -> Target:
+    path = args.model
+    if path is None:
+        if not default_model_ready():
+            print("tandem: preparing the bundled model (first start only)...",
+                  file=sys.stderr, flush=True)
+        path = default_model_path()
+    return Target(path, TargetConfig(n_ctx=args.ctx, n_threads=args.threads))
+
+
+def _gen_config(args: argparse.Namespace) -> GenerationConfig:
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                              top_k=args.top_k, seed=args.seed)
+    return GenerationConfig(max_tokens=args.max_tokens, sampling=sampling)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    config = _gen_config(args)
+    with _open_target(args) as target:
+        prompt = (target.tokenize(args.prompt) if args.raw
+                  else target.chat_prompt([{"role": "user", "content": args.prompt}]))
+        stream = None if args.json else (lambda s: print(s, end="", flush=True))
+        result = generate(target, prompt, make_drafter(args.drafter), config, on_text=stream)
+    if args.json:
+        print(json.dumps({"text": result.text, "tokens": result.tokens,
+                          "finish_reason": result.finish_reason,
+                          "stats": result.stats.summary()}))
+    else:
+        print()
+        print(_stats_line(result.stats), file=sys.stderr)
+    return 0
+
+
+def _stats_line(stats: GenerationStats) -> str:
+    line = (f"[{stats.n_new} tokens, {stats.tok_per_s:.1f} tok/s, "
+            f"first token {stats.ttft_s * 1000:.0f} ms")
+    if stats.drafter != "none":
+        line += f", {stats.mean_accepted:.2f} tokens per verification"
+    return line + "]"
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    config = _gen_config(args)
+    with _open_target(args) as target:
+        print(f"Tandem chat on {target.path.name} ({target.n_threads} threads, "
+              f"drafter: {args.drafter}). /reset clears, /quit or Ctrl-D leaves.")
+        messages: list[dict[str, str]] = []
+        if args.system:
+            messages.append({"role": "system", "content": args.system})
+        n_fixed = len(messages)
+        while True:
+            try:
+                user = input("\nyou> ").strip()
+            except (EOFError, KeyboardInterrupt):
+                print()
+                return 0
+            if not user:
+                continue
+            if user in ("/quit", "/exit"):
+                return 0
+            if user == "/reset":
+                del messages[n_fixed:]
+                print("(conversation cleared)")
+                continue
+            messages.append({"role": "user", "content": user})
+            print("tandem> ", end="", flush=True)
+            try:
+                result = generate(target, target.chat_prompt(messages),
+                                  make_drafter(args.drafter), config,
+                                  on_text=lambda s: print(s, end="", flush=True))
+            except KeyboardInterrupt:
+                print("\n(stopped)")
+                messages.pop()
+                continue
+            except TandemError as exc:
+                print(f"\n(error: {exc})")
+                messages.pop()
+                continue
+            messages.append({"role": "assistant", "content": result.text})
+            print("\n" + _stats_line(result.stats))
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from engine.bench import engine_runner, format_table, load_prompts, parse_drafter_list
+    from engine.bench import run_bench
+    from engine.bench_baselines import BASELINE_NAMES, baseline_runner
+
+    names = parse_drafter_list(args.drafters, (*DRAFTER_NAMES, *BASELINE_NAMES))
+    prompts = load_prompts(args.prompts, args.per_category)
+    with _open_target(args) as target:
+        runners = {n: (baseline_runner(n, target) if n in BASELINE_NAMES
+                       else engine_runner(target, n)) for n in names}
+        meta = {"model": str(target.path), "threads": target.n_threads,
+                "max_tokens": args.max_tokens, "prompts": str(args.prompts),
+                "per_category": args.per_category, "drafters": names,
+                "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+        bar = tqdm(total=len(prompts) * len(names), unit="run", file=sys.stderr)
+
+        def progress(i: int, total: int, what: str) -> None:
+            bar.n = i
+            bar.set_postfix_str(what)
+            bar.refresh()
+
+        payload = run_bench(target, prompts, runners, args.max_tokens, args.json,
+                            meta, progress, resume=not args.fresh)
+        bar.close()
+    print(format_table(payload["summary"]))
+    if args.json:
+        print(f"results written to {args.json}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tandem", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("chat", help="chat in the terminal")
+    _add_model_args(p)
+    _add_sampling_args(p)
+    p.add_argument("--system", default="", help="system prompt")
+    p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("generate", help="answer one prompt")
+    _add_model_args(p)
+    _add_sampling_args(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--raw", action="store_true", help="no chat template")
+    p.add_argument("--json", action="store_true", help='print {"text", "tokens", "stats"}')
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("bench", help="drafters side by side on benchmark prompts")
+    _add_model_args(p)
+    p.add_argument("--prompts", type=Path, required=True, help="Spec-Bench style JSONL")
+    p.add_argument("--per-category", type=int, default=None)
+    p.add_argument("--drafters", default="none,lookup",
+                   help="comma-separated; also lcp and lcp-lookup (llama-cpp-python's own)")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--json", type=Path, default=None, help="write results here (resumes)")
+    p.add_argument("--fresh", action="store_true", help="ignore results already in --json")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING)
+    try:
+        return args.func(args)
+    except (TandemError, ValueError, OSError) as exc:
+        print(f"tandem: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Which drafted tokens the target keeps. Pure functions on logits, unit-tested alone.
+
+Nodes use verification numbering: 0 is the root (the last token), node i+1 is draft
+node i. ``logits[k]`` is the target's prediction for the token after node k.
+
+Lossless by construction:
+- greedy: walk down while the target's argmax is a child; the first mismatch is
+  replaced by the target's own token, so output equals plain greedy decoding;
+- sampling: drafts are proposed deterministically (a function of the context alone), so
+  each child is accepted with the target's current probability of its token, and on
+  rejection that token is removed and the rest renormalised (recursive rejection over
+  siblings). If every child is rejected the token is drawn from the residual. Each
+  emitted token is then distributed exactly as the target's distribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.sampling import SamplingParams, sample, target_distribution
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    path: list[int]  # accepted nodes, verification numbering, starting with the root 0
+    next_token: int  # the target's own token after the last accepted node
+
+
+def accept_greedy(children: list[list[int]], node_tokens: list[int],
+                  logits: np.ndarray) -> Acceptance:
+    """Follow the target's argmax down the tree."""
+    path = [0]
+    node = 0
+    while True:
+        best = int(np.argmax(logits[node]))
+        nxt = next((c for c in children[node] if node_tokens[c] == best), None)
+        if nxt is None:
+            return Acceptance(path, best)
+        path.append(nxt)
+        node = nxt
+
+
+def accept_one_level(probs: np.ndarray, candidates: list[int], rng: np.random.Generator
+                     ) -> tuple[int | None, np.ndarray]:
+    """Recursive rejection over deterministic candidates at one node.
+
+    Returns (index into candidates of the accepted one or None, the residual
+    distribution after the rejections). ``probs`` is not modified.
+    """
+    residual = probs
+    for j, tok in enumerate(candidates):
+        p_tok = residual[tok]
+        if p_tok > 0.0 and rng.random() < p_tok:
+            return j, residual
+        if p_tok > 0.0:
+            residual = residual.copy() if residual is probs else residual
+            residual[tok] = 0.0
+            residual /= residual.sum()
+    return None, residual
+
+
+def accept_sampling(children: list[list[int]], node_tokens: list[int], logits: np.ndarray,
+                    params: SamplingParams, rng: np.random.Generator,
+                    distribution: Callable[[np.ndarray, SamplingParams], np.ndarray]
+                    = target_distribution) -> Acceptance:
+    """Rejection sampling down the tree, keeping the target distribution exactly."""
+    path = [0]
+    node = 0
+    while True:
+        probs = distribution(logits[node], params)
+        kids = children[node]
+        if not kids:
+            return Acceptance(path, sample(probs, rng))
+        j, residual = accept_one_level(probs, [node_tokens[c] for c in kids], rng)
+        if j is None:
+            return Acceptance(path, sample(residual, rng))
+        node = kids[j]
+        path.append(node)
+
+
+def accept(children: list[list[int]], node_tokens: list[int], logits: np.ndarray,
+           params: SamplingParams, rng: np.random.Generator) -> Acceptance:
+    if params.greedy:
+        return accept_greedy(children, node_tokens, logits)
+    return accept_sampling(children, node_tokens, logits, params, rng)

@@ -1,0 +1,223 @@
+"""Side-by-side benchmark: every drafter on the same prompts in one run, as ratios.
+
+Results are written after every prompt; a second run with the same output file picks
+up where the first stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.drafters import make_drafter
+from engine.errors import ContextFullError
+from engine.generation import GenerationConfig, generate
+from engine.target import Target
+
+Runner = Callable[[list[int], int], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    question_id: int | str
+    category: str
+    turns: list[str]
+
+
+def load_prompts(path: str | os.PathLike[str], per_category: int | None = None
+                 ) -> list[BenchPrompt]:
+    """Spec-Bench style JSONL (``question_id``, ``category``, ``turns``)."""
+    taken: dict[str, int] = defaultdict(int)
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                prompt = BenchPrompt(row["question_id"], row["category"], list(row["turns"]))
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}:{line_no}: not a benchmark prompt ({exc})") from exc
+            if per_category is not None and taken[prompt.category] >= per_category:
+                continue
+            taken[prompt.category] += 1
+            out.append(prompt)
+    return out
+
+
+def engine_runner(target: Target, drafter_name: str) -> Runner:
+    """Runs one greedy generation with Tandem's engine from an empty cache."""
+
+    def run(prompt: list[int], max_tokens: int) -> dict[str, Any]:
+        target.reset()
+        result = generate(target, prompt, make_drafter(drafter_name),
+                          GenerationConfig(max_tokens=max_tokens))
+        s = result.stats
+        return {"new_tokens": s.n_new, "seconds": s.t_total_s, "ttft_s": s.ttft_s,
+                "decode_seconds": s.t_total_s - s.ttft_s, "mean_accepted": s.mean_accepted,
+                "text": result.text, "tokens": result.tokens}
+
+    return run
+
+
+def _decode_speed(rows: list[dict[str, Any]]) -> float:
+    """Tokens after the first over the time after the first, summed over prompts."""
+    n = sum(max(r["new_tokens"] - 1, 0) for r in rows)
+    t = sum(r["decode_seconds"] for r in rows)
+    return n / t if t > 0 else 0.0
+
+
+def summarize(results: list[dict[str, Any]], baseline: str = "none") -> dict[str, Any]:
+    """Per category and drafter: tok/s, ratio to the baseline, tau, TTFT."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        groups[(r["category"], r["drafter"])].append(r)
+    categories = sorted({c for c, _ in groups})
+    drafters = list(dict.fromkeys(r["drafter"] for r in results))
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for cat in categories:
+        base_rows = groups.get((cat, baseline), [])
+        base = _decode_speed(base_rows) if base_rows else 0.0
+        table[cat] = {}
+        for d in drafters:
+            rows = groups.get((cat, d), [])
+            if not rows:
+                continue
+            speed = _decode_speed(rows)
+            table[cat][d] = {
+                "n_prompts": len(rows),
+                "tok_per_s": speed,
+                "ratio": speed / base if base else float("nan"),
+                "mean_accepted": statistics.fmean(r["mean_accepted"] for r in rows),
+                "ttft_s": statistics.fmean(r["ttft_s"] for r in rows),
+            }
+    overall = {}
+    for d in drafters:
+        ratios = [table[c][d]["ratio"] for c in categories if d in table[c]]
+        speeds = [table[c][d]["tok_per_s"] for c in categories if d in table[c]]
+        overall[d] = {"mean_ratio": statistics.fmean(ratios) if ratios else float("nan"),
+                      "min_ratio": min(ratios) if ratios else float("nan"),
+                      "mean_tok_per_s": statistics.fmean(speeds) if speeds else 0.0}
+    return {"baseline": baseline, "categories": table, "overall": overall}
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """A plain-text table: tok/s, ratio to the baseline, tau and TTFT per category."""
+    base = summary["baseline"]
+    cats = summary["categories"]
+    drafters = list(summary["overall"])
+    head = f"{'category':<15}" + "".join(
+        f"{d + ' tok/s':>16}" + ("" if d == base else f"{'x' + base:>8}{'tau':>6}")
+        for d in drafters) + "".join(f"{'ttft ' + d:>14}" for d in drafters)
+    lines = [head, "-" * len(head)]
+    for cat, row in cats.items():
+        line = f"{cat:<15}"
+        for d in drafters:
+            cell = row.get(d)
+            if cell is None:
+                line += f"{'-':>16}" + ("" if d == base else f"{'-':>8}{'-':>6}")
+                continue
+            line += f"{cell['tok_per_s']:>16.1f}"
+            if d != base:
+                line += f"{cell['ratio']:>7.2f}x{cell['mean_accepted']:>6.2f}"
+        for d in drafters:
+            cell = row.get(d)
+            line += f"{cell['ttft_s'] * 1000:>12.0f}ms" if cell else f"{'-':>14}"
+        lines.append(line)
+    lines.append("-" * len(head))
+    line = f"{'mean':<15}"
+    for d in drafters:
+        o = summary["overall"][d]
+        line += f"{o['mean_tok_per_s']:>16.1f}"
+        if d != base:
+            line += f"{o['mean_ratio']:>7.2f}x{'':>6}"
+    lines.append(line)
+    return "\n".join(lines)
+
+
+def _load_previous(out_path: Path | None) -> list[dict[str, Any]]:
+    if out_path is None or not out_path.is_file():
+        return []
+    try:
+        return list(json.loads(out_path.read_text())["results"])
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return []
+
+
+def _save(out_path: Path | None, payload: dict[str, Any]) -> None:
+    if out_path is None:
+        return
+    tmp = out_path.with_name(out_path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    os.replace(tmp, out_path)
+
+
+def run_bench(
+    target: Target,
+    prompts: list[BenchPrompt],
+    runners: dict[str, Runner],
+    max_tokens: int,
+    out_path: Path | None = None,
+    meta: dict[str, Any] | None = None,
+    on_progress: Callable[[int, int, str], None] | None = None,
+    resume: bool = True,
+) -> dict[str, Any]:
+    """Run every runner on every prompt (drafters interleaved per prompt, their order
+    rotated so no drafter always runs on a warmer machine). Returns the JSON payload."""
+    results = _load_previous(out_path) if resume else []
+    done = {(r["question_id"], r["drafter"]) for r in results}
+    names = list(runners)
+    total = len(prompts) * len(names)
+    count = 0
+    _warm_up(target, runners)
+    for i, prompt in enumerate(prompts):
+        tokens = target.chat_prompt([{"role": "user", "content": prompt.turns[0]}])
+        order = names[i % len(names):] + names[:i % len(names)]
+        for name in order:
+            count += 1
+            if on_progress:
+                on_progress(count, total, f"{prompt.category}/{prompt.question_id} {name}")
+            if (prompt.question_id, name) in done:
+                continue
+            try:
+                row = runners[name](tokens, max_tokens)
+            except ContextFullError as exc:
+                row = {"skipped": str(exc)}
+            row.pop("tokens", None)
+            if "skipped" in row:
+                continue
+            row["tok_per_s"] = (row["new_tokens"] - 1) / row["decode_seconds"] \
+                if row["decode_seconds"] > 0 else 0.0
+            results.append({"question_id": prompt.question_id, "category": prompt.category,
+                            "drafter": name, "n_prompt": len(tokens), **row})
+            _save(out_path, {"meta": meta or {}, "results": results,
+                             "summary": summarize(results)})
+    payload = {"meta": meta or {}, "results": results, "summary": summarize(results)}
+    _save(out_path, payload)
+    return payload
+
+
+def _warm_up(target: Target, runners: dict[str, Runner]) -> None:
+    """One short generation per runner so first-call costs do not land on a prompt."""
+    warm = target.chat_prompt([{"role": "user", "content": "Say hello."}])
+    for run in runners.values():
+        run(warm, 8)
+
+
+def parse_drafter_list(text: str, known: Iterable[str]) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    known = set(known)
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise ValueError(f"unknown drafter(s) {', '.join(bad)}; choose from "
+                         f"{', '.join(sorted(known))}")
+    if "none" in names:  # the baseline first, so ratios are read against it
+        names.remove("none")
+        names.insert(0, "none")
+    return names

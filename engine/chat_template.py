@@ -1,0 +1,53 @@
+"""Chat formatting from the GGUF's own Jinja template (``tokenizer.chat_template``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# Used only when a GGUF carries no template: ChatML, the most common instruct format.
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class _ModelFacts(Protocol):
+    def chat_template(self) -> str | None: ...
+    def pieces(self) -> list[bytes]: ...
+    bos_id: int
+    eog_ids: frozenset[int]
+
+
+def _raise(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+@dataclass
+class ChatTemplate:
+    source: str
+    bos_token: str = ""
+    eos_token: str = ""
+
+    @classmethod
+    def from_model(cls, model: _ModelFacts) -> ChatTemplate:
+        pieces = model.pieces()
+
+        def text(tok: int) -> str:
+            return pieces[tok].decode("utf-8", "replace") if 0 <= tok < len(pieces) else ""
+
+        eos = min(model.eog_ids) if model.eog_ids else -1
+        return cls(model.chat_template() or CHATML, text(model.bos_id), text(eos))
+
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """The prompt text for ``messages`` (dicts with ``role`` and ``content``)."""
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        template = env.from_string(self.source)
+        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                               bos_token=self.bos_token, eos_token=self.eos_token)

@@ -1,0 +1,64 @@
+"""The shape of a draft: a chain or a tree of proposed tokens hanging off the last token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DraftTree:
+    """Draft tokens; ``parents[i]`` is the index of node i's parent, -1 for the root.
+
+    The root is the last committed-but-unevaluated token, kept outside the tree. Parents
+    come before their children, and siblings carry distinct tokens, so a verification
+    batch can be written in index order and a path is identified by its tokens.
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+
+    @classmethod
+    def chain(cls, tokens: list[int]) -> DraftTree:
+        return cls(list(tokens), list(range(-1, len(tokens) - 1)))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, token: int, parent: int) -> int:
+        """Append a node and return its index."""
+        if not -1 <= parent < len(self.tokens):
+            raise ValueError(f"parent {parent} is not an existing node")
+        self.tokens.append(token)
+        self.parents.append(parent)
+        return len(self.tokens) - 1
+
+    def child_with_token(self, parent: int, token: int) -> int | None:
+        for i, p in enumerate(self.parents):
+            if p == parent and self.tokens[i] == token:
+                return i
+        return None
+
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def depths(self) -> list[int]:
+        """Depth of each node; the root's children have depth 1."""
+        out: list[int] = []
+        for p in self.parents:
+            out.append(1 if p < 0 else out[p] + 1)
+        return out
+
+    def children(self) -> list[list[int]]:
+        """Children of each node in *verification numbering*: 0 is the root, node i is i+1."""
+        kids: list[list[int]] = [[] for _ in range(len(self.tokens) + 1)]
+        for i, p in enumerate(self.parents):
+            kids[p + 1].append(i + 1)
+        return kids
+
+    def leaves(self) -> list[int]:
+        has_child = {p for p in self.parents if p >= 0}
+        return [i for i in range(len(self.tokens)) if i not in has_child]
+
+    def truncated(self, n_max: int) -> DraftTree:
+        """The first ``n_max`` nodes (still a tree, since parents come first)."""
+        return DraftTree(self.tokens[:n_max], self.parents[:n_max])

@@ -1,0 +1,41 @@
+"""The drafter lifecycle every drafter follows: begin, draft, accept, stats."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from engine.draft_tree import DraftTree
+
+
+class Drafter(ABC):
+    """Proposes tokens for the target to verify.
+
+    Contract (what keeps speculative sampling exact): ``draft`` is a function of the
+    context the drafter has seen, never of the verifier's random draws, and siblings in a
+    tree carry distinct tokens.
+    """
+
+    name: str = "drafter"
+    needs_features: bool = False  # whether accept() wants the target's hidden states
+
+    @abstractmethod
+    def begin(self, context: list[int], features: np.ndarray | None) -> None:
+        """Start a generation. ``context`` is the prompt plus the first sampled token;
+        ``features`` (when needed) are the target's hidden states of the evaluated
+        prompt tokens."""
+
+    @abstractmethod
+    def draft(self, max_tokens: int) -> DraftTree:
+        """Propose at most ``max_tokens`` tokens to follow the context."""
+
+    @abstractmethod
+    def accept(self, new_tokens: list[int], features: np.ndarray | None) -> None:
+        """The target committed: ``new_tokens`` were appended to the context (accepted
+        drafts, then the target's own next token); ``features`` are the target's hidden
+        states of the tokens just evaluated and kept (root and accepted drafts)."""
+
+    def stats(self) -> dict[str, float]:
+        """Drafter-specific counters for the dashboard."""
+        return {}

@@ -1,0 +1,164 @@
+"""One generation loop for every mode: plain decoding and speculative decoding.
+
+Phases: prefill (prompt -> first token), then steps. A step drafts (or not), verifies
+``[last, *draft]`` in one decode, accepts, commits the accepted path, and emits tokens.
+With no drafter a step is exactly plain decoding, so both modes share every line that
+touches the target and the sampler.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.acceptance import accept
+from engine.draft_tree import DraftTree
+from engine.drafters.base import Drafter
+from engine.errors import InvalidSamplingError
+from engine.sampling import SamplingParams, choose
+from engine.stats import GenerationStats, StepStats
+from engine.target import Target
+from engine.text_stream import TextStream
+
+_EMPTY_DRAFT = DraftTree()
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_tokens: int = 256
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    max_draft: int = 8  # draft tokens verified per step, on top of the root
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise InvalidSamplingError(f"max_tokens must be >= 1, got {self.max_tokens!r}")
+        if self.max_draft < 0:
+            raise InvalidSamplingError(f"max_draft must be >= 0, got {self.max_draft!r}")
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    text: str
+    finish_reason: str  # "eos", "stop", "length", "context", "cancelled"
+    stats: GenerationStats
+
+
+class _Emitter:
+    """Applies end conditions token by token and streams text."""
+
+    def __init__(self, target: Target, config: GenerationConfig,
+                 on_text: Callable[[str], None] | None) -> None:
+        self.target = target
+        self.max_tokens = config.max_tokens
+        self.stream = TextStream(config.stop)
+        self.on_text = on_text
+        self.tokens: list[int] = []
+        self.finish_reason: str | None = None
+
+    def emit(self, tokens: list[int]) -> None:
+        for tok in tokens:
+            if self.finish_reason is not None:
+                return
+            if self.target.is_end_of_generation(tok):
+                self.finish_reason = "eos"
+                return
+            self.tokens.append(tok)
+            delta = self.stream.feed(self.target.token_bytes(tok))
+            if delta and self.on_text:
+                self.on_text(delta)
+            if self.stream.stopped:
+                self.finish_reason = "stop"
+            elif len(self.tokens) >= self.max_tokens:
+                self.finish_reason = "length"
+
+    def close(self) -> str:
+        if self.finish_reason is None:
+            self.finish_reason = "length"
+        tail = self.stream.finish()
+        if tail and self.on_text:
+            self.on_text(tail)
+        return self.finish_reason
+
+
+def generate(
+    target: Target,
+    prompt: list[int],
+    drafter: Drafter | None = None,
+    config: GenerationConfig | None = None,
+    on_text: Callable[[str], None] | None = None,
+    on_step: Callable[[StepStats], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> GenerationResult:
+    """Generate after ``prompt``; output equals plain decoding whatever the drafter.
+
+    ``should_stop`` is polled between steps (cancellation). Raises ContextFullError when
+    the prompt does not fit (the engine stays usable), NativeError on a failed decode.
+    """
+    config = config or GenerationConfig()
+    params = config.sampling
+    rng = np.random.default_rng(params.seed)
+    stats = GenerationStats(n_prompt=len(prompt), drafter=drafter.name if drafter else "none")
+    emitter = _Emitter(target, config, on_text)
+    t0 = time.perf_counter()
+
+    target.set_features(bool(drafter and drafter.needs_features))
+    pre = target.prefill(prompt)
+    stats.n_prompt_reused = pre.n_reused
+    last = choose(pre.logits, params, rng)
+    stats.t_prefill_s = time.perf_counter() - t0
+    emitter.emit([last])
+    stats.ttft_s = time.perf_counter() - t0
+    if drafter is not None and emitter.finish_reason is None:
+        drafter.begin(prompt + [last], pre.features)
+
+    while emitter.finish_reason is None:
+        if should_stop is not None and should_stop():
+            emitter.finish_reason = "cancelled"
+            break
+        room = target.n_ctx - target.n_past - 1  # slots left after the root
+        if room < 0:
+            emitter.finish_reason = "context"
+            break
+        t_step = time.perf_counter()
+        draft = _EMPTY_DRAFT
+        if drafter is not None:
+            budget = min(config.max_draft, room, config.max_tokens - len(emitter.tokens))
+            if budget > 0:
+                draft = drafter.draft(budget).truncated(budget)
+        t_drafted = time.perf_counter()
+        ver = target.verify(last, draft)
+        if draft.tokens:
+            node_tokens = [last] + draft.tokens
+            acc = accept(draft.children(), node_tokens, ver.logits, params, rng)
+            path_tokens = [node_tokens[k] for k in acc.path]
+        else:
+            acc = accept(_ROOT_ONLY, _NO_TOKENS, ver.logits, params, rng)
+            path_tokens = [last]
+        target.commit(ver, acc.path, path_tokens)
+        t_verified = time.perf_counter()
+        new_tokens = path_tokens[1:] + [acc.next_token]
+        if drafter is not None:
+            feats = ver.features[acc.path] if ver.features is not None else None
+            drafter.accept(new_tokens, feats)
+        step = StepStats(t_draft_s=t_drafted - t_step, t_verify_s=t_verified - t_drafted,
+                         n_proposed=len(draft), n_accepted=len(acc.path) - 1,
+                         accepted_depths=tuple(range(1, len(acc.path))))
+        stats.steps.append(step)
+        if on_step is not None:
+            on_step(step)
+        emitter.emit(new_tokens)
+        last = acc.next_token
+
+    reason = emitter.close()
+    stats.n_new = len(emitter.tokens)
+    stats.t_total_s = time.perf_counter() - t0
+    return GenerationResult(emitter.tokens, emitter.stream.text, reason, stats)
+
+
+_ROOT_ONLY: list[list[int]] = [[]]
+_NO_TOKENS: list[int] = [0]

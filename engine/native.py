@@ -1,0 +1,356 @@
+"""Owners of llama.cpp's native handles. The only module of Tandem that touches ctypes.
+
+Above this layer everything is ``list[int]``, numpy arrays and plain Python values.
+Each owner has an idempotent ``close()`` and works as a context manager.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from collections import deque
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from engine.errors import ContextFullError, ModelLoadError, NativeError
+
+log = logging.getLogger(__name__)
+
+GGUF_MAGIC = b"GGUF"
+_DECODE_MEANINGS = {
+    1: "no KV-cache slot for the batch (context full)",
+    2: "aborted",
+    -1: "invalid input batch",
+}
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+# llama.cpp's recent log lines, so a load failure can say what llama.cpp objected to.
+_recent_native_log: deque[str] = deque(maxlen=40)
+
+
+@llama_cpp.llama_log_callback
+def _on_native_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", errors="replace")
+    _recent_native_log.append(line)
+    if level == 3:  # GGML_LOG_LEVEL_ERROR
+        log.debug("llama.cpp: %s", line.rstrip())
+
+
+def _ensure_backend() -> None:
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            llama_cpp.llama_log_set(_on_native_log, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _backend_ready = True
+
+
+def _native_errors_since(mark: int) -> str:
+    lines = list(_recent_native_log)[mark:]
+    errors = [ln.strip() for ln in lines if "error" in ln.lower() or "failed" in ln.lower()]
+    return "; ".join(errors[-3:])
+
+
+def supports_gpu_offload() -> bool:
+    """Whether this llama.cpp build can put layers on a GPU."""
+    _ensure_backend()
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def check_gguf_file(path: Path) -> None:
+    """Raise ModelLoadError unless ``path`` is a readable file that starts like a GGUF."""
+    if not path.exists():
+        raise ModelLoadError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelLoadError(f"model path is not a file: {path}")
+    with path.open("rb") as fh:
+        magic = fh.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(
+            f"{path} is not a GGUF file (it starts with {magic!r}, a GGUF starts with b'GGUF')"
+        )
+
+
+class NativeModel:
+    """A loaded GGUF: weights and vocabulary."""
+
+    def __init__(self, path: str | os.PathLike[str], n_gpu_layers: int = 0) -> None:
+        """Raises ModelLoadError for a missing, non-GGUF, truncated or unsupported file."""
+        self.path = Path(path)
+        check_gguf_file(self.path)
+        _ensure_backend()
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        mark = len(_recent_native_log)
+        handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
+        if not handle:
+            why = _native_errors_since(mark) or "llama.cpp could not load it"
+            raise ModelLoadError(f"cannot load {self.path}: {why}")
+        self._handle = handle
+        self._vocab = llama_cpp.llama_model_get_vocab(handle)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.n_embd = int(llama_cpp.llama_model_n_embd(handle))
+        self.n_layer = int(llama_cpp.llama_model_n_layer(handle))
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(handle))
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        self.bos_id = int(llama_cpp.llama_vocab_bos(self._vocab))
+        self.eog_ids = frozenset(
+            t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)
+        )
+        self._pieces: list[bytes] | None = None
+
+    @property
+    def handle(self) -> llama_cpp.llama_model_p:
+        if self._handle is None:
+            raise ModelLoadError("the model has been closed")
+        return self._handle
+
+    def close(self) -> None:
+        if self._handle is not None:
+            llama_cpp.llama_model_free(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> NativeModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self.handle, buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def metadata(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        # Returns the length of the value, or -1 when the key is absent.
+        n = llama_cpp.llama_model_meta_val_str(self.handle, key.encode(), buf, len(buf))
+        return None if n < 0 else buf.value.decode("utf-8", errors="replace")
+
+    def chat_template(self) -> str | None:
+        raw = llama_cpp.llama_model_chat_template(self.handle, None)
+        return raw.decode("utf-8") if raw else None
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (llama_cpp.llama_token * n_max)()
+        # Returns the count, or minus the count needed when the buffer is too small.
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special,
+                                     parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (llama_cpp.llama_token * n_max)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special,
+                                         parse_special)
+        if n < 0:
+            raise NativeError("llama_tokenize", n)
+        return list(buf[:n])
+
+    def pieces(self) -> list[bytes]:
+        """The bytes each token id renders to (special tokens rendered), cached."""
+        if self._pieces is None:
+            buf = ctypes.create_string_buffer(256)
+            out = []
+            for t in range(self.n_vocab):
+                n = llama_cpp.llama_token_to_piece(self._vocab, t, buf, len(buf), 0, True)
+                out.append(buf.raw[: max(n, 0)])
+            self._pieces = out
+        return self._pieces
+
+
+class NativeBatch:
+    """A reusable ``llama_batch`` of up to ``n_tokens_max`` tokens."""
+
+    def __init__(self, n_tokens_max: int, n_seq_max: int) -> None:
+        self.n_tokens_max = n_tokens_max
+        self.n_seq_max = n_seq_max
+        self._batch = llama_cpp.llama_batch_init(n_tokens_max, 0, n_seq_max)
+        self._open = True
+
+    @property
+    def raw(self) -> llama_cpp.llama_batch:
+        return self._batch
+
+    def fill(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        seq_ids: list[tuple[int, ...]] | None,
+        outputs: list[bool] | bool,
+    ) -> None:
+        """Fill the batch. ``seq_ids`` None puts every token in sequence 0."""
+        n = len(tokens)
+        if n > self.n_tokens_max:
+            raise ValueError(f"batch of {n} tokens exceeds its capacity {self.n_tokens_max}")
+        b = self._batch
+        tok, pos, nsq, sq, lg = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
+        for i in range(n):
+            tok[i] = tokens[i]
+            pos[i] = positions[i]
+            if seq_ids is None:
+                nsq[i] = 1
+                sq[i][0] = 0
+            else:
+                ids = seq_ids[i]
+                nsq[i] = len(ids)
+                row = sq[i]
+                for j, s in enumerate(ids):
+                    row[j] = s
+            lg[i] = outputs if isinstance(outputs, bool) else outputs[i]
+        b.n_tokens = n
+
+    def fill_one(self, token: int, position: int) -> None:
+        """The plain-decoding fast path: one token of sequence 0, with its output."""
+        b = self._batch
+        b.token[0] = token
+        b.pos[0] = position
+        b.n_seq_id[0] = 1
+        b.seq_id[0][0] = 0
+        b.logits[0] = 1
+        b.n_tokens = 1
+
+    def close(self) -> None:
+        if self._open:
+            llama_cpp.llama_batch_free(self._batch)
+            self._open = False
+
+    def __enter__(self) -> NativeBatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class NativeContext:
+    """A llama.cpp context: the KV cache and the compute graph for one model."""
+
+    def __init__(
+        self,
+        model: NativeModel,
+        n_ctx: int,
+        n_batch: int,
+        n_seq_max: int,
+        n_threads: int,
+        embeddings: bool,
+    ) -> None:
+        """Raises ModelLoadError when llama.cpp cannot create the context (memory)."""
+        _ensure_backend()
+        self.model = model
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = n_seq_max
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.embeddings = embeddings
+        params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE
+        # Tree verification puts one token in several sequences: needs one shared KV buffer.
+        params.kv_unified = True
+        mark = len(_recent_native_log)
+        handle = llama_cpp.llama_init_from_model(model.handle, params)
+        if not handle:
+            why = _native_errors_since(mark) or "out of memory?"
+            raise ModelLoadError(f"cannot create a {n_ctx}-token context: {why}")
+        self._handle = handle
+        self._memory = llama_cpp.llama_get_memory(handle)
+        self.n_ctx = int(llama_cpp.llama_n_ctx(handle))
+        self.n_batch = n_batch
+        self.n_seq_max = n_seq_max
+        self.n_vocab = model.n_vocab
+        self.n_embd = model.n_embd
+        self._embeddings = embeddings
+
+    @property
+    def handle(self) -> llama_cpp.llama_context_p:
+        if self._handle is None:
+            raise ModelLoadError("the context has been closed")
+        return self._handle
+
+    def close(self) -> None:
+        if self._handle is not None:
+            llama_cpp.llama_free(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> NativeContext:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def set_embeddings(self, on: bool) -> None:
+        """Output post-norm hidden states too. On, every token of a batch is an output."""
+        if on != self._embeddings:
+            llama_cpp.llama_set_embeddings(self.handle, on)
+            self._embeddings = on
+
+    @property
+    def embeddings(self) -> bool:
+        return self._embeddings
+
+    def set_threads(self, n_threads: int) -> None:
+        llama_cpp.llama_set_n_threads(self.handle, n_threads, n_threads)
+
+    def decode(self, batch: NativeBatch) -> None:
+        """Run the batch. Raises ContextFullError (KV full) or NativeError."""
+        rc = llama_cpp.llama_decode(self.handle, batch.raw)
+        if rc == 1:
+            raise ContextFullError(batch.raw.n_tokens, self.n_ctx, what="batch")
+        if rc != 0:
+            raise NativeError("llama_decode", rc, _DECODE_MEANINGS.get(rc, ""))
+
+    def logits(self, n_outputs: int) -> np.ndarray:
+        """Copy of the logits of the last decode's outputs, shape [n_outputs, n_vocab]."""
+        ptr = llama_cpp.llama_get_logits(self.handle)
+        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab)).copy()
+
+    def last_logits_view(self, n_outputs: int) -> np.ndarray:
+        """No-copy view of the last output's logits; valid until the next decode."""
+        ptr = llama_cpp.llama_get_logits(self.handle)
+        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab))[n_outputs - 1]
+
+    def hidden_states(self, n_outputs: int) -> np.ndarray:
+        """Copy of the post-norm hidden states of the last decode, [n_outputs, n_embd]."""
+        if not self._embeddings:
+            raise RuntimeError("hidden states need the context in embeddings mode")
+        ptr = llama_cpp.llama_get_embeddings(self.handle)
+        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_embd)).copy()
+
+    # KV cache. Positions: p0 inclusive, p1 exclusive, negative means open-ended.
+    def kv_remove(self, seq_id: int, p0: int, p1: int = -1) -> None:
+        llama_cpp.llama_memory_seq_rm(self._memory, seq_id, p0, p1)
+
+    def kv_copy(self, seq_src: int, seq_dst: int, p0: int = -1, p1: int = -1) -> None:
+        llama_cpp.llama_memory_seq_cp(self._memory, seq_src, seq_dst, p0, p1)
+
+    def kv_clear(self) -> None:
+        llama_cpp.llama_memory_clear(self._memory, True)
+
+    def kv_pos_max(self, seq_id: int) -> int:
+        """Largest position held by the sequence, -1 when it is empty."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self._memory, seq_id))
+
+    def kv_pos_min(self, seq_id: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_min(self._memory, seq_id))
+
+
+def quantize(src: Path, dst: Path, ftype: int, n_threads: int) -> None:
+    """Requantize a GGUF with llama.cpp (``allow_requantize``). Raises NativeError."""
+    _ensure_backend()
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = n_threads
+    params.allow_requantize = True
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(),
+                                        ctypes.byref(params))
+    if rc != 0:
+        raise NativeError("llama_model_quantize", rc)
+
+
+FTYPE_Q4_0 = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0

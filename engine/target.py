@@ -1,0 +1,261 @@
+"""The target model: a GGUF run by llama.cpp, with a KV cache Tandem keeps in step.
+
+State: sequence 0 of the KV cache holds ``tokens`` (positions 0..n_past-1). The last
+sampled token is *not* in the cache: each step verifies ``[last, *draft]`` and then keeps
+the accepted path (``commit``), trimming everything else.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.chat_template import ChatTemplate
+from engine.draft_tree import DraftTree
+from engine.errors import ContextFullError
+from engine.hardware import default_threads
+from engine.native import NativeBatch, NativeContext, NativeModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    n_ctx: int = 4096
+    n_threads: int | None = None  # None: one per physical core
+    n_batch: int = 256  # prefill chunk; also the largest verification batch
+    n_seq_max: int = 16  # most leaves a verification tree may have
+    features: bool = False  # post-norm hidden states, for a draft head
+
+
+@dataclass
+class Verification:
+    """What one verification decode produced. Valid until the next decode."""
+
+    logits: np.ndarray  # [1 + n_draft, n_vocab]; row 0 predicts the token after the root
+    features: np.ndarray | None  # [1 + n_draft, n_embd] when features are on
+    leaf_seq: dict[int, int]  # draft-tree leaf (verification numbering) -> sequence id
+    node_seqs: list[tuple[int, ...]]  # sequence ids of each node
+
+
+@dataclass
+class Prefill:
+    logits: np.ndarray  # [n_vocab] for the token after the prompt
+    features: np.ndarray | None  # [n_evaluated, n_embd] for the newly evaluated tokens
+    n_reused: int  # prompt tokens found already in the cache
+
+
+class Target:
+    """A llama.cpp model and context with Tandem's bookkeeping of sequence 0."""
+
+    def __init__(self, model_path: str | os.PathLike[str], config: TargetConfig | None = None
+                 ) -> None:
+        """Raises ModelLoadError (missing, corrupt or unsupported GGUF, or no memory)."""
+        self.config = config or TargetConfig()
+        self.path = Path(model_path)
+        self.n_threads = self.config.n_threads or default_threads()
+        self.model = NativeModel(self.path)
+        try:
+            n_ctx = min(self.config.n_ctx, self.model.n_ctx_train or self.config.n_ctx)
+            self.ctx = NativeContext(self.model, n_ctx=n_ctx, n_batch=self.config.n_batch,
+                                     n_seq_max=self.config.n_seq_max,
+                                     n_threads=self.n_threads,
+                                     embeddings=self.config.features)
+            self.batch = NativeBatch(self.config.n_batch, self.config.n_seq_max)
+        except BaseException:
+            self.model.close()
+            raise
+        self.template = ChatTemplate.from_model(self.model)
+        self.tokens: list[int] = []
+
+    # --- lifecycle -------------------------------------------------------------------
+    def close(self) -> None:
+        for owner in ("batch", "ctx", "model"):
+            handle = getattr(self, owner, None)
+            if handle is not None:
+                handle.close()
+
+    def __enter__(self) -> Target:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- facts -----------------------------------------------------------------------
+    @property
+    def n_ctx(self) -> int:
+        return self.ctx.n_ctx
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_vocab(self) -> int:
+        return self.model.n_vocab
+
+    @property
+    def n_embd(self) -> int:
+        return self.model.n_embd
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return token in self.model.eog_ids
+
+    # --- text ------------------------------------------------------------------------
+    def tokenize(self, text: str, special: bool = True) -> list[int]:
+        """Tokens of ``text``; ``special`` parses control tokens such as <|im_start|>."""
+        return self.model.tokenize(text, add_special=self.model.add_bos, parse_special=special)
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        """Tokens of a conversation formatted with the GGUF's chat template."""
+        text = self.template.render(messages, add_generation_prompt=True)
+        # The template writes BOS itself when the model wants one.
+        return self.model.tokenize(text, add_special=False, parse_special=True)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.model.pieces()[token]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        pieces = self.model.pieces()
+        return b"".join(pieces[t] for t in tokens).decode("utf-8", errors="replace")
+
+    # --- KV cache --------------------------------------------------------------------
+    def reset(self) -> None:
+        self.ctx.kv_clear()
+        self.tokens = []
+
+    def rollback(self, n_keep: int) -> None:
+        """Forget everything after the first ``n_keep`` committed tokens."""
+        if n_keep < len(self.tokens):
+            self.ctx.kv_remove(0, n_keep, -1)
+            del self.tokens[n_keep:]
+
+    def set_features(self, on: bool) -> None:
+        self.ctx.set_embeddings(on)
+
+    # --- prefill ---------------------------------------------------------------------
+    def prefill(self, prompt: list[int]) -> Prefill:
+        """Evaluate ``prompt`` in chunks, reusing the cached common prefix.
+
+        Raises ContextFullError (nothing changed) when the prompt cannot fit with room
+        for one new token; NativeError on a failed decode (the cache is rolled back).
+        """
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if len(prompt) + 1 > self.n_ctx:
+            raise ContextFullError(len(prompt) + 1, self.n_ctx)
+        n_same = 0
+        for a, b in zip(self.tokens, prompt, strict=False):
+            if a != b:
+                break
+            n_same += 1
+        # Evaluate at least the last prompt token: its logits choose the first new token.
+        n_keep = min(n_same, len(prompt) - 1)
+        self.rollback(n_keep)
+        todo = prompt[n_keep:]
+        feats: list[np.ndarray] = []
+        logits = None
+        try:
+            for start in range(0, len(todo), self.config.n_batch):
+                chunk = todo[start:start + self.config.n_batch]
+                last_chunk = start + len(chunk) == len(todo)
+                pos0 = n_keep + start
+                outputs = [False] * len(chunk)
+                outputs[-1] = last_chunk
+                self.batch.fill(chunk, list(range(pos0, pos0 + len(chunk))), None, outputs)
+                self.ctx.decode(self.batch)
+                self.tokens.extend(chunk)
+                # In embeddings mode every token is an output, whatever the flags say.
+                n_out = len(chunk) if self.ctx.embeddings else int(last_chunk)
+                if self.ctx.embeddings:
+                    feats.append(self.ctx.hidden_states(n_out))
+                if last_chunk:
+                    logits = self.ctx.logits(n_out)[n_out - 1]
+        except BaseException:
+            self.rollback(n_keep)
+            raise
+        assert logits is not None
+        features = np.concatenate(feats) if feats else None
+        return Prefill(logits=logits, features=features, n_reused=n_keep)
+
+    # --- verification ----------------------------------------------------------------
+    def verify(self, root: int, draft: DraftTree) -> Verification:
+        """Decode ``[root, *draft]`` in one batch; every node is an output.
+
+        A chain lives in sequence 0. A tree gives each leaf its own sequence (the first
+        leaf sequence 0), copies the committed prefix into each, and puts every node in
+        the sequences of the leaves below it, at position n_past + depth.
+        Raises ContextFullError (nothing changed) when the batch does not fit.
+        """
+        n = 1 + len(draft)
+        if self.n_past + n > self.n_ctx:
+            raise ContextFullError(self.n_past + n, self.n_ctx, what="verification batch")
+        base = self.n_past
+        if len(draft) == 0:
+            self.batch.fill_one(root, base)
+            self._decode_or_trim()
+            logits = self.ctx.last_logits_view(1)[None, :]
+            feats = self.ctx.hidden_states(1) if self.ctx.embeddings else None
+            return Verification(logits, feats, {0: 0}, [(0,)])
+
+        depths = [0] + draft.depths()
+        tokens = [root] + draft.tokens
+        positions = [base + d for d in depths]
+        if draft.is_chain():
+            node_seqs: list[tuple[int, ...]] = [(0,)] * n
+            leaf_seq = {n - 1: 0}
+            self.batch.fill(tokens, positions, None, True)
+        else:
+            leaves = [leaf + 1 for leaf in draft.leaves()]
+            if len(leaves) > self.config.n_seq_max:
+                raise ValueError(f"a tree of {len(leaves)} leaves exceeds n_seq_max="
+                                 f"{self.config.n_seq_max}")
+            leaf_seq = {leaf: s for s, leaf in enumerate(leaves)}
+            parents = [-1] + [p + 1 for p in draft.parents]
+            below: list[set[int]] = [set() for _ in range(n)]
+            for leaf, s in leaf_seq.items():
+                node = leaf
+                while node >= 0:
+                    below[node].add(s)
+                    node = parents[node]
+            node_seqs = [tuple(sorted(b)) for b in below]
+            for s in range(1, len(leaves)):
+                self.ctx.kv_copy(0, s, -1, -1)
+            self.batch.fill(tokens, positions, node_seqs, True)
+        self._decode_or_trim(n_tree_seqs=len(leaf_seq))
+        logits = self.ctx.logits(n)
+        feats = self.ctx.hidden_states(n) if self.ctx.embeddings else None
+        return Verification(logits, feats, leaf_seq, node_seqs)
+
+    def _decode_or_trim(self, n_tree_seqs: int = 1) -> None:
+        try:
+            self.ctx.decode(self.batch)
+        except BaseException:
+            self._drop_uncommitted(n_tree_seqs)
+            raise
+
+    def _drop_uncommitted(self, n_tree_seqs: int) -> None:
+        self.ctx.kv_remove(0, self.n_past, -1)
+        for s in range(1, n_tree_seqs):
+            self.ctx.kv_remove(s, -1, -1)
+
+    def commit(self, verification: Verification, path: list[int], path_tokens: list[int]
+               ) -> None:
+        """Keep the accepted ``path`` (verification numbering, root first) in sequence 0."""
+        base = self.n_past
+        n_keep = base + len(path)
+        n_tree_seqs = len(verification.leaf_seq)
+        seq = verification.node_seqs[path[-1]][0]
+        if seq == 0:
+            self.ctx.kv_remove(0, n_keep, -1)
+        else:
+            # The path sits in another leaf's sequence: move it into sequence 0.
+            self.ctx.kv_remove(0, base + 1, -1)
+            self.ctx.kv_copy(seq, 0, base + 1, n_keep)
+        for s in range(1, n_tree_seqs):
+            self.ctx.kv_remove(s, -1, -1)
+        self.tokens.extend(path_tokens)

@@ -1,0 +1,49 @@
+"""Shared fixtures: the real bundled model, prepared once per test session."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEV_PROMPTS = REPO.parent / "shared" / "data" / "spec_bench_dev.jsonl"
+
+
+@pytest.fixture(scope="session")
+def tandem_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Reuse the developer's prepared model when TANDEM_HOME is set; else a private one.
+    home = Path(os.environ.get("TANDEM_HOME") or tmp_path_factory.mktemp("tandem-home"))
+    os.environ["TANDEM_HOME"] = str(home)
+    return home
+
+
+@pytest.fixture(scope="session")
+def model_path(tandem_home: Path) -> Path:
+    from engine.model_store import default_model_path
+
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def target(model_path: Path):
+    from engine.target import Target, TargetConfig
+
+    with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2)) as t:
+        yield t
+
+
+@pytest.fixture()
+def fresh_target(target):
+    target.reset()
+    target.set_features(False)
+    return target
+
+
+@pytest.fixture(scope="session")
+def dev_prompts() -> list[dict]:
+    if not DEV_PROMPTS.is_file():
+        pytest.fail(f"benchmark prompts not found at {DEV_PROMPTS}")
+    return [json.loads(line) for line in DEV_PROMPTS.read_text().splitlines() if line.strip()]

@@ -1,0 +1,72 @@
+"""The ``tandem`` command as a user runs it: a real process on the real model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import DEV_PROMPTS
+
+
+def _tandem(*args: str, home: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TANDEM_HOME=str(home))
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=600)
+
+
+def test_generate_json(tandem_home, model_path):
+    out = _tandem("generate", "--prompt", "Name a fruit.", "--max-tokens", "12",
+                  "--threads", "2", "--json", home=tandem_home)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert set(data) >= {"text", "tokens", "stats"}
+    assert 1 <= len(data["tokens"]) <= 12 and data["text"]
+    assert data["stats"]["drafter"] == "lookup" and data["stats"]["ttft_s"] > 0
+
+
+def test_generate_sampling_is_reproducible_with_a_seed(tandem_home, model_path):
+    args = ("generate", "--prompt", "Tell me a story.", "--max-tokens", "16", "--threads",
+            "2", "--temperature", "0.9", "--top-p", "0.95", "--seed", "7", "--json")
+    a = json.loads(_tandem(*args, home=tandem_home).stdout)
+    b = json.loads(_tandem(*args, home=tandem_home).stdout)
+    assert a["tokens"] == b["tokens"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--model", "/nonexistent/model.gguf"), "not found"),
+    (("--temperature", "-1"), "temperature"),
+    (("--top-p", "0"), "top_p"),
+])
+def test_bad_input_gives_a_clear_error(tandem_home, model_path, args, message):
+    out = _tandem("generate", "--prompt", "hi", *args, home=tandem_home)
+    assert out.returncode == 2
+    assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bench_writes_results_and_resumes(tandem_home, model_path, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    rows = [json.loads(x) for x in DEV_PROMPTS.read_text().splitlines()]
+    picked = [next(r for r in rows if r["category"] == c) for c in ("summarization", "qa")]
+    prompts.write_text("\n".join(json.dumps(r) for r in picked))
+    out_json = tmp_path / "bench.json"
+    out = _tandem("bench", "--prompts", str(prompts), "--per-category", "1", "--drafters",
+                  "none,lookup", "--max-tokens", "16", "--threads", "2", "--json",
+                  str(out_json), home=tandem_home)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out_json.read_text())
+    assert len(data["results"]) == 4
+    for r in data["results"]:
+        assert set(r) >= {"question_id", "category", "drafter", "new_tokens", "seconds",
+                          "tok_per_s", "mean_accepted", "ttft_s", "text"}
+    assert set(data["summary"]["categories"]) == {"summarization", "qa"}
+    assert "xnone" in out.stdout and "summarization" in out.stdout
+    # A second run finds everything done and keeps the same results.
+    again = _tandem("bench", "--prompts", str(prompts), "--max-tokens", "16", "--threads",
+                    "2", "--json", str(out_json), home=tandem_home)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(out_json.read_text())["results"] == data["results"]

@@ -1,0 +1,108 @@
+"""Greedy speculative output equals plain decoding, token for token, on real prompts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.draft_tree import DraftTree
+from engine.drafters.base import Drafter
+from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
+from engine.generation import GenerationConfig, generate
+
+MAX_TOKENS = 40
+
+
+def _pick(dev_prompts, per_category: int) -> list[dict]:
+    seen: dict[str, int] = {}
+    out = []
+    for row in dev_prompts:
+        if seen.get(row["category"], 0) < per_category:
+            seen[row["category"]] = seen.get(row["category"], 0) + 1
+            out.append(row)
+    return out
+
+
+@pytest.fixture(scope="module")
+def prompts_and_plain(target, dev_prompts):
+    rows = _pick(dev_prompts, 2)  # 2 per category, 13 categories: 26 prompts
+    plain = {}
+    for row in rows:
+        target.reset()
+        prompt = target.chat_prompt([{"role": "user", "content": row["turns"][0]}])
+        plain[row["question_id"]] = (prompt, generate(target, prompt, None,
+                                                      GenerationConfig(MAX_TOKENS)).tokens)
+    return rows, plain
+
+
+class NoisyDrafter(Drafter):
+    """Proposes trees that mix the right continuation with wrong tokens, so every
+    acceptance length and both the first-leaf and other-leaf commit paths are exercised."""
+
+    name = "noisy"
+
+    def __init__(self, oracle: list[int], seed: int) -> None:
+        self.oracle = oracle
+        self.rng = np.random.default_rng(seed)
+        self.n = 0
+
+    def begin(self, context, features):
+        self.n = 1  # the first token is already out
+
+    def draft(self, max_tokens):
+        truth = self.oracle[self.n:self.n + 4]
+        r = int(self.rng.integers(1, 1000))
+        tree = DraftTree()
+        tree.add((truth[0] + r) % 49152 if truth else r, -1)  # a dead first branch
+        node = -1
+        for tok in truth[: int(self.rng.integers(0, len(truth) + 1))]:
+            node = tree.add(tok, node)
+        if node >= 0:
+            tree.add(r, node)  # usually wrong after the right ones
+        return tree.truncated(max_tokens)
+
+    def accept(self, new_tokens, features):
+        self.n += len(new_tokens)
+
+
+@pytest.mark.parametrize("branches", [1, 3], ids=["chain", "tree"])
+def test_lookup_greedy_equals_plain(target, prompts_and_plain, branches):
+    rows, plain = prompts_and_plain
+    assert len(rows) >= 20 and len({r["category"] for r in rows}) == 13
+    n_accepted = 0
+    for row in rows:
+        prompt, ref = plain[row["question_id"]]
+        target.reset()
+        drafter = PromptLookupDrafter(LookupConfig(max_branches=branches))
+        out = generate(target, prompt, drafter, GenerationConfig(MAX_TOKENS))
+        assert out.tokens == ref, f"question {row['question_id']} ({row['category']})"
+        n_accepted += sum(s.n_accepted for s in out.stats.steps)
+    assert n_accepted > 0  # the drafts were really used
+
+
+def test_noisy_tree_drafts_equal_plain(target, prompts_and_plain):
+    rows, plain = prompts_and_plain
+    for seed, row in enumerate(rows[:10]):
+        prompt, ref = plain[row["question_id"]]
+        target.reset()
+        out = generate(target, prompt, NoisyDrafter(ref, seed), GenerationConfig(MAX_TOKENS))
+        assert out.tokens == ref, f"question {row['question_id']}"
+        assert any(s.n_accepted for s in out.stats.steps)
+        assert any(s.n_accepted < s.n_proposed for s in out.stats.steps)
+
+
+def test_multi_turn_prefix_reuse_equals_cold_start(target, prompts_and_plain):
+    rows, plain = prompts_and_plain
+    row = next(r for r in rows if len(r["turns"]) == 2)
+    prompt, first = plain[row["question_id"]]
+    messages = [{"role": "user", "content": row["turns"][0]},
+                {"role": "assistant", "content": target.detokenize(first)},
+                {"role": "user", "content": row["turns"][1]}]
+    second_prompt = target.chat_prompt(messages)
+    target.reset()
+    cold = generate(target, second_prompt, None, GenerationConfig(MAX_TOKENS)).tokens
+    target.reset()
+    generate(target, prompt, PromptLookupDrafter(), GenerationConfig(MAX_TOKENS))
+    warm = generate(target, second_prompt, PromptLookupDrafter(), GenerationConfig(MAX_TOKENS))
+    assert warm.stats.n_prompt_reused > len(prompt) // 2
+    assert warm.tokens == cold
