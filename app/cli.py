@@ -119,8 +119,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from engine.bench import engine_runner, format_table, load_prompts, parse_drafter_list
-    from engine.bench import run_bench
+    from engine.bench import (
+        engine_runner,
+        format_table,
+        load_prompts,
+        parse_drafter_list,
+        run_bench,
+    )
     from engine.bench_baselines import BASELINE_NAMES, baseline_runner
 
     names = parse_drafter_list(args.drafters, (*DRAFTER_NAMES, *BASELINE_NAMES))

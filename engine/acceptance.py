@@ -62,15 +62,17 @@ def accept_one_level(probs: np.ndarray, candidates: list[int], rng: np.random.Ge
     return None, residual
 
 
-def accept_sampling(children: list[list[int]], node_tokens: list[int], logits: np.ndarray,
-                    params: SamplingParams, rng: np.random.Generator,
-                    distribution: Callable[[np.ndarray, SamplingParams], np.ndarray]
-                    = target_distribution) -> Acceptance:
-    """Rejection sampling down the tree, keeping the target distribution exactly."""
+def accept_sampling(children: list[list[int]], node_tokens: list[int],
+                    probs_of: Callable[[int], np.ndarray], rng: np.random.Generator
+                    ) -> Acceptance:
+    """Rejection sampling down the tree, keeping the target distribution exactly.
+
+    ``probs_of(node)`` is the target's distribution after ``node``.
+    """
     path = [0]
     node = 0
     while True:
-        probs = distribution(logits[node], params)
+        probs = probs_of(node)
         kids = children[node]
         if not kids:
             return Acceptance(path, sample(probs, rng))
@@ -85,4 +87,5 @@ def accept(children: list[list[int]], node_tokens: list[int], logits: np.ndarray
            params: SamplingParams, rng: np.random.Generator) -> Acceptance:
     if params.greedy:
         return accept_greedy(children, node_tokens, logits)
-    return accept_sampling(children, node_tokens, logits, params, rng)
+    return accept_sampling(children, node_tokens,
+                           lambda node: target_distribution(logits[node], params), rng)

@@ -120,7 +120,10 @@ def generate(
         if should_stop is not None and should_stop():
             emitter.finish_reason = "cancelled"
             break
-        room = target.n_ctx - target.n_past - 1  # slots left after the root
+        room = target.n_ctx - target.n_used - 1  # cells left after the root
+        if room < config.max_draft and target.n_parked:
+            target.compact()
+            room = target.n_ctx - target.n_used - 1
         if room < 0:
             emitter.finish_reason = "context"
             break

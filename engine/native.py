@@ -27,6 +27,8 @@ _DECODE_MEANINGS = {
     -1: "invalid input batch",
 }
 
+_KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
+
 _backend_lock = threading.Lock()
 _backend_ready = False
 # llama.cpp's recent log lines, so a load failure can say what llama.cpp objected to.
@@ -238,6 +240,7 @@ class NativeContext:
         n_seq_max: int,
         n_threads: int,
         embeddings: bool,
+        kv_type: str = "q8_0",
     ) -> None:
         """Raises ModelLoadError when llama.cpp cannot create the context (memory)."""
         _ensure_backend()
@@ -253,6 +256,15 @@ class NativeContext:
         params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE
         # Tree verification puts one token in several sequences: needs one shared KV buffer.
         params.kv_unified = True
+        # With an F16/F32 K cache, llama.cpp's CPU flash attention takes a split-KV path
+        # for single-token decodes once the cache holds >= 512 cells, and a batch of
+        # tokens is then computed differently from the same tokens one by one (logits
+        # off by ~0.5): greedy speculative output would drift from plain decoding. A
+        # Q8_0 K cache keeps every batch size on one kernel (bit-identical logits here),
+        # costs nothing measurable in speed and halves the cache's memory.
+        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        params.type_k = _KV_TYPES[kv_type]
+        params.type_v = _KV_TYPES[kv_type]
         mark = len(_recent_native_log)
         handle = llama_cpp.llama_init_from_model(model.handle, params)
         if not handle:

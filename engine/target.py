@@ -3,6 +3,13 @@
 State: sequence 0 of the KV cache holds ``tokens`` (positions 0..n_past-1). The last
 sampled token is *not* in the cache: each step verifies ``[last, *draft]`` and then keeps
 the accepted path (``commit``), trimming everything else.
+
+Bit-exactness and cell order: llama.cpp's attention sums over KV cells in cell order, so
+sequence 0's cells must stay in position order, as in plain decoding, or logits drift by
+rounding and greedy near-ties flip. A tree's rejected nodes that sit *before* an
+accepted node would leave holes that later tokens fill out of order; those cells are
+parked in a sequence nobody attends to (``PARK``) instead of being freed. Rejected
+nodes after the last accepted one are freed: later tokens refill them in order.
 """
 
 from __future__ import annotations
@@ -28,8 +35,9 @@ class TargetConfig:
     n_ctx: int = 4096
     n_threads: int | None = None  # None: one per physical core
     n_batch: int = 256  # prefill chunk; also the largest verification batch
-    n_seq_max: int = 16  # most leaves a verification tree may have
+    n_seq_max: int = 16  # sequences: a tree may have n_seq_max - 1 leaves (one parks)
     features: bool = False  # post-norm hidden states, for a draft head
+    kv_type: str = "q8_0"  # KV-cache type; see NativeContext for why not f16
 
 
 @dataclass
@@ -40,6 +48,7 @@ class Verification:
     features: np.ndarray | None  # [1 + n_draft, n_embd] when features are on
     leaf_seq: dict[int, int]  # draft-tree leaf (verification numbering) -> sequence id
     node_seqs: list[tuple[int, ...]]  # sequence ids of each node
+    depths: list[int]  # depth of each node, the root 0
 
 
 @dataclass
@@ -64,13 +73,17 @@ class Target:
             self.ctx = NativeContext(self.model, n_ctx=n_ctx, n_batch=self.config.n_batch,
                                      n_seq_max=self.config.n_seq_max,
                                      n_threads=self.n_threads,
-                                     embeddings=self.config.features)
+                                     embeddings=self.config.features,
+                                     kv_type=self.config.kv_type)
             self.batch = NativeBatch(self.config.n_batch, self.config.n_seq_max)
         except BaseException:
             self.model.close()
             raise
         self.template = ChatTemplate.from_model(self.model)
         self.tokens: list[int] = []
+        self.park_seq = self.config.n_seq_max - 1
+        self.n_parked = 0  # cells parked (see module docstring)
+        self._parked_from = 0  # every parked cell sits at a position >= this
 
     # --- lifecycle -------------------------------------------------------------------
     def close(self) -> None:
@@ -93,6 +106,11 @@ class Target:
     @property
     def n_past(self) -> int:
         return len(self.tokens)
+
+    @property
+    def n_used(self) -> int:
+        """KV cells taken: the committed tokens and the parked cells."""
+        return len(self.tokens) + self.n_parked
 
     @property
     def n_vocab(self) -> int:
@@ -127,12 +145,34 @@ class Target:
     def reset(self) -> None:
         self.ctx.kv_clear()
         self.tokens = []
+        self.n_parked = 0
 
     def rollback(self, n_keep: int) -> None:
         """Forget everything after the first ``n_keep`` committed tokens."""
         if n_keep < len(self.tokens):
             self.ctx.kv_remove(0, n_keep, -1)
             del self.tokens[n_keep:]
+        if self.n_parked and n_keep <= self._parked_from:
+            # Every parked cell now follows every kept cell: freeing them leaves no hole.
+            self.ctx.kv_remove(self.park_seq, -1, -1)
+            self.n_parked = 0
+
+    def compact(self) -> None:
+        """Free the parked cells by re-evaluating the tokens committed since the first
+        of them, in small batches (batch sizes verification uses, so the cache holds
+        the same values). For when the context runs short."""
+        if not self.n_parked:
+            return
+        start = self._parked_from
+        redo = self.tokens[start:]
+        self.rollback(start)
+        step = 8
+        for i in range(0, len(redo), step):
+            chunk = redo[i:i + step]
+            pos0 = start + i
+            self.batch.fill(chunk, list(range(pos0, pos0 + len(chunk))), None, False)
+            self.ctx.decode(self.batch)
+            self.tokens.extend(chunk)
 
     def set_features(self, on: bool) -> None:
         self.ctx.set_embeddings(on)
@@ -192,15 +232,15 @@ class Target:
         Raises ContextFullError (nothing changed) when the batch does not fit.
         """
         n = 1 + len(draft)
-        if self.n_past + n > self.n_ctx:
-            raise ContextFullError(self.n_past + n, self.n_ctx, what="verification batch")
+        if self.n_used + n > self.n_ctx:
+            raise ContextFullError(self.n_used + n, self.n_ctx, what="verification batch")
         base = self.n_past
         if len(draft) == 0:
             self.batch.fill_one(root, base)
             self._decode_or_trim()
             logits = self.ctx.last_logits_view(1)[None, :]
             feats = self.ctx.hidden_states(1) if self.ctx.embeddings else None
-            return Verification(logits, feats, {0: 0}, [(0,)])
+            return Verification(logits, feats, {0: 0}, [(0,)], [0])
 
         depths = [0] + draft.depths()
         tokens = [root] + draft.tokens
@@ -211,9 +251,9 @@ class Target:
             self.batch.fill(tokens, positions, None, True)
         else:
             leaves = [leaf + 1 for leaf in draft.leaves()]
-            if len(leaves) > self.config.n_seq_max:
-                raise ValueError(f"a tree of {len(leaves)} leaves exceeds n_seq_max="
-                                 f"{self.config.n_seq_max}")
+            if len(leaves) > self.park_seq:
+                raise ValueError(f"a tree of {len(leaves)} leaves exceeds the "
+                                 f"{self.park_seq} sequences available")
             leaf_seq = {leaf: s for s, leaf in enumerate(leaves)}
             parents = [-1] + [p + 1 for p in draft.parents]
             below: list[set[int]] = [set() for _ in range(n)]
@@ -229,7 +269,7 @@ class Target:
         self._decode_or_trim(n_tree_seqs=len(leaf_seq))
         logits = self.ctx.logits(n)
         feats = self.ctx.hidden_states(n) if self.ctx.embeddings else None
-        return Verification(logits, feats, leaf_seq, node_seqs)
+        return Verification(logits, feats, leaf_seq, node_seqs, depths)
 
     def _decode_or_trim(self, n_tree_seqs: int = 1) -> None:
         try:
@@ -249,6 +289,14 @@ class Target:
         base = self.n_past
         n_keep = base + len(path)
         n_tree_seqs = len(verification.leaf_seq)
+        on_path = set(path)
+        for node in range(1, path[-1]):
+            if node not in on_path:  # rejected, but its cell precedes an accepted one
+                pos = base + verification.depths[node]
+                self.ctx.kv_copy(verification.node_seqs[node][0], self.park_seq, pos, pos + 1)
+                if not self.n_parked:
+                    self._parked_from = base + 1
+                self.n_parked += 1
         seq = verification.node_seqs[path[-1]][0]
         if seq == 0:
             self.ctx.kv_remove(0, n_keep, -1)

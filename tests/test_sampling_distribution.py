@@ -36,7 +36,8 @@ def test_first_token_after_forced_mismatch_follows_target_softmax(fresh_target, 
     ver = t.verify(root, tree)
     logits = ver.logits.copy()
     t.commit(ver, [0], [root])
-    p = target_distribution(logits[0], params)
+    dists = [target_distribution(row, params) for row in logits]
+    p = dists[0]
 
     rng = np.random.default_rng(1234)
     n = 20000
@@ -44,7 +45,7 @@ def test_first_token_after_forced_mismatch_follows_target_softmax(fresh_target, 
     node_tokens = [root] + tree.tokens
     children = tree.children()
     for _ in range(n):
-        acc = accept_sampling(children, node_tokens, logits, params, rng)
+        acc = accept_sampling(children, node_tokens, dists.__getitem__, rng)
         first = node_tokens[acc.path[1]] if len(acc.path) > 1 else acc.next_token
         counts[first] += 1
     assert chi_square_z(counts, p * n) < 4.0

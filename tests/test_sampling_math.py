@@ -29,8 +29,9 @@ def test_temperature_top_k_top_p():
     rng = np.random.default_rng(0)
     logits = rng.normal(size=1000).astype(np.float32) * 3
     full = target_distribution(logits, SamplingParams(temperature=0.7))
-    ref = np.exp(logits / 0.7 - (logits / 0.7).max())
-    np.testing.assert_allclose(full, ref / ref.sum(), rtol=1e-6)
+    z = logits.astype(np.float64) / 0.7
+    ref = np.exp(z - z.max())
+    np.testing.assert_allclose(full, ref / ref.sum(), rtol=1e-5)
 
     k = target_distribution(logits, SamplingParams(temperature=1.0, top_k=5))
     assert np.count_nonzero(k) == 5
@@ -91,13 +92,13 @@ def test_sampling_acceptance_over_a_tree_keeps_the_distribution():
     children = [[1, 2], [3], [], []]
     tokens = [9, 0, 1, 2]
     params = SamplingParams(temperature=1.0)
-    p0 = target_distribution(logits[0], params)
-    p_after_0 = target_distribution(logits[1], params)
+    dists = [target_distribution(row, params) for row in logits]
+    p0, p_after_0 = dists[0], dists[1]
     n = 30000
     first = np.zeros(v)
     second_given_0 = np.zeros(v)
     for _ in range(n):
-        acc = accept_sampling(children, tokens, logits, params, rng)
+        acc = accept_sampling(children, tokens, dists.__getitem__, rng)
         out = [tokens[k] for k in acc.path[1:]] + [acc.next_token]
         first[out[0]] += 1
         if out[0] == 0:

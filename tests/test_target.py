@@ -14,8 +14,10 @@ PROMPT = [{"role": "user", "content": "List three colours of the rainbow."}]
 
 def _kv_matches_tokens(target: Target) -> None:
     assert target.ctx.kv_pos_max(0) == target.n_past - 1
-    for s in range(1, target.config.n_seq_max):
+    for s in range(1, target.park_seq):
         assert target.ctx.kv_pos_max(s) == -1, f"sequence {s} left behind"
+    if not target.n_parked:
+        assert target.ctx.kv_pos_max(target.park_seq) == -1
 
 
 def test_loads_with_vocab_and_chat_template(target):
@@ -72,22 +74,24 @@ def test_prefix_reuse_gives_the_same_logits(fresh_target):
     np.testing.assert_array_equal(warm.logits, cold)
 
 
-def _greedy_chain(t: Target, prompt: list[int], n: int) -> list[int]:
+def _greedy_chain(t: Target, prompt: list[int], n: int) -> tuple[list[int], list[np.ndarray]]:
+    """Plain greedy decoding one token per decode: tokens and the logits after each."""
     t.reset()
     last = int(np.argmax(t.prefill(prompt).logits))
-    out = [last]
+    out, logits = [last], []
     for _ in range(n - 1):
         ver = t.verify(last, DraftTree())
+        logits.append(ver.logits[0].copy())
         t.commit(ver, [0], [last])
         last = int(np.argmax(ver.logits[0]))
         out.append(last)
-    return out
+    return out, logits
 
 
 def test_chain_verification_matches_single_steps_and_trims(fresh_target):
     t = fresh_target
     prompt = t.chat_prompt(PROMPT)
-    ref = _greedy_chain(t, prompt, 6)
+    ref, ref_logits = _greedy_chain(t, prompt, 6)
     t.reset()
     t.prefill(prompt)
     n0 = t.n_past
@@ -106,7 +110,7 @@ def test_chain_verification_matches_single_steps_and_trims(fresh_target):
 def test_tree_verification_equals_chain_and_keeps_the_right_branch(fresh_target):
     t = fresh_target
     prompt = t.chat_prompt(PROMPT)
-    ref = _greedy_chain(t, prompt, 6)
+    ref, ref_logits = _greedy_chain(t, prompt, 6)
     wrong = (ref[1] + 7) % t.n_vocab
     tree = DraftTree()
     a = tree.add(wrong, -1)  # leaf sequence 0: a dead branch
@@ -124,15 +128,28 @@ def test_tree_verification_equals_chain_and_keeps_the_right_branch(fresh_target)
     assert int(np.argmax(ver.logits[c + 1])) == ref[3]
     t.commit(ver, [0, b + 1, c + 1, c + 2], [ref[0], ref[1], ref[2], ref[3]])
     assert t.n_past == n0 + 4
+    assert t.n_parked == 2  # the dead branch precedes the accepted one in the cache
     _kv_matches_tokens(t)
+    # Bit-identical to plain decoding: cells stayed in position order.
     ver2 = t.verify(ref[4], DraftTree())
-    assert int(np.argmax(ver2.logits[0])) == ref[5]
+    np.testing.assert_array_equal(ver2.logits[0], ref_logits[4])
+    t.commit(ver2, [0], [ref[4]])
+    t.compact()
+    assert t.n_parked == 0 and t.n_past == n0 + 5
+    _kv_matches_tokens(t)
+    ver3 = t.verify(ref[5], DraftTree())
+    t.commit(ver3, [0], [ref[5]])
+    t.rollback(n0)
+    _kv_matches_tokens(t)
+    ver4 = t.verify(ref[0], DraftTree())
+    np.testing.assert_array_equal(ver4.logits[0], ref_logits[0])
+    t.commit(ver4, [0], [ref[0]])
 
 
 def test_tree_logits_equal_chain_logits_exactly(fresh_target):
     t = fresh_target
     prompt = t.chat_prompt(PROMPT)
-    ref = _greedy_chain(t, prompt, 4)
+    ref, _ = _greedy_chain(t, prompt, 4)
     t.reset()
     t.prefill(prompt)
     ver = t.verify(ref[0], DraftTree.chain(ref[1:4]))
