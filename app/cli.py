@@ -126,13 +126,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
         parse_drafter_list,
         run_bench,
     )
-    from engine.bench_baselines import BASELINE_NAMES, baseline_runner
+    from engine.bench_baselines import (
+        BASELINE_NAMES,
+        SERVER_NAMES,
+        baseline_runner,
+        server_runner,
+    )
 
-    names = parse_drafter_list(args.drafters, (*DRAFTER_NAMES, *BASELINE_NAMES))
+    names = parse_drafter_list(args.drafters, (*DRAFTER_NAMES, *BASELINE_NAMES,
+                                               *SERVER_NAMES))
+    if any(n in SERVER_NAMES for n in names) and not args.llama_server:
+        raise ValueError("the server baselines need --llama-server PATH")
     prompts = load_prompts(args.prompts, args.per_category)
     with _open_target(args) as target:
-        runners = {n: (baseline_runner(n, target) if n in BASELINE_NAMES
-                       else engine_runner(target, n)) for n in names}
+        runners = {}
+        for n in names:
+            if n in BASELINE_NAMES:
+                runners[n] = baseline_runner(n, target)
+            elif n in SERVER_NAMES:
+                runners[n] = server_runner(n, target, args.llama_server)
+            else:
+                runners[n] = engine_runner(target, n)
         meta = {"model": str(target.path), "threads": target.n_threads,
                 "max_tokens": args.max_tokens, "prompts": str(args.prompts),
                 "per_category": args.per_category, "drafters": names,
@@ -177,10 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=Path, required=True, help="Spec-Bench style JSONL")
     p.add_argument("--per-category", type=int, default=None)
     p.add_argument("--drafters", default="none,lookup",
-                   help="comma-separated; also lcp and lcp-lookup (llama-cpp-python's own)")
+                   help="comma-separated; baselines: lcp, lcp-lookup (llama-cpp-python's "
+                        "own), server, server-ngram (llama.cpp's llama-server)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--json", type=Path, default=None, help="write results here (resumes)")
     p.add_argument("--fresh", action="store_true", help="ignore results already in --json")
+    p.add_argument("--llama-server", default=None,
+                   help="llama.cpp's llama-server binary, for the server and server-ngram "
+                        "baselines")
     p.set_defaults(func=cmd_bench)
     return parser
 

@@ -48,3 +48,86 @@ def baseline_runner(name: str, target: Target) -> Runner:
                 "text": target.detokenize(tokens), "tokens": tokens}
 
     return run
+
+
+SERVER_NAMES = ("server", "server-ngram")
+
+
+class LlamaServer:
+    """A ``llama-server`` process of llama.cpp's own, on a free loopback port."""
+
+    def __init__(self, binary: str, model: str, n_ctx: int, n_threads: int,
+                 extra: list[str]) -> None:
+        import socket
+        import subprocess
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        cmd = [binary, "-m", model, "-c", str(n_ctx), "-t", str(n_threads), "-tb",
+               str(n_threads), "-np", "1", "--host", "127.0.0.1", "--port", str(self.port),
+               "--no-webui", *extra]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._wait_ready()
+
+    def _wait_ready(self, timeout_s: float = 120.0) -> None:
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with code {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2):
+                    return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(0.3)
+        raise RuntimeError("llama-server did not become ready")
+
+    def complete(self, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+        import json
+        import urllib.request
+
+        body = json.dumps({"prompt": prompt, "n_predict": max_tokens, "temperature": 0.0,
+                           "top_k": 1, "cache_prompt": False, "return_tokens": True,
+                           "samplers": ["top_k"]}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as resp:
+            return json.loads(resp.read())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
+def server_runner(name: str, target: Target, binary: str) -> Runner:
+    """llama.cpp's ``llama-server``: plain, or with ``--spec-type ngram-mod``.
+
+    Times are the server's own (``timings``): prompt processing is the TTFT, generation
+    time the decode time; no HTTP overhead is charged to it.
+    """
+    if name not in SERVER_NAMES:
+        raise ValueError(f"unknown server baseline {name!r}")
+    extra = ["--spec-type", "ngram-mod"] if name == "server-ngram" else []
+    server = LlamaServer(binary, str(target.path), target.n_ctx, target.n_threads, extra)
+    import atexit
+
+    atexit.register(server.close)
+
+    def run(prompt: list[int], max_tokens: int) -> dict[str, Any]:
+        out = server.complete(prompt, max_tokens)
+        timing = out["timings"]
+        tokens = list(out.get("tokens", []))
+        ttft = timing["prompt_ms"] / 1000
+        decode = timing["predicted_ms"] / 1000
+        drafted = timing.get("draft_n", 0)
+        accepted = timing.get("draft_n_accepted", 0)
+        return {"new_tokens": timing["predicted_n"], "seconds": ttft + decode,
+                "ttft_s": ttft, "decode_seconds": decode,
+                "mean_accepted": 0.0, "draft_n": drafted, "draft_accepted": accepted,
+                "text": out.get("content", ""), "tokens": tokens}
+
+    return run
