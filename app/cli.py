@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from engine.budget import VerifyCostModel
 from engine.drafters import DRAFTER_NAMES, make_drafter
 from engine.errors import TandemError
 from engine.generation import GenerationConfig, generate
@@ -84,6 +85,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
         if args.system:
             messages.append({"role": "system", "content": args.system})
         n_fixed = len(messages)
+        drafter = make_drafter(args.drafter)
+        cost = VerifyCostModel()
         while True:
             try:
                 user = input("\nyou> ").strip()
@@ -101,9 +104,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
             messages.append({"role": "user", "content": user})
             print("tandem> ", end="", flush=True)
             try:
-                result = generate(target, target.chat_prompt(messages),
-                                  make_drafter(args.drafter), config,
-                                  on_text=lambda s: print(s, end="", flush=True))
+                result = generate(target, target.chat_prompt(messages), drafter, config,
+                                  on_text=lambda s: print(s, end="", flush=True),
+                                  cost=cost)
             except KeyboardInterrupt:
                 print("\n(stopped)")
                 messages.pop()

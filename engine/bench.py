@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.budget import VerifyCostModel
 from engine.drafters import make_drafter
 from engine.errors import ContextFullError
 from engine.generation import GenerationConfig, generate
@@ -52,12 +53,15 @@ def load_prompts(path: str | os.PathLike[str], per_category: int | None = None
 
 
 def engine_runner(target: Target, drafter_name: str) -> Runner:
-    """Runs one greedy generation with Tandem's engine from an empty cache."""
+    """Runs one greedy generation with Tandem's engine from an empty cache. The drafter
+    and the cost model live across prompts, as they do across a chat's turns."""
+    drafter = make_drafter(drafter_name)
+    cost = VerifyCostModel()
 
     def run(prompt: list[int], max_tokens: int) -> dict[str, Any]:
         target.reset()
-        result = generate(target, prompt, make_drafter(drafter_name),
-                          GenerationConfig(max_tokens=max_tokens))
+        result = generate(target, prompt, drafter, GenerationConfig(max_tokens=max_tokens),
+                          cost=cost)
         s = result.stats
         return {"new_tokens": s.n_new, "seconds": s.t_total_s, "ttft_s": s.ttft_s,
                 "decode_seconds": s.t_total_s - s.ttft_s, "mean_accepted": s.mean_accepted,
@@ -171,6 +175,7 @@ def run_bench(
     """Run every runner on every prompt (drafters interleaved per prompt, their order
     rotated so no drafter always runs on a warmer machine). Returns the JSON payload."""
     results = _load_previous(out_path) if resume else []
+    skipped: list[dict[str, Any]] = []
     done = {(r["question_id"], r["drafter"]) for r in results}
     names = list(runners)
     total = len(prompts) * len(names)
@@ -191,14 +196,17 @@ def run_bench(
                 row = {"skipped": str(exc)}
             row.pop("tokens", None)
             if "skipped" in row:
+                skipped.append({"question_id": prompt.question_id, "drafter": name,
+                                "reason": row["skipped"]})
                 continue
             row["tok_per_s"] = (row["new_tokens"] - 1) / row["decode_seconds"] \
                 if row["decode_seconds"] > 0 else 0.0
             results.append({"question_id": prompt.question_id, "category": prompt.category,
                             "drafter": name, "n_prompt": len(tokens), **row})
-            _save(out_path, {"meta": meta or {}, "results": results,
+            _save(out_path, {"meta": meta or {}, "results": results, "skipped": skipped,
                              "summary": summarize(results)})
-    payload = {"meta": meta or {}, "results": results, "summary": summarize(results)}
+    payload = {"meta": meta or {}, "results": results, "skipped": skipped,
+               "summary": summarize(results)}
     _save(out_path, payload)
     return payload
 

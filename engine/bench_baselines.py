@@ -29,6 +29,12 @@ def baseline_runner(name: str, target: Target) -> Runner:
     eog = target.model.eog_ids
 
     def run(prompt: list[int], max_tokens: int) -> dict[str, Any]:
+        try:
+            return generate_once(prompt, max_tokens)
+        except Exception as exc:  # a baseline's crash is a result, not the bench's end
+            return {"skipped": f"{name} failed: {type(exc).__name__}: {exc}"}
+
+    def generate_once(prompt: list[int], max_tokens: int) -> dict[str, Any]:
         llm.reset()
         tokens: list[int] = []
         t0 = time.perf_counter()

@@ -12,10 +12,13 @@ class DraftTree:
     The root is the last committed-but-unevaluated token, kept outside the tree. Parents
     come before their children, and siblings carry distinct tokens, so a verification
     batch can be written in index order and a path is identified by its tokens.
+    ``scores`` (optional, all nodes or none) are the drafter's estimates of each node's
+    probability of being accepted; the budget uses them to trim the tree.
     """
 
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
 
     @classmethod
     def chain(cls, tokens: list[int]) -> DraftTree:
@@ -24,12 +27,16 @@ class DraftTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def add(self, token: int, parent: int) -> int:
+    def add(self, token: int, parent: int, score: float | None = None) -> int:
         """Append a node and return its index."""
         if not -1 <= parent < len(self.tokens):
             raise ValueError(f"parent {parent} is not an existing node")
+        if (score is None) != (not self.scores) and self.tokens:
+            raise ValueError("score every node of a tree or none")
         self.tokens.append(token)
         self.parents.append(parent)
+        if score is not None:
+            self.scores.append(score)
         return len(self.tokens) - 1
 
     def child_with_token(self, parent: int, token: int) -> int | None:
@@ -61,4 +68,4 @@ class DraftTree:
 
     def truncated(self, n_max: int) -> DraftTree:
         """The first ``n_max`` nodes (still a tree, since parents come first)."""
-        return DraftTree(self.tokens[:n_max], self.parents[:n_max])
+        return DraftTree(self.tokens[:n_max], self.parents[:n_max], self.scores[:n_max])

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.acceptance import accept
+from engine.budget import VerifyCostModel, trim_to_budget
 from engine.draft_tree import DraftTree
 from engine.drafters.base import Drafter
 from engine.errors import InvalidSamplingError
@@ -93,13 +94,18 @@ def generate(
     on_text: Callable[[str], None] | None = None,
     on_step: Callable[[StepStats], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    cost: VerifyCostModel | None = None,
 ) -> GenerationResult:
     """Generate after ``prompt``; output equals plain decoding whatever the drafter.
 
-    ``should_stop`` is polled between steps (cancellation). Raises ContextFullError when
-    the prompt does not fit (the engine stays usable), NativeError on a failed decode.
+    ``should_stop`` is polled between steps (cancellation). ``cost`` is the verification
+    cost curve the draft budget uses; it learns from this generation's decodes (pass
+    the same one across generations to keep what it learnt). Raises ContextFullError
+    when the prompt does not fit (the engine stays usable), NativeError on a failed
+    decode.
     """
     config = config or GenerationConfig()
+    cost = cost if cost is not None else VerifyCostModel()
     params = config.sampling
     rng = np.random.default_rng(params.seed)
     stats = GenerationStats(n_prompt=len(prompt), drafter=drafter.name if drafter else "none")
@@ -132,9 +138,10 @@ def generate(
         if drafter is not None:
             budget = min(config.max_draft, room, config.max_tokens - len(emitter.tokens))
             if budget > 0:
-                draft = drafter.draft(budget).truncated(budget)
+                draft = trim_to_budget(drafter.draft(budget).truncated(budget), cost)
         t_drafted = time.perf_counter()
         ver = target.verify(last, draft)
+        cost.observe(1 + len(draft), time.perf_counter() - t_drafted)
         if draft.tokens:
             node_tokens = [last] + draft.tokens
             acc = accept(draft.children(), node_tokens, ver.logits, params, rng)

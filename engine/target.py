@@ -37,7 +37,8 @@ class TargetConfig:
     n_batch: int = 256  # prefill chunk; also the largest verification batch
     n_seq_max: int = 16  # sequences: a tree may have n_seq_max - 1 leaves (one parks)
     features: bool = False  # post-norm hidden states, for a draft head
-    kv_type: str = "q8_0"  # KV-cache type; see NativeContext for why not f16
+    type_k: str = "q8_0"  # KV-cache types; NativeContext says why K is not f16
+    type_v: str = "f16"
 
 
 @dataclass
@@ -74,7 +75,8 @@ class Target:
                                      n_seq_max=self.config.n_seq_max,
                                      n_threads=self.n_threads,
                                      embeddings=self.config.features,
-                                     kv_type=self.config.kv_type)
+                                     type_k=self.config.type_k,
+                                     type_v=self.config.type_v)
             self.batch = NativeBatch(self.config.n_batch, self.config.n_seq_max)
         except BaseException:
             self.model.close()

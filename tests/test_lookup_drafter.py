@@ -1,9 +1,10 @@
+from engine.budget import VerifyCostModel, best_node_count, trim_to_budget
 from engine.draft_tree import DraftTree
 from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
 
 
 def test_proposes_what_followed_the_last_ngram():
-    d = PromptLookupDrafter(LookupConfig(max_branches=1, adaptive=False, max_depth=4))
+    d = PromptLookupDrafter(LookupConfig(max_branches=1, max_depth=4))
     d.begin([1, 2, 3, 4, 5, 6, 9, 1, 2, 3], None)
     tree = d.draft(8)
     assert tree.tokens == [4, 5, 6, 9] and tree.is_chain()
@@ -16,7 +17,7 @@ def test_nothing_proposed_without_a_match():
 
 
 def test_different_continuations_become_distinct_siblings():
-    d = PromptLookupDrafter(LookupConfig(max_branches=3, adaptive=False, max_depth=3))
+    d = PromptLookupDrafter(LookupConfig(max_branches=3, max_depth=3))
     d.begin([7, 8, 1, 7, 8, 2, 5, 7, 8, 1, 6, 7, 8], None)
     tree = d.draft(16)
     roots = [t for t, p in zip(tree.tokens, tree.parents, strict=True) if p == -1]
@@ -27,21 +28,25 @@ def test_different_continuations_become_distinct_siblings():
 
 
 def test_budget_is_respected_and_context_tracks_accepts():
-    d = PromptLookupDrafter(LookupConfig(adaptive=False))
+    d = PromptLookupDrafter()
     d.begin([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2], None)
     assert len(d.draft(3)) == 3
     d.accept([3, 4, 10], None)
     assert d.context[-3:] == [3, 4, 10]
 
 
-def test_adaptive_length_shrinks_after_rejections():
-    d = PromptLookupDrafter(LookupConfig(max_branches=1, max_depth=8))
-    d.begin(list(range(20)) + [0, 1], None)
-    assert len(d.draft(8)) == 8
-    d.accept([50], None)  # the target rejected all eight
-    assert len(d.draft(8)) == 0  # "1 50" never occurred
-    d.accept([0, 1], None)
-    assert 1 <= len(d.draft(8)) < 8
+def test_scores_are_path_products_that_learn_from_the_target():
+    d = PromptLookupDrafter(LookupConfig(max_branches=1, max_depth=4))
+    ctx = [1, 2, 3, 4, 5, 6, 9, 1, 2, 3]
+    d.begin(ctx, None)
+    tree = d.draft(8)
+    assert all(a > b for a, b in zip(tree.scores, tree.scores[1:], strict=False))
+    before = list(tree.scores)
+    d.accept([4, 7], None)  # the target took the first token, then went its own way
+    d.begin(ctx, None)
+    after = d.draft(8).scores
+    assert after[0] > before[0]  # depth 1 succeeded
+    assert after[1] / after[0] < before[1] / before[0]  # depth 2 failed
 
 
 def test_draft_tree_helpers():
@@ -49,3 +54,18 @@ def test_draft_tree_helpers():
     assert t.depths() == [1, 2, 3] and t.is_chain() and t.leaves() == [2]
     t.add(9, -1)
     assert not t.is_chain() and t.children() == [[1, 4], [2], [3], [], []]
+
+
+def test_budget_keeps_only_nodes_that_pay_for_their_verification():
+    cost = VerifyCostModel(slope=0.35)
+    cost.observe(1, 0.010)
+    assert best_node_count([0.9, 0.8, 0.05], cost) == 2
+    assert best_node_count([0.2, 0.1], cost) == 0
+    tree = DraftTree()
+    a = tree.add(5, -1, 0.9)
+    tree.add(6, a, 0.8)
+    tree.add(7, -1, 0.05)
+    kept = trim_to_budget(tree, cost)
+    assert kept.tokens == [5, 6] and kept.parents == [-1, 0]
+    cost.observe(3, 0.040)  # verifying three turned out to be expensive
+    assert len(trim_to_budget(tree, cost)) < 2

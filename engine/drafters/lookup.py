@@ -4,9 +4,10 @@ Needs no weights. Pays off where the answer copies its context (summaries, RAG,
 extraction, edits of earlier text). Several earlier occurrences that continue
 differently become sibling branches of a small tree.
 
-Verification is not free on a CPU target (a batch of 4 costs 1.4x-2x a single token),
-so the drafter adapts its length to how much of its recent drafts the target accepted,
-and stays quiet when only short n-grams match.
+Each proposed node carries an estimate of its chance of being accepted, learnt online
+from how the target treated earlier drafts with the same n-gram length, depth and
+branch rank; the budget (``engine.budget``) then verifies only the nodes that pay for
+their verification time. Learnt rates survive across generations of one drafter.
 """
 
 from __future__ import annotations
@@ -19,15 +20,36 @@ import numpy as np
 from engine.draft_tree import DraftTree
 from engine.drafters.base import Drafter
 
+NodeKey = tuple[int, int, bool]  # (n-gram length, depth, first branch)
+
 
 @dataclass(frozen=True)
 class LookupConfig:
     min_ngram: int = 2
-    max_ngram: int = 5
+    max_ngram: int = 6
     max_depth: int = 8  # longest continuation proposed
     max_branches: int = 3  # distinct continuations merged into a tree (1 = chain)
     max_matches: int = 8  # earlier occurrences looked at, most recent first
-    adaptive: bool = True
+    prior_rate: float = 0.3  # acceptance assumed before any evidence
+    prior_weight: float = 3.0  # how many observations the prior is worth
+
+
+class AcceptanceRates:
+    """P(node accepted | parent accepted), by node key, with a Beta-style prior."""
+
+    def __init__(self, prior_rate: float, prior_weight: float) -> None:
+        self.prior_rate = prior_rate
+        self.prior_weight = prior_weight
+        self.counts: dict[NodeKey, list[float]] = defaultdict(lambda: [0.0, 0.0])
+
+    def rate(self, key: NodeKey) -> float:
+        acc, tot = self.counts[key]
+        return (acc + self.prior_rate * self.prior_weight) / (tot + self.prior_weight)
+
+    def update(self, key: NodeKey, accepted: bool) -> None:
+        c = self.counts[key]
+        c[0] += accepted
+        c[1] += 1
 
 
 class PromptLookupDrafter(Drafter):
@@ -35,11 +57,11 @@ class PromptLookupDrafter(Drafter):
 
     def __init__(self, config: LookupConfig | None = None) -> None:
         self.config = config or LookupConfig()
+        self.rates = AcceptanceRates(self.config.prior_rate, self.config.prior_weight)
         self.context: list[int] = []
         # n -> n-gram -> positions right after each of its occurrences
         self._index: dict[int, dict[tuple[int, ...], list[int]]] = {}
-        self._expected = float(self.config.max_depth)  # running estimate of accepted length
-        self._last_depth = 0
+        self._keys: dict[tuple[int, ...], NodeKey] = {}  # token path -> key, last draft
         self.n_drafts = 0
         self.n_empty = 0
 
@@ -47,9 +69,8 @@ class PromptLookupDrafter(Drafter):
         cfg = self.config
         self._index = {n: defaultdict(list) for n in range(cfg.min_ngram, cfg.max_ngram + 1)}
         self.context = []
+        self._keys = {}
         self._extend(context)
-        self._expected = float(cfg.max_depth)
-        self._last_depth = 0
 
     def _extend(self, tokens: list[int]) -> None:
         ctx = self.context
@@ -60,18 +81,12 @@ class PromptLookupDrafter(Drafter):
                 if end >= n:
                     table[tuple(ctx[end - n:end])].append(end)
 
-    def _depth_budget(self, max_tokens: int) -> int:
-        if not self.config.adaptive:
-            return min(self.config.max_depth, max_tokens)
-        # Propose a little more than recently accepted, so the length can grow back.
-        return max(1, min(self.config.max_depth, max_tokens, int(self._expected + 1.5)))
-
     def draft(self, max_tokens: int) -> DraftTree:
         cfg = self.config
         ctx = self.context
         end = len(ctx)
         tree = DraftTree()
-        depth = self._depth_budget(max_tokens)
+        self._keys = {}
         for n in range(min(cfg.max_ngram, end - 1), cfg.min_ngram - 1, -1):
             starts = self._index[n].get(tuple(ctx[end - n:end]))
             if not starts:
@@ -80,10 +95,8 @@ class PromptLookupDrafter(Drafter):
             for start in reversed(starts[-cfg.max_matches - 1:]):
                 if start >= end:  # the suffix itself
                     continue
-                cont = ctx[start:start + depth]
-                if not cont:
-                    continue
-                if self._insert(tree, cont, max_tokens):
+                cont = ctx[start:start + cfg.max_depth]
+                if cont and self._insert(tree, cont, n, n_branches == 0, max_tokens):
                     n_branches += 1
                 if n_branches >= cfg.max_branches or len(tree) >= max_tokens:
                     break
@@ -91,31 +104,39 @@ class PromptLookupDrafter(Drafter):
                 break
         self.n_drafts += 1
         self.n_empty += not len(tree)
-        self._last_depth = max(tree.depths(), default=0)
         return tree
 
-    @staticmethod
-    def _insert(tree: DraftTree, continuation: list[int], max_tokens: int) -> bool:
+    def _insert(self, tree: DraftTree, continuation: list[int], n: int, first: bool,
+                max_tokens: int) -> bool:
         """Merge a continuation into the tree; True when it added a node."""
-        node = -1
+        node, score, path = -1, 1.0, ()
         added = False
-        for tok in continuation:
+        for depth, tok in enumerate(continuation, start=1):
+            path = (*path, tok)
             child = tree.child_with_token(node, tok)
             if child is None:
                 if len(tree) >= max_tokens:
                     break
-                child = tree.add(tok, node)
+                key = (n, depth, first)
+                score *= self.rates.rate(key)
+                child = tree.add(tok, node, score)
+                self._keys[path] = key
                 added = True
+            else:
+                score = tree.scores[child]
             node = child
         return added
 
     def accept(self, new_tokens: list[int], features: np.ndarray | None) -> None:
-        if self._last_depth:
-            n_accepted = len(new_tokens) - 1
-            self._expected = 0.5 * self._expected + 0.5 * n_accepted
-            self._last_depth = 0
+        """Learn from the last draft. ``new_tokens`` is the target's own path (accepted
+        drafts, then its next token), so every proposed node whose parent lies on it is
+        a success or a failure, verified or trimmed by the budget alike."""
+        for path, key in self._keys.items():
+            depth = len(path)
+            if depth <= len(new_tokens) and tuple(new_tokens[:depth - 1]) == path[:-1]:
+                self.rates.update(key, new_tokens[depth - 1] == path[-1])
+        self._keys = {}
         self._extend(new_tokens)
 
     def stats(self) -> dict[str, float]:
-        return {"drafts": self.n_drafts, "empty_drafts": self.n_empty,
-                "expected_accept": self._expected}
+        return {"drafts": self.n_drafts, "empty_drafts": self.n_empty}
