@@ -77,8 +77,13 @@ def _decode_speed(rows: list[dict[str, Any]]) -> float:
     return n / t if t > 0 else 0.0
 
 
+# A baseline drafter's own plain decoding, for a like-for-like ratio.
+OWN_BASELINE = {"lcp-lookup": "lcp", "server-ngram": "server"}
+
+
 def summarize(results: list[dict[str, Any]], baseline: str = "none") -> dict[str, Any]:
-    """Per category and drafter: tok/s, ratio to the baseline, tau, TTFT."""
+    """Per category and drafter: tok/s, ratio to the baseline (and to the drafter's own
+    plain decoding where it has one), tau, TTFT."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in results:
         groups[(r["category"], r["drafter"])].append(r)
@@ -101,6 +106,9 @@ def summarize(results: list[dict[str, Any]], baseline: str = "none") -> dict[str
                 "mean_accepted": statistics.fmean(r["mean_accepted"] for r in rows),
                 "ttft_s": statistics.fmean(r["ttft_s"] for r in rows),
             }
+            own_rows = groups.get((cat, OWN_BASELINE.get(d, "")), [])
+            if own_rows:
+                table[cat][d]["ratio_own"] = speed / _decode_speed(own_rows)
     overall = {}
     for d in drafters:
         ratios = [table[c][d]["ratio"] for c in categories if d in table[c]]
@@ -108,40 +116,48 @@ def summarize(results: list[dict[str, Any]], baseline: str = "none") -> dict[str
         overall[d] = {"mean_ratio": statistics.fmean(ratios) if ratios else float("nan"),
                       "min_ratio": min(ratios) if ratios else float("nan"),
                       "mean_tok_per_s": statistics.fmean(speeds) if speeds else 0.0}
+        own = [table[c][d]["ratio_own"] for c in categories if "ratio_own" in table[c].get(d, {})]
+        if own:
+            overall[d]["mean_ratio_own"] = statistics.fmean(own)
     return {"baseline": baseline, "categories": table, "overall": overall}
 
 
 def format_table(summary: dict[str, Any]) -> str:
-    """A plain-text table: tok/s, ratio to the baseline, tau and TTFT per category."""
+    """Two plain-text tables: decode speed (tok/s, ratio to the baseline, tokens per
+    verification) and time to first token, one row per category."""
     base = summary["baseline"]
     cats = summary["categories"]
     drafters = list(summary["overall"])
-    head = f"{'category':<15}" + "".join(
-        f"{d + ' tok/s':>16}" + ("" if d == base else f"{'x' + base:>8}{'tau':>6}")
-        for d in drafters) + "".join(f"{'ttft ' + d:>14}" for d in drafters)
-    lines = [head, "-" * len(head)]
+    width = 22
+
+    def speed_cell(cell: dict[str, float] | None, d: str) -> str:
+        if cell is None:
+            return "-"
+        text = f"{cell['tok_per_s']:.1f}"
+        if d != base:
+            text += f" {cell['ratio']:.2f}x"
+        if d != base and cell["mean_accepted"] > 0:
+            text += f" t{cell['mean_accepted']:.2f}"
+        return text
+
+    head = f"{'category':<16}" + "".join(f"{d:>{width}}" for d in drafters)
+    lines = [f"decode tok/s, x = ratio to '{base}', t = tokens per verification", head,
+             "-" * len(head)]
     for cat, row in cats.items():
-        line = f"{cat:<15}"
-        for d in drafters:
-            cell = row.get(d)
-            if cell is None:
-                line += f"{'-':>16}" + ("" if d == base else f"{'-':>8}{'-':>6}")
-                continue
-            line += f"{cell['tok_per_s']:>16.1f}"
-            if d != base:
-                line += f"{cell['ratio']:>7.2f}x{cell['mean_accepted']:>6.2f}"
-        for d in drafters:
-            cell = row.get(d)
-            line += f"{cell['ttft_s'] * 1000:>12.0f}ms" if cell else f"{'-':>14}"
-        lines.append(line)
+        lines.append(f"{cat:<16}" + "".join(f"{speed_cell(row.get(d), d):>{width}}"
+                                            for d in drafters))
     lines.append("-" * len(head))
-    line = f"{'mean':<15}"
+    mean = f"{'mean':<16}"
     for d in drafters:
         o = summary["overall"][d]
-        line += f"{o['mean_tok_per_s']:>16.1f}"
-        if d != base:
-            line += f"{o['mean_ratio']:>7.2f}x{'':>6}"
-    lines.append(line)
+        text = f"{o['mean_tok_per_s']:.1f}" + ("" if d == base else f" {o['mean_ratio']:.2f}x")
+        mean += f"{text:>{width}}"
+    lines.append(mean)
+    lines += ["", "time to first token, ms", head, "-" * len(head)]
+    for cat, row in cats.items():
+        lines.append(f"{cat:<16}" + "".join(
+            f"{row[d]['ttft_s'] * 1000:>{width}.0f}" if d in row else f"{'-':>{width}}"
+            for d in drafters))
     return "\n".join(lines)
 
 
