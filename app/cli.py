@@ -152,9 +152,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 runners[n] = engine_runner(target, n)
         meta = {"model": str(target.path), "threads": target.n_threads,
                 "max_tokens": args.max_tokens, "prompts": str(args.prompts),
-                "per_category": args.per_category, "drafters": names,
+                "per_category": args.per_category, "drafters": names, "repeat": args.repeat,
                 "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-        bar = tqdm(total=len(prompts) * len(names), unit="run", file=sys.stderr)
+        bar = tqdm(total=len(prompts) * len(names) * args.repeat, unit="run",
+                   file=sys.stderr)
 
         def progress(i: int, total: int, what: str) -> None:
             bar.n = i
@@ -162,7 +163,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             bar.refresh()
 
         payload = run_bench(target, prompts, runners, args.max_tokens, args.json,
-                            meta, progress, resume=not args.fresh)
+                            meta, progress, resume=not args.fresh, repeat=args.repeat)
         bar.close()
     print(format_table(payload["summary"]))
     if args.json:
@@ -199,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--json", type=Path, default=None, help="write results here (resumes)")
     p.add_argument("--fresh", action="store_true", help="ignore results already in --json")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs per prompt and drafter; the fastest is kept (noisy machines)")
     p.add_argument("--llama-server", default=None,
                    help="llama.cpp's llama-server binary, for the server and server-ngram "
                         "baselines")

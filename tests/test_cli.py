@@ -64,7 +64,7 @@ def test_bench_writes_results_and_resumes(tandem_home, model_path, tmp_path):
         assert set(r) >= {"question_id", "category", "drafter", "new_tokens", "seconds",
                           "tok_per_s", "mean_accepted", "ttft_s", "text"}
     assert set(data["summary"]["categories"]) == {"summarization", "qa"}
-    assert "xnone" in out.stdout and "summarization" in out.stdout
+    assert "ratio to 'none'" in out.stdout and "summarization" in out.stdout
     # A second run finds everything done and keeps the same results.
     again = _tandem("bench", "--prompts", str(prompts), "--max-tokens", "16", "--threads",
                     "2", "--json", str(out_json), home=tandem_home)

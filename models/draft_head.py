@@ -1,0 +1,140 @@
+"""EAGLE-style draft head with Dynamic Gating Fusion (Dovetail, method-notes section 1).
+
+The head reads the target's post-norm feature f_t of token t and the embedding of token
+t+1, fuses them, runs ``n_layers`` LLaMA decoder blocks and predicts f_{t+1}; the target's
+frozen LM head (restricted to the draft vocabulary) turns that into draft logits.
+Shapes: B batch, T new positions, P cached positions, d hidden, V draft vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.head_config import HeadConfig
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per block: k, v [B, n_kv, P, hd]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
+
+
+class DynamicGatingFusion(nn.Module):
+    """u = z*a + (1-z)*b, a = f W1, b = SiLU(RMSNorm(e) W2), z = sigmoid([a; b] Wz)."""
+
+    def __init__(self, d: int, eps: float) -> None:
+        super().__init__()
+        self.emb_norm = RMSNorm(d, eps)
+        self.w1 = nn.Linear(d, d, bias=False)
+        self.w2 = nn.Linear(d, d, bias=False)
+        self.wz = nn.Linear(2 * d, d, bias=False)
+
+    def forward(self, feat: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        a = self.w1(feat)
+        b = F.silu(self.w2(self.emb_norm(emb)))
+        z = torch.sigmoid(self.wz(torch.cat([a, b], dim=-1)))
+        return z * a + (1 - z) * b
+
+
+class FcFusion(nn.Module):
+    """EAGLE-1: fc([emb; feat])."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2 * d, d, bias=True)
+
+    def forward(self, feat: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.cat([emb, feat], dim=-1))
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (LLaMA's half-split layout). x: [B, H, T, hd], positions [B, T]."""
+    hd = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
+    ang = positions.to(torch.float32)[:, None, :, None] * inv  # [B, 1, T, hd/2]
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, cfg: HeadConfig, input_norm: bool) -> None:
+        super().__init__()
+        d, hd = cfg.hidden_size, cfg.head_dim
+        self.cfg = cfg
+        self.input_norm = RMSNorm(d, cfg.rms_eps) if input_norm else nn.Identity()
+        self.q = nn.Linear(d, cfg.n_heads * hd, bias=False)
+        self.k = nn.Linear(d, cfg.n_kv_heads * hd, bias=False)
+        self.v = nn.Linear(d, cfg.n_kv_heads * hd, bias=False)
+        self.o = nn.Linear(cfg.n_heads * hd, d, bias=False)
+        self.post_norm = RMSNorm(d, cfg.rms_eps)
+        self.gate = nn.Linear(d, cfg.intermediate_size, bias=False)
+        self.up = nn.Linear(d, cfg.intermediate_size, bias=False)
+        self.down = nn.Linear(cfg.intermediate_size, d, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor,
+                past: tuple[torch.Tensor, torch.Tensor] | None,
+                mask: torch.Tensor | None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        cfg = self.cfg
+        b, t, _ = x.shape
+        h = self.input_norm(x)
+        q = self.q(h).view(b, t, cfg.n_heads, cfg.head_dim).transpose(1, 2)
+        k = self.k(h).view(b, t, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+        v = self.v(h).view(b, t, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+        q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+        if past is not None:
+            k = torch.cat([past[0], k], dim=2)  # [B, n_kv, P+T, hd]
+            v = torch.cat([past[1], v], dim=2)
+        rep = cfg.n_heads // cfg.n_kv_heads
+        kk, vv = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        if mask is None:  # causal over the new positions, full view of the past
+            n_past = kk.shape[2] - t
+            mask = torch.ones(t, n_past + t, dtype=torch.bool, device=x.device).tril(n_past)
+        att = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)
+        x = x + self.o(att.transpose(1, 2).reshape(b, t, -1))
+        h = self.post_norm(x)
+        x = x + self.down(F.silu(self.gate(h)) * self.up(h))
+        return x, (k, v)
+
+
+class DraftHead(nn.Module):
+    """The trainable head. ``embed`` [V_tgt, d] and ``lm_head`` [V_tgt, d] are the
+    target's frozen matrices; ``d2t`` maps draft-vocabulary ids to target ids."""
+
+    def __init__(self, cfg: HeadConfig, embed: torch.Tensor, lm_head: torch.Tensor,
+                 d2t: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.hidden_size
+        self.fusion = DynamicGatingFusion(d, cfg.rms_eps) if cfg.fusion == "dgf" else FcFusion(d)
+        self.blocks = nn.ModuleList(DecoderBlock(cfg, input_norm=i > 0)
+                                    for i in range(cfg.n_layers))
+        if d2t is None:
+            d2t = torch.arange(lm_head.shape[0])
+        self.register_buffer("embed", embed, persistent=False)
+        self.register_buffer("d2t", d2t.long(), persistent=True)
+        self.register_buffer("lm_head", lm_head[d2t].contiguous(), persistent=False)
+
+    def forward(self, feats: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
+                cache: KVCache | None = None, mask: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, KVCache]:
+        """Predicted features [B, T, d] and the extended cache."""
+        x = self.fusion(feats, F.embedding(next_tokens, self.embed))
+        new_cache: KVCache = []
+        for i, block in enumerate(self.blocks):
+            x, kv = block(x, positions, cache[i] if cache else None, mask)
+            new_cache.append(kv)
+        return x, new_cache
+
+    def logits(self, predicted: torch.Tensor) -> torch.Tensor:
+        """Draft logits [.., V_draft] from predicted (post-norm) features."""
+        return predicted @ self.lm_head.T

@@ -1,0 +1,60 @@
+"""The draft head's module contracts: shapes, cache consistency, save/load, fingerprint."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.draft_head import DraftHead
+from models.head_config import HeadConfig, TargetFingerprint
+from models.head_io import HeadMismatchError, load_head, save_head
+
+FP = TargetFingerprint(vocab_size=50, hidden_size=32, tokenizer_sha256="abc")
+
+
+def _head(fusion: str = "dgf", n_layers: int = 2, draft_vocab: int = 0) -> DraftHead:
+    torch.manual_seed(0)
+    cfg = HeadConfig(hidden_size=32, n_heads=4, n_kv_heads=2, intermediate_size=64,
+                     n_layers=n_layers, fusion=fusion, draft_vocab_size=draft_vocab,
+                     target=FP)
+    embed = torch.randn(50, 32)
+    d2t = torch.arange(0, 50, 2) if draft_vocab else None
+    return DraftHead(cfg, embed, embed.clone(), d2t).eval()
+
+
+@pytest.mark.parametrize("fusion", ["dgf", "fc"])
+def test_incremental_decoding_with_cache_equals_one_pass(fusion):
+    head = _head(fusion)
+    feats = torch.randn(1, 6, 32)
+    toks = torch.randint(0, 50, (1, 6))
+    pos = torch.arange(6)[None]
+    with torch.inference_mode():
+        full, _ = head(feats, toks, pos)
+        first, cache = head(feats[:, :4], toks[:, :4], pos[:, :4])
+        rest, _ = head(feats[:, 4:], toks[:, 4:], pos[:, 4:], cache)
+    torch.testing.assert_close(torch.cat([first, rest], 1), full, atol=1e-5, rtol=1e-5)
+    assert head.logits(full).shape == (1, 6, 50)
+
+
+def test_reduced_vocabulary_logits_map_back_to_target_ids():
+    head = _head(draft_vocab=25)
+    x = torch.randn(3, 32)
+    assert head.logits(x).shape == (3, 25)
+    full = x @ head.embed.T
+    torch.testing.assert_close(head.logits(x), full[:, head.d2t])
+
+
+def test_save_and_load_give_identical_outputs(tmp_path):
+    head = _head(n_layers=1)
+    save_head(head, tmp_path)
+    again = load_head(tmp_path, FP, head.embed, head.embed.clone())
+    feats, toks, pos = torch.randn(1, 3, 32), torch.randint(0, 50, (1, 3)), torch.arange(3)[None]
+    with torch.inference_mode():
+        torch.testing.assert_close(head(feats, toks, pos)[0], again(feats, toks, pos)[0])
+
+
+def test_mismatched_target_is_refused_with_both_values(tmp_path):
+    save_head(_head(), tmp_path)
+    other = TargetFingerprint(vocab_size=51, hidden_size=32, tokenizer_sha256="abc")
+    with pytest.raises(HeadMismatchError, match="vocab_size: head trained for 50, target has 51"):
+        load_head(tmp_path, other, torch.zeros(51, 32), torch.zeros(51, 32))
