@@ -13,36 +13,55 @@ from dataclasses import dataclass, field
 from engine.draft_tree import DraftTree
 
 
+def context_bucket(n_past: int) -> int:
+    """Context lengths 0-511, 512-1023, 1024-2047, ...: attention makes a batch's
+    cost relative to one token grow with the context."""
+    return max(0, min(6, (max(n_past, 1) // 256).bit_length() - 1))
+
+
 @dataclass
 class VerifyCostModel:
-    """Verification time by batch size, learnt from the decodes the loop makes.
+    """Verification time by batch size and context length, learnt from the decodes.
 
-    Until a size has been seen, its cost is the prior ``t1 * (1 + slope * (n - 1))``;
-    measurements replace it through an exponential moving average, so the curve follows
-    the context length as it grows.
+    Per context bucket it keeps the single-token time and each batch size's cost as a
+    ratio to it (exponential moving averages), so a ratio learnt earlier still holds
+    when the context has grown. Unseen sizes use ``1 + slope * (n - 1)``.
     """
 
     slope: float = 0.35  # prior extra cost per extra token, relative to one token
     alpha: float = 0.2  # weight of a new measurement
-    t_by_n: dict[int, float] = field(default_factory=dict)
+    t1_by_bucket: dict[int, float] = field(default_factory=dict)
+    ratio_by_bucket_n: dict[tuple[int, int], float] = field(default_factory=dict)
+    bucket: int = 0  # context bucket of the current step
+
+    def at_context(self, n_past: int) -> None:
+        self.bucket = context_bucket(n_past)
+
+    def _ema(self, table: dict, key: object, value: float) -> None:
+        old = table.get(key)
+        table[key] = value if old is None else (1 - self.alpha) * old + self.alpha * value
 
     def observe(self, n_tokens: int, t_s: float) -> None:
-        old = self.t_by_n.get(n_tokens)
-        self.t_by_n[n_tokens] = t_s if old is None else (1 - self.alpha) * old + self.alpha * t_s
+        if n_tokens == 1:
+            self._ema(self.t1_by_bucket, self.bucket, t_s)
+        else:
+            self._ema(self.ratio_by_bucket_n, (self.bucket, n_tokens), t_s / self.t1)
 
     @property
     def t1(self) -> float:
-        return self.t_by_n.get(1, 0.012)
-
-    def cost(self, n_tokens: int) -> float:
-        """Expected seconds to verify a batch of ``n_tokens``."""
-        seen = self.t_by_n.get(n_tokens)
-        if seen is not None:
-            return seen
-        return self.t1 * (1 + self.slope * (n_tokens - 1))
+        if self.bucket in self.t1_by_bucket:
+            return self.t1_by_bucket[self.bucket]
+        return max(self.t1_by_bucket.values(), default=0.012)
 
     def ratio(self, n_tokens: int) -> float:
-        return self.cost(n_tokens) / self.t1
+        if n_tokens == 1:
+            return 1.0
+        return self.ratio_by_bucket_n.get((self.bucket, n_tokens),
+                                          1 + self.slope * (n_tokens - 1))
+
+    def cost(self, n_tokens: int) -> float:
+        """Expected seconds to verify a batch of ``n_tokens`` at the current context."""
+        return self.t1 * self.ratio(n_tokens)
 
 
 def best_node_count(values: list[float], cost: VerifyCostModel) -> int:

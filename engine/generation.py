@@ -134,6 +134,7 @@ def generate(
             emitter.finish_reason = "context"
             break
         t_step = time.perf_counter()
+        cost.at_context(target.n_past)
         draft = _EMPTY_DRAFT
         if drafter is not None:
             budget = min(config.max_draft, room, config.max_tokens - len(emitter.tokens))

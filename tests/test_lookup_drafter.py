@@ -1,3 +1,5 @@
+import pytest
+
 from engine.budget import VerifyCostModel, best_node_count, trim_to_budget
 from engine.draft_tree import DraftTree
 from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
@@ -69,3 +71,9 @@ def test_budget_keeps_only_nodes_that_pay_for_their_verification():
     assert kept.tokens == [5, 6] and kept.parents == [-1, 0]
     cost.observe(3, 0.040)  # verifying three turned out to be expensive
     assert len(trim_to_budget(tree, cost)) < 2
+    cost.at_context(1500)  # a new context bucket: its own single-token time...
+    cost.observe(1, 0.020)
+    assert cost.t1 == 0.020
+    assert cost.ratio(3) == pytest.approx(1.7)  # ...and the prior until batches are seen
+    cost.at_context(100)
+    assert cost.t1 == 0.010 and cost.ratio(3) == pytest.approx(4.0)

@@ -52,12 +52,37 @@ class AcceptanceRates:
         c[1] += 1
 
 
+class LocalCalibration:
+    """How this conversation's drafts fare against the global rates: recent successes
+    over recent predicted successes (exponentially forgotten), so a text that copies
+    less than usual (role play) drafts less, and one that copies more drafts more."""
+
+    def __init__(self, decay: float = 0.9, strength: float = 2.0) -> None:
+        self.decay = decay
+        self.strength = strength  # pseudo-observations pulling the factor towards 1
+        self.hits = 0.0
+        self.expected = 0.0
+
+    def reset(self) -> None:
+        self.hits = self.expected = 0.0
+
+    def update(self, predicted: float, accepted: bool) -> None:
+        self.hits = self.decay * self.hits + accepted
+        self.expected = self.decay * self.expected + predicted
+
+    @property
+    def factor(self) -> float:
+        f = (self.hits + self.strength) / (self.expected + self.strength)
+        return min(max(f, 0.25), 2.0)
+
+
 class PromptLookupDrafter(Drafter):
     name = "lookup"
 
     def __init__(self, config: LookupConfig | None = None) -> None:
         self.config = config or LookupConfig()
         self.rates = AcceptanceRates(self.config.prior_rate, self.config.prior_weight)
+        self.local = LocalCalibration()
         self.context: list[int] = []
         # n -> n-gram -> positions right after each of its occurrences
         self._index: dict[int, dict[tuple[int, ...], list[int]]] = {}
@@ -70,6 +95,7 @@ class PromptLookupDrafter(Drafter):
         self._index = {n: defaultdict(list) for n in range(cfg.min_ngram, cfg.max_ngram + 1)}
         self.context = []
         self._keys = {}
+        self.local.reset()
         self._extend(context)
 
     def _extend(self, tokens: list[int]) -> None:
@@ -118,7 +144,7 @@ class PromptLookupDrafter(Drafter):
                 if len(tree) >= max_tokens:
                     break
                 key = (n, depth, first)
-                score *= self.rates.rate(key)
+                score *= min(1.0, self.rates.rate(key) * self.local.factor)
                 child = tree.add(tok, node, score)
                 self._keys[path] = key
                 added = True
@@ -134,7 +160,9 @@ class PromptLookupDrafter(Drafter):
         for path, key in self._keys.items():
             depth = len(path)
             if depth <= len(new_tokens) and tuple(new_tokens[:depth - 1]) == path[:-1]:
-                self.rates.update(key, new_tokens[depth - 1] == path[-1])
+                hit = new_tokens[depth - 1] == path[-1]
+                self.local.update(self.rates.rate(key), hit)
+                self.rates.update(key, hit)
         self._keys = {}
         self._extend(new_tokens)
 
