@@ -143,13 +143,9 @@ def generate(
         t_drafted = time.perf_counter()
         ver = target.verify(last, draft)
         cost.observe(1 + len(draft), time.perf_counter() - t_drafted)
-        if draft.tokens:
-            node_tokens = [last] + draft.tokens
-            acc = accept(draft.children(), node_tokens, ver.logits, params, rng)
-            path_tokens = [node_tokens[k] for k in acc.path]
-        else:
-            acc = accept(_ROOT_ONLY, _NO_TOKENS, ver.logits, params, rng)
-            path_tokens = [last]
+        node_tokens = [last] + draft.tokens
+        acc = accept(draft.children(), node_tokens, ver.logits, params, rng)
+        path_tokens = [node_tokens[k] for k in acc.path]
         target.commit(ver, acc.path, path_tokens)
         t_verified = time.perf_counter()
         new_tokens = path_tokens[1:] + [acc.next_token]
@@ -169,7 +165,3 @@ def generate(
     stats.n_new = len(emitter.tokens)
     stats.t_total_s = time.perf_counter() - t0
     return GenerationResult(emitter.tokens, emitter.stream.text, reason, stats)
-
-
-_ROOT_ONLY: list[list[int]] = [[]]
-_NO_TOKENS: list[int] = [0]
