@@ -58,3 +58,37 @@ def test_mismatched_target_is_refused_with_both_values(tmp_path):
     other = TargetFingerprint(vocab_size=51, hidden_size=32, tokenizer_sha256="abc")
     with pytest.raises(HeadMismatchError, match="vocab_size: head trained for 50, target has 51"):
         load_head(tmp_path, other, torch.zeros(51, 32), torch.zeros(51, 32))
+
+
+def test_target_facts_and_embeddings_come_from_the_real_gguf(target, model_path):
+    import numpy as np
+
+    from models.gguf_weights import fingerprint, read_embeddings, read_facts
+
+    facts = read_facts(model_path)
+    assert (facts.hidden_size, facts.vocab_size) == (target.n_embd, target.n_vocab)
+    assert facts.n_heads == 9 and facts.n_kv_heads == 3
+    embed, lm_head = read_embeddings(model_path)
+    assert embed.shape == (target.n_vocab, target.n_embd)
+    assert lm_head is embed  # SmolLM2 ties its LM head to the embedding
+    assert np.isfinite(embed).all() and embed.std() > 0
+    fp = fingerprint(target.model.pieces(), target.n_embd)
+    assert fp == fingerprint(list(target.model.pieces()), target.n_embd)
+    assert fp.vocab_size == target.n_vocab
+
+
+def test_gguf_lm_head_on_llama_cpp_features_reproduces_its_logits(fresh_target, model_path):
+    import numpy as np
+
+    from models.gguf_weights import read_embeddings
+
+    t = fresh_target
+    t.set_features(True)
+    try:
+        pre = t.prefill(t.chat_prompt([{"role": "user", "content": "Name a colour."}]))
+    finally:
+        t.set_features(False)
+    _, lm_head = read_embeddings(model_path)
+    ours = lm_head @ pre.features[-1]
+    assert int(np.argmax(ours)) == int(np.argmax(pre.logits))
+    assert np.corrcoef(ours, pre.logits)[0, 1] > 0.999
