@@ -8,7 +8,7 @@ Bit-exactness and cell order: llama.cpp's attention sums over KV cells in cell o
 sequence 0's cells must stay in position order, as in plain decoding, or logits drift by
 rounding and greedy near-ties flip. A tree's rejected nodes that sit *before* an
 accepted node would leave holes that later tokens fill out of order; those cells are
-parked in a sequence nobody attends to (``PARK``) instead of being freed. Rejected
+parked in a sequence nobody attends to (``park_seq``) instead of being freed. Rejected
 nodes after the last accepted one are freed: later tokens refill them in order.
 """
 
@@ -168,13 +168,7 @@ class Target:
         start = self._parked_from
         redo = self.tokens[start:]
         self.rollback(start)
-        step = 8
-        for i in range(0, len(redo), step):
-            chunk = redo[i:i + step]
-            pos0 = start + i
-            self.batch.fill(chunk, list(range(pos0, pos0 + len(chunk))), None, False)
-            self.ctx.decode(self.batch)
-            self.tokens.extend(chunk)
+        self._evaluate(redo, chunk_size=8)
 
     def set_features(self, on: bool) -> None:
         self.ctx.set_embeddings(on)
@@ -198,13 +192,21 @@ class Target:
         # Evaluate at least the last prompt token: its logits choose the first new token.
         n_keep = min(n_same, len(prompt) - 1)
         self.rollback(n_keep)
-        todo = prompt[n_keep:]
+        logits, feats = self._evaluate(prompt[n_keep:], self.config.n_batch)
+        features = np.concatenate(feats) if feats else None
+        return Prefill(logits=logits, features=features, n_reused=n_keep)
+
+    def _evaluate(self, tokens: list[int], chunk_size: int
+                  ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Append ``tokens`` to sequence 0 in chunks. Returns the last token's logits and,
+        in embeddings mode, every token's features; rolls back on a failed decode."""
+        n_keep = self.n_past
         feats: list[np.ndarray] = []
         logits = None
         try:
-            for start in range(0, len(todo), self.config.n_batch):
-                chunk = todo[start:start + self.config.n_batch]
-                last_chunk = start + len(chunk) == len(todo)
+            for start in range(0, len(tokens), chunk_size):
+                chunk = tokens[start:start + chunk_size]
+                last_chunk = start + len(chunk) == len(tokens)
                 pos0 = n_keep + start
                 outputs = [False] * len(chunk)
                 outputs[-1] = last_chunk
@@ -221,8 +223,7 @@ class Target:
             self.rollback(n_keep)
             raise
         assert logits is not None
-        features = np.concatenate(feats) if feats else None
-        return Prefill(logits=logits, features=features, n_reused=n_keep)
+        return logits, feats
 
     # --- verification ----------------------------------------------------------------
     def verify(self, root: int, draft: DraftTree) -> Verification:
