@@ -195,6 +195,10 @@ def run_bench(
     ever adds time. Returns the JSON payload."""
     results = _load_previous(out_path) if resume else []
     skipped: list[dict[str, Any]] = []
+
+    def payload() -> dict[str, Any]:
+        return {"meta": meta or {}, "results": results, "skipped": skipped,
+                "summary": summarize(results)}
     done = {(r["question_id"], r["drafter"]) for r in results}
     names = list(runners)
     total = len(prompts) * len(names) * repeat
@@ -235,12 +239,10 @@ def run_bench(
                 if row["decode_seconds"] > 0 else 0.0
             results.append({"question_id": prompt.question_id, "category": prompt.category,
                             "drafter": name, "n_prompt": len(tokens), **row})
-            _save(out_path, {"meta": meta or {}, "results": results, "skipped": skipped,
-                             "summary": summarize(results)})
-    payload = {"meta": meta or {}, "results": results, "skipped": skipped,
-               "summary": summarize(results)}
-    _save(out_path, payload)
-    return payload
+            _save(out_path, payload())
+    final = payload()
+    _save(out_path, final)
+    return final
 
 
 def _warm_up(target: Target, runners: dict[str, Runner]) -> None:
