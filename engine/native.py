@@ -242,6 +242,7 @@ class NativeContext:
         embeddings: bool,
         type_k: str = "q8_0",
         type_v: str = "f16",
+        unified_kv: bool = True,
     ) -> None:
         """Raises ModelLoadError when llama.cpp cannot create the context (memory)."""
         _ensure_backend()
@@ -256,7 +257,9 @@ class NativeContext:
         params.embeddings = embeddings
         params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE
         # Tree verification puts one token in several sequences: needs one shared KV buffer.
-        params.kv_unified = True
+        # (Independent sequences, as in batched data generation, are cheaper in separate
+        # streams: attention then skips the other sequences' cells.)
+        params.kv_unified = unified_kv
         # With K and V of one float type, llama.cpp's CPU flash attention takes a
         # split-KV path for single-token decodes once the cache holds >= 512 cells, and
         # a batch is then computed differently from the same tokens one by one (logits
@@ -323,6 +326,11 @@ class NativeContext:
         """Copy of the logits of the last decode's outputs, shape [n_outputs, n_vocab]."""
         ptr = llama_cpp.llama_get_logits(self.handle)
         return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab)).copy()
+
+    def argmax_logits(self, n_outputs: int) -> list[int]:
+        """The highest-scoring token of each output of the last decode (no copy)."""
+        ptr = llama_cpp.llama_get_logits(self.handle)
+        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab)).argmax(-1).tolist()
 
     def last_logits_view(self, n_outputs: int) -> np.ndarray:
         """No-copy view of the last output's logits; valid until the next decode."""
