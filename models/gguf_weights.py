@@ -73,3 +73,20 @@ def fingerprint(pieces: list[bytes], hidden_size: int) -> TargetFingerprint:
         h.update(p)
     return TargetFingerprint(vocab_size=len(pieces), hidden_size=hidden_size,
                              tokenizer_sha256=h.hexdigest())
+
+
+@dataclass(frozen=True)
+class TargetForHead:
+    """Everything a head takes from its target: shapes, frozen matrices, fingerprint."""
+
+    facts: TargetFacts
+    embed: np.ndarray
+    lm_head: np.ndarray
+    fingerprint: TargetFingerprint
+
+
+def target_for_head(path: Path, pieces: list[bytes]) -> TargetForHead:
+    """Read a GGUF for a head; ``pieces`` are the token bytes llama.cpp reports."""
+    facts = read_facts(path)
+    embed, lm_head = read_embeddings(path)
+    return TargetForHead(facts, embed, lm_head, fingerprint(pieces, facts.hidden_size))

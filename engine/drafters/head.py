@@ -1,0 +1,329 @@
+"""The EAGLE-style draft head as a drafter: chain or EAGLE-2 dynamic tree.
+
+The head keeps its own KV cache in step with the conversation: entry j pairs the
+target's true feature of token j with token j+1, at position j. After each verification
+the target's features of the accepted tokens replace the head's guesses (``accept``),
+and the head's output for the last entry is the predicted feature from which the next
+draft starts. Draft-time entries (built from predicted features) live only for one
+``draft`` call.
+
+Tree drafting (EAGLE-2): expand the ``top_k`` best nodes of the newest level ``depth``
+times; a node's score is the product of draft probabilities along its path; keep the
+best nodes (their scores go to the budget as acceptance estimates, scaled online by
+how this drafter's guesses fared at each depth).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.draft_tree import DraftTree
+from engine.drafters.base import Drafter
+from models.draft_head import DraftHead, KVCache
+
+
+@dataclass(frozen=True)
+class HeadDrafterConfig:
+    mode: str = "tree"  # "tree" (EAGLE-2) or "chain"
+    top_k: int = 4  # children per expanded node, and nodes expanded per level
+    depth: int = 5  # levels drafted
+    n_threads: int = 1  # torch threads on a CPU (tiny matmuls gain nothing from more)
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("tree", "chain"):
+            raise ValueError(f"mode must be 'tree' or 'chain', got {self.mode!r}")
+        if self.top_k < 1 or self.depth < 1:
+            raise ValueError("top_k and depth must be >= 1")
+
+
+@dataclass
+class _Node:
+    token: int  # target id
+    parent: int  # node index, -1 for children of the root
+    score: float  # path probability under the draft
+    depth: int
+    entry: int = -1  # index among draft-time cache entries once expanded
+
+
+class DepthCalibration:
+    """Observed acceptance over predicted, per depth (exponentially forgotten), so node
+    scores given to the budget track how the head really fares here."""
+
+    def __init__(self, decay: float = 0.95) -> None:
+        self.decay = decay
+        self.hit: dict[int, float] = {}
+        self.expected: dict[int, float] = {}
+
+    def factor(self, depth: int) -> float:
+        e = self.expected.get(depth, 0.0)
+        if e < 1.0:
+            return 1.0
+        return min(1.5, max(0.2, self.hit.get(depth, 0.0) / e))
+
+    def observe(self, depth: int, predicted: float, accepted: bool) -> None:
+        for table, value in ((self.hit, float(accepted)), (self.expected, predicted)):
+            table[depth] = self.decay * table.get(depth, 0.0) + value
+
+
+class HeadDrafter(Drafter):
+    name = "head"
+    needs_features = True
+
+    def __init__(self, head: DraftHead, config: HeadDrafterConfig | None = None) -> None:
+        self.head = head.eval()
+        self.config = config or HeadDrafterConfig()
+        self.device = head.lm_head.device
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.config.n_threads)
+        self.calibration = DepthCalibration()
+        self._tokens: list[int] = []  # the context, last token included
+        self._feats = np.zeros((0, head.cfg.hidden_size), np.float32)  # true features
+        self._base = 0  # position of the first cache entry
+        self._cache: KVCache | None = None
+        self._root_hidden: torch.Tensor | None = None  # predicted feature of the last token
+        self._last_draft: DraftTree | None = None
+        self._raw_scores: list[float] = []
+        self._entry_hidden = torch.zeros(0)  # predicted features of draft-time entries
+        self._t_head_s = 0.0
+        self._n_head_calls = 0
+
+    # --- the head's committed cache --------------------------------------------------
+    @property
+    def _n_entries(self) -> int:
+        return 0 if self._cache is None else int(self._cache[0][0].shape[2])
+
+    def _trim_cache(self, end: int) -> None:
+        """Keep entries at positions < ``end``."""
+        keep = max(0, end - self._base)
+        if self._cache is not None:
+            self._cache = [(k[:, :, :keep], v[:, :, :keep]) for k, v in self._cache]
+            if keep == 0:
+                self._cache = None
+
+    @torch.no_grad()
+    def _extend(self, first: int, feats: np.ndarray, next_tokens: list[int]) -> None:
+        """Append entries (feature j, token j+1) at positions first..; the last output
+        becomes the root prediction."""
+        t0 = time.perf_counter()
+        f = torch.from_numpy(np.ascontiguousarray(feats, np.float32)).to(self.device)
+        tok = torch.tensor(next_tokens, device=self.device)
+        pos = torch.arange(first, first + len(next_tokens), device=self.device)
+        out, self._cache = self.head(f[None], tok[None], pos[None], self._cache)
+        self._root_hidden = out[0, -1]
+        self._t_head_s += time.perf_counter() - t0
+        self._n_head_calls += 1
+
+    # --- Drafter ---------------------------------------------------------------------
+    def begin(self, context: list[int], features: np.ndarray | None) -> None:
+        if features is None:
+            raise ValueError("the head drafter needs the target's features")
+        prompt_len = len(context) - 1
+        start = prompt_len - len(features)  # prompt tokens the target reused from its cache
+        shared = 0
+        for a, b in zip(self._tokens, context, strict=False):
+            if a != b:
+                break
+            shared += 1
+        if start <= min(shared, len(self._feats)) and self._base == 0:
+            # The reused prefix is one we saw: keep its features and cache entries.
+            feats = np.concatenate([self._feats[:start], features])
+            keep = max(0, min(self._base + self._n_entries, shared - 1, start))
+            self._trim_cache(keep)
+            first = keep
+        else:
+            # Nothing to rebuild the reused prefix from: attend to the new part only.
+            feats = np.asarray(features, np.float32)
+            self._cache, self._base, first = None, start, start
+            self._feats = np.zeros((start, feats.shape[1]), np.float32)
+            feats = np.concatenate([self._feats, feats])
+        self._tokens = list(context)
+        self._feats = np.asarray(feats, np.float32)
+        self._extend(first, self._feats[first:prompt_len], context[first + 1:])
+        self._last_draft = None
+
+    def accept(self, new_tokens: list[int], features: np.ndarray | None) -> None:
+        if features is None:
+            raise ValueError("the head drafter needs the target's features")
+        self._learn(new_tokens)
+        n = len(self._tokens) - 1  # position of the token whose feature arrives first
+        self._trim_cache(n)  # (draft entries were never committed; this is a no-op guard)
+        self._tokens.extend(new_tokens)
+        self._feats = np.concatenate([self._feats, np.asarray(features, np.float32)])
+        self._extend(n, features, new_tokens)
+
+    def _learn(self, new_tokens: list[int]) -> None:
+        """Calibrate node scores on which of the last draft's nodes the target took."""
+        tree = self._last_draft
+        if tree is None or not tree.scores:
+            return
+        accepted_path: list[int] = []
+        parent = -1
+        for tok in new_tokens:
+            child = tree.child_with_token(parent, tok)
+            if child is None:
+                break
+            accepted_path.append(child)
+            parent = child
+        on_path = set(accepted_path)
+        depths = tree.depths()
+        for i, p in enumerate(tree.parents):
+            # Judge every node whose parent the target's tokens reached (trimmed ones
+            # too: the target's path says whether they would have been accepted).
+            if depths[i] <= len(new_tokens) and (p == -1 or p in on_path):
+                self.calibration.observe(depths[i], self._raw_scores[i], i in on_path)
+        self._last_draft = None
+
+    @torch.no_grad()
+    def draft(self, max_tokens: int) -> DraftTree:
+        if self._root_hidden is None or max_tokens <= 0:
+            return DraftTree()
+        t0 = time.perf_counter()
+        cfg = self.config
+        width = 1 if cfg.mode == "chain" else cfg.top_k
+        n = len(self._tokens) - 1  # position of the first draft entry
+        nodes: list[_Node] = []
+        level = self._children(self._root_hidden[None], [-1], [1.0], width, depth=1,
+                               nodes=nodes)
+        entry_keys: list[torch.Tensor] = []  # draft-time cache, per block
+        entry_vals: list[torch.Tensor] = []
+        entry_nodes: list[int] = []
+        for depth in range(2, cfg.depth + 1):
+            if len(nodes) >= 4 * max_tokens:
+                break
+            expand = sorted(level, key=lambda i: -nodes[i].score)[:width]
+            hidden = self._expand(expand, nodes, n, entry_keys, entry_vals, entry_nodes)
+            level = self._children(hidden, expand, [nodes[i].score for i in expand], width,
+                                   depth=depth, nodes=nodes)
+        tree = self._select(nodes, max_tokens)
+        self._t_head_s += time.perf_counter() - t0
+        self._n_head_calls += 1
+        return tree
+
+    def _children(self, hidden: torch.Tensor, parents: list[int], parent_scores: list[float],
+                  width: int, depth: int, nodes: list[_Node]) -> list[int]:
+        """Add the ``width`` most likely tokens after each predicted feature."""
+        probs = torch.softmax(self.head.logits(hidden).float(), dim=-1)
+        top_p, top_i = probs.topk(width, dim=-1)
+        top_t = self.head.d2t[top_i].tolist()
+        out = []
+        for r, parent in enumerate(parents):
+            for p, t in zip(top_p[r].tolist(), top_t[r], strict=True):
+                nodes.append(_Node(t, parent, parent_scores[r] * p, depth))
+                out.append(len(nodes) - 1)
+        return out
+
+    def _expand(self, expand: list[int], nodes: list[_Node], n: int,
+                keys: list[torch.Tensor], vals: list[torch.Tensor],
+                entry_nodes: list[int]) -> torch.Tensor:
+        """Run the head on the chosen nodes (one batch, tree mask); their predicted
+        features. Their entries join the draft-time cache."""
+        dev = self.device
+        feats, toks, pos = [], [], []
+        for i in expand:
+            node = nodes[i]
+            parent_entry = nodes[node.parent].entry if node.parent >= 0 else -1
+            feats.append(self._root_hidden if parent_entry < 0
+                         else self._entry_hidden[parent_entry])
+            toks.append(node.token)
+            pos.append(n + node.depth - 1)
+        n_past = self._n_entries
+        n_draft = len(entry_nodes)
+        mask = torch.zeros(len(expand), n_past + n_draft + len(expand), dtype=torch.bool,
+                           device=dev)
+        mask[:, :n_past] = True
+        for r, i in enumerate(expand):
+            mask[r, n_past + n_draft + r] = True
+            anc = nodes[i].parent
+            while anc >= 0:
+                mask[r, n_past + nodes[anc].entry] = True
+                anc = nodes[anc].parent
+        cache: KVCache | None
+        if self._cache is None and not keys:
+            cache = None
+        else:
+            cache = []
+            for b in range(len(self.head.blocks)):
+                parts_k = ([self._cache[b][0]] if self._cache is not None else []) + (
+                    [keys[b]] if keys else [])
+                parts_v = ([self._cache[b][1]] if self._cache is not None else []) + (
+                    [vals[b]] if vals else [])
+                cache.append((torch.cat(parts_k, dim=2), torch.cat(parts_v, dim=2)))
+        out, new_cache = self.head(torch.stack(feats)[None], torch.tensor(toks, device=dev)[None],
+                                   torch.tensor(pos, device=dev)[None], cache, mask)
+        for b, (k, v) in enumerate(new_cache):
+            new_k, new_v = k[:, :, -len(expand):], v[:, :, -len(expand):]
+            if len(keys) <= b:
+                keys.append(new_k)
+                vals.append(new_v)
+            else:
+                keys[b] = torch.cat([keys[b], new_k], dim=2)
+                vals[b] = torch.cat([vals[b], new_v], dim=2)
+        hidden = out[0]
+        if n_draft == 0:
+            self._entry_hidden = hidden
+        else:
+            self._entry_hidden = torch.cat([self._entry_hidden, hidden])
+        for r, i in enumerate(expand):
+            nodes[i].entry = n_draft + r
+            entry_nodes.append(i)
+        return hidden
+
+    def _select(self, nodes: list[_Node], max_tokens: int) -> DraftTree:
+        """The best ``max_tokens`` nodes (a path product never beats its parent's, so
+        the set is closed under ancestors), parents first, calibrated scores."""
+        order = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth))
+        chosen = set()
+        for i in order:
+            if len(chosen) >= max_tokens:
+                break
+            if nodes[i].parent < 0 or nodes[i].parent in chosen:
+                chosen.add(i)
+        tree = DraftTree()
+        index: dict[int, int] = {}
+        raw: list[float] = []
+        for i in sorted(chosen, key=lambda i: (nodes[i].depth, i)):
+            node = nodes[i]
+            parent = index[node.parent] if node.parent >= 0 else -1
+            if tree.child_with_token(parent, node.token) is not None:
+                continue  # a duplicate sibling (cannot happen with distinct top-k)
+            score = min(1.0, node.score * self.calibration.factor(node.depth))
+            index[i] = tree.add(node.token, parent, score)
+            raw.append(node.score)
+        self._last_draft, self._raw_scores = tree, raw
+        return tree
+
+    def stats(self) -> dict[str, float]:
+        calls = max(1, self._n_head_calls)
+        return {"head_ms_per_call": 1000 * self._t_head_s / calls}
+
+
+def load_head_drafter(head_dir: Path, model_path: Path, pieces: list[bytes],
+                      config: HeadDrafterConfig | None = None, device: str = "cpu"
+                      ) -> HeadDrafter:
+    """A drafter for the target at ``model_path`` from the head saved in ``head_dir``.
+    Raises HeadMismatchError (trained for another target) or FileNotFoundError."""
+    from models.head_io import load_head
+
+    target = _target_for_head(model_path, pieces)
+    head = load_head(head_dir, target.fingerprint, torch.from_numpy(target.embed),
+                     torch.from_numpy(target.lm_head), device=device)
+    return HeadDrafter(head, config)
+
+
+_TARGETS: dict[Path, object] = {}
+
+
+def _target_for_head(model_path: Path, pieces: list[bytes]):  # noqa: ANN202
+    """Dequantized embeddings are ~200 MB of float32: read once per model per process."""
+    from models.gguf_weights import target_for_head
+
+    key = Path(model_path).resolve()
+    if key not in _TARGETS:
+        _TARGETS.clear()
+        _TARGETS[key] = target_for_head(key, pieces)
+    return _TARGETS[key]

@@ -1,0 +1,269 @@
+"""Training a draft head on feature shards (``models.distill_data``).
+
+Loss (method-notes section 1, Dovetail/EAGLE): ``1.0 * SmoothL1(f_hat, f) + 0.1 *
+CE(p_target, p_draft)`` on answer positions; AdamW, betas (0.9, 0.95), gradient clip 0.5,
+small uniform noise on the input features.
+
+Training-time test (EAGLE-3): at draft time the head reads its *own* predicted features
+from depth 2 on, so training unrolls ``unroll`` steps: step k feeds the step k-1
+predictions back in, and attends to true-feature keys only up to where a draft of depth
+k would see them (``unroll_mask``). Step k's accuracy is the draft's accuracy at depth k.
+
+A checkpoint (weights, optimiser, step) is written atomically every few minutes and on
+exit; the same command resumes from it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from models.distill_data import Sample
+from models.draft_head import DraftHead
+from models.head_config import HeadConfig
+
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 2000  # optimiser steps
+    seqs_per_step: int = 4
+    max_len: int = 640
+    # EAGLE trains ~300k steps at 3e-5; a CPU budget of a few thousand steps needs a
+    # larger rate to converge (same optimiser otherwise).
+    lr: float = 3e-4
+    warmup: int = 100
+    betas: tuple[float, float] = (0.9, 0.95)
+    clip: float = 0.5
+    unroll: int = 3  # training-time-test depth
+    depth_weight: float = 0.8  # step k's loss weighs depth_weight ** (k-1)
+    reg_weight: float = 1.0
+    ce_weight: float = 0.1
+    feature_noise: float = 0.1  # uniform noise, relative to each feature's RMS
+    checkpoint_every_s: float = 300.0
+    seed: int = 0
+    bf16: bool = True  # autocast where the device runs bf16 matmuls fast (AMX, CUDA)
+
+
+@dataclass
+class DepthAccuracy:
+    correct: list[int] = field(default_factory=list)
+    total: list[int] = field(default_factory=list)
+
+    def add(self, depth: int, correct: int, total: int) -> None:
+        while len(self.correct) < depth:
+            self.correct.append(0)
+            self.total.append(0)
+        self.correct[depth - 1] += correct
+        self.total[depth - 1] += total
+
+    def rates(self) -> list[float]:
+        return [c / t if t else 0.0 for c, t in zip(self.correct, self.total, strict=True)]
+
+
+def draft_vocabulary(samples: list[Sample], size: int, always: set[int]) -> torch.Tensor:
+    """The ``size`` tokens the target most often writes in answers (``d2t``), plus
+    ``always`` (end-of-generation tokens), most frequent first."""
+    counts: Counter[int] = Counter()
+    for s in samples:
+        counts.update(s.target_next[s.answer].tolist())
+    chosen = [t for t, _ in counts.most_common(size)]
+    for t in sorted(always):
+        if t not in chosen:
+            chosen = chosen[:size - 1] + [t] if len(chosen) >= size else chosen + [t]
+    return torch.tensor(chosen, dtype=torch.long)
+
+
+def vocabulary_coverage(samples: list[Sample], d2t: torch.Tensor) -> float:
+    """Share of answer tokens the draft vocabulary can propose at all."""
+    keep = set(d2t.tolist())
+    seen = np.concatenate([s.target_next[s.answer] for s in samples])
+    return float(np.isin(seen, list(keep)).mean()) if len(seen) else 0.0
+
+
+def unroll_mask(n: int, step: int, device: torch.device) -> torch.Tensor:
+    """Attention mask [n, step*n] of unroll ``step`` over the keys of steps 1..step.
+
+    Query j may see true-feature keys (step 1) at positions <= j-step+1 and, from each
+    later step s, only its own chain's key at position j-(step-s): exactly what a draft
+    node at depth ``step`` sees at inference.
+    """
+    j = torch.arange(n, device=device)[:, None]
+    i = torch.arange(n, device=device)[None, :]
+    blocks = [i <= j - step + 1]
+    blocks += [i == j - (step - s) for s in range(2, step + 1)]
+    return torch.cat(blocks, dim=1)
+
+
+def _sample_tensors(sample: Sample, max_len: int, device: torch.device, start: int = 0
+                    ) -> dict[str, torch.Tensor]:
+    end = min(len(sample.tokens), start + max_len)
+    tok = torch.from_numpy(sample.tokens[start:end].astype(np.int64)).to(device)
+    feat = torch.from_numpy(sample.features[start:end].astype(np.float32)).to(device)
+    ans = torch.from_numpy(sample.answer[start:end]).to(device)
+    nxt = torch.from_numpy(sample.target_next[start:end].astype(np.int64)).to(device)
+    weight = ans[1:].clone()
+    weight[-1] = False  # the token after the last one is unknown
+    return {"feat_in": feat[:-1], "tok_in": tok[1:], "feat_tgt": feat[1:],
+            "label": nxt[1:], "weight": weight}
+
+
+def unrolled_losses(head: DraftHead, batch: dict[str, torch.Tensor], cfg: TrainConfig,
+                    acc: DepthAccuracy, train: bool) -> torch.Tensor:
+    """The weighted loss of one sequence over ``cfg.unroll`` steps; adds accuracies."""
+    feat_in, feat_tgt, weight = batch["feat_in"], batch["feat_tgt"], batch["weight"]
+    n, device = feat_in.shape[0], feat_in.device
+    positions = torch.arange(n, device=device)[None]
+    tok = batch["tok_in"][None]
+    with torch.no_grad():
+        p_target = F.softmax(head.logits(feat_tgt).float(), dim=-1)
+    x = feat_in
+    if train and cfg.feature_noise > 0:
+        rms = x.pow(2).mean(-1, keepdim=True).sqrt()
+        x = x + (torch.rand_like(x) * 2 - 1) * cfg.feature_noise * rms
+    total = feat_in.new_zeros(())
+    cache = None
+    for step in range(1, cfg.unroll + 1):
+        mask = None if step == 1 else unroll_mask(n, step, device)
+        out, cache = head(x[None], tok, positions, cache, mask)
+        out = out[0]
+        valid = weight.clone()
+        valid[: step - 1] = False
+        if valid.any():
+            logits = head.logits(out[valid]).float()
+            reg = F.smooth_l1_loss(out[valid].float(), feat_tgt[valid], reduction="mean")
+            ce = -(p_target[valid] * F.log_softmax(logits, -1)).sum(-1).mean()
+            total = total + cfg.depth_weight ** (step - 1) * (cfg.reg_weight * reg
+                                                               + cfg.ce_weight * ce)
+            guess = head.d2t[logits.argmax(-1)]
+            acc.add(step, int((guess == batch["label"][valid]).sum()), int(valid.sum()))
+        # Step k+1 reads the step-k prediction of the previous position.
+        x = torch.cat([out.new_zeros(1, out.shape[-1]), out[:-1]], dim=0)
+    return total
+
+
+def _autocast(cfg: TrainConfig, device: torch.device):  # noqa: ANN202
+    enabled = cfg.bf16 and device.type in ("cpu", "cuda")
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
+
+
+def evaluate(head: DraftHead, samples: list[Sample], cfg: TrainConfig) -> dict:
+    """Mean loss and per-depth accuracy (draft argmax == target argmax) on ``samples``."""
+    head.eval()
+    acc = DepthAccuracy()
+    losses = []
+    device = head.lm_head.device
+    with torch.no_grad(), _autocast(cfg, device):
+        for s in samples:
+            if len(s.tokens) < 3:
+                continue
+            losses.append(float(unrolled_losses(head, _sample_tensors(s, cfg.max_len, device),
+                                                cfg, acc, train=False)))
+    head.train()
+    return {"loss": float(np.mean(losses)) if losses else math.nan,
+            "accuracy_by_depth": acc.rates()}
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    seconds: float = 0.0
+    history: list[dict] = field(default_factory=list)
+
+
+def _lr_at(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def _save_checkpoint(path: Path, head: DraftHead, opt: torch.optim.Optimizer,
+                     state: TrainState, cfg: TrainConfig, head_cfg: HeadConfig) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "state": asdict(state),
+                "train_config": asdict(cfg), "head_config": head_cfg.to_json()}, tmp)
+    os.replace(tmp, path)
+
+
+def train(head: DraftHead, train_samples: list[Sample], eval_samples: list[Sample],
+          cfg: TrainConfig, work_dir: Path,
+          on_progress: Callable[[int, dict], None] | None = None) -> TrainState:
+    """Train ``head`` in place for ``cfg.steps`` steps, resuming from ``work_dir``."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    device = head.lm_head.device
+    torch.manual_seed(cfg.seed)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
+    state = TrainState()
+    ckpt_path = work_dir / CHECKPOINT
+    if ckpt_path.exists():
+        ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
+        if HeadConfig.from_json(ckpt["head_config"]) != head.cfg:
+            raise ValueError(f"{ckpt_path} belongs to another head configuration; "
+                             "use another --work-dir")
+        head.load_state_dict(ckpt["head"])
+        opt.load_state_dict(ckpt["opt"])
+        state = TrainState(**ckpt["state"])
+    rng = np.random.default_rng(cfg.seed + state.step)
+    usable = [s for s in train_samples if len(s.tokens) >= 3 and s.answer.any()]
+    if not usable:
+        raise ValueError("no training samples with an answer")
+    head.train()
+    last_save = time.monotonic()
+    t_start = time.monotonic() - state.seconds
+    window = DepthAccuracy()
+    window_loss: list[float] = []
+    try:
+        while state.step < cfg.steps:
+            for group in opt.param_groups:
+                group["lr"] = _lr_at(state.step, cfg)
+            opt.zero_grad(set_to_none=True)
+            acc = DepthAccuracy()
+            loss_sum = 0.0
+            for idx in rng.integers(0, len(usable), cfg.seqs_per_step):
+                s = usable[idx]
+                # Long samples: a random window that still contains answer tokens.
+                start = 0
+                if len(s.tokens) > cfg.max_len:
+                    first = int(np.argmax(s.answer))
+                    lo = max(0, min(first, len(s.tokens) - cfg.max_len))
+                    start = int(rng.integers(lo, len(s.tokens) - cfg.max_len + 1))
+                with _autocast(cfg, device):
+                    loss = unrolled_losses(head, _sample_tensors(s, cfg.max_len, device, start),
+                                           cfg, acc, train=True) / cfg.seqs_per_step
+                loss.backward()
+                loss_sum += float(loss)
+            torch.nn.utils.clip_grad_norm_(params, cfg.clip)
+            opt.step()
+            state.step += 1
+            state.seconds = time.monotonic() - t_start
+            for d, (c, t) in enumerate(zip(acc.correct, acc.total, strict=True), start=1):
+                window.add(d, c, t)
+            window_loss.append(loss_sum)
+            if on_progress:
+                on_progress(state.step, {"loss": float(np.mean(window_loss[-50:])),
+                                         "acc": window.rates()})
+            if state.step % 50 == 0:
+                window = DepthAccuracy()
+            if time.monotonic() - last_save > cfg.checkpoint_every_s:
+                _save_checkpoint(ckpt_path, head, opt, state, cfg, head.cfg)
+                last_save = time.monotonic()
+    finally:
+        state.seconds = time.monotonic() - t_start
+        _save_checkpoint(ckpt_path, head, opt, state, cfg, head.cfg)
+    if eval_samples:
+        state.history.append({"step": state.step, **evaluate(head, eval_samples, cfg)})
+        (work_dir / "eval.json").write_text(json.dumps(state.history[-1], indent=2))
+    return state
