@@ -44,3 +44,49 @@ class IncompatibleDraftError(TandemError):
 
 class DownloadError(TandemError):
     """A model download failed; what was already on disk is kept."""
+
+
+class ChecksumMismatchError(DownloadError):
+    """A downloaded file's hash differs from the one the Hub reports; the file was
+    deleted (it is corrupt, so it is not kept for a resume)."""
+
+    def __init__(self, filename: str, expected: str, actual: str) -> None:
+        super().__init__(f"{filename}: the Hub reports sha256 {expected}, the download has "
+                         f"{actual}; the file was removed, download it again")
+        self.filename = filename
+        self.expected = expected
+        self.actual = actual
+
+
+class NotEnoughDiskError(DownloadError):
+    """The download needs more free disk space than the cache's disk has."""
+
+    def __init__(self, n_needed: int, n_free: int, where: str) -> None:
+        super().__init__(f"the download needs {n_needed / 2**30:.2f} GiB but {where} has "
+                         f"{n_free / 2**30:.2f} GiB free")
+        self.n_needed = n_needed
+        self.n_free = n_free
+
+
+class NetworkUnavailableError(DownloadError):
+    """The Hub cannot be reached (no network, name resolution, connection refused or
+    dropped) even after the retries."""
+
+
+class HubServerError(DownloadError):
+    """The Hub answered with an HTTP error (5xx after the retries, or a 4xx such as a
+    missing or gated repository)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class DownloadCancelledError(DownloadError):
+    """The user cancelled the download; ``kept_partial`` says whether the partial files
+    were kept for a later resume."""
+
+    def __init__(self, kept_partial: bool) -> None:
+        what = "partial files kept for a resume" if kept_partial else "partial files removed"
+        super().__init__(f"download cancelled ({what})")
+        self.kept_partial = kept_partial

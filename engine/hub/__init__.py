@@ -1,0 +1,4 @@
+"""The model hub: search the Hugging Face Hub for GGUF models, estimate the fit on this
+machine, download target and draft head as one resumable job into the huggingface_hub
+cache layout, and keep the list of local models. No Qt here; the wizard and the CLI sit
+on top of these functions."""

@@ -1,0 +1,160 @@
+"""The architecture numbers at the start of a GGUF, read from a prefix of its bytes.
+
+The Hub serves byte ranges, so the wizard reads the first few hundred KiB of a remote
+model (where ``convert_hf_to_gguf`` writes the ``general.*`` and architecture keys)
+instead of downloading gigabytes to size its KV cache. The parser is tolerant: a prefix
+that ends mid-way (inside the tokenizer arrays, typically) yields what came before."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+GGUF_MAGIC = b"GGUF"
+
+# GGUF value types: the fixed-size ones by struct code.
+_FIXED = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
+          12: "d"}
+_STRING, _ARRAY = 8, 9
+_MAX_KEPT = 4096  # longer numeric arrays are skipped (only per-layer ones matter)
+
+
+class _Truncated(Exception):
+    """The prefix ended inside a value."""
+
+
+@dataclass(frozen=True)
+class GGUFFacts:
+    """What a model's header says about its shape. Fields are None when the header did
+    not carry them (or they lay past the bytes that were read)."""
+
+    architecture: str | None
+    n_layers: int | None
+    hidden_size: int | None
+    n_heads: int | None
+    n_kv_heads: int | None
+    head_dim_k: int | None
+    head_dim_v: int | None
+    context_length: int | None
+    vocab_size: int | None
+    name: str | None = None
+
+    def kv_bytes_per_token(self, bytes_per_elem: float) -> float | None:
+        """K and V cache bytes one token takes in every layer, or None when the header
+        lacks the numbers. Sliding-window and latent-attention models need less; this
+        is the plain full-attention upper bound."""
+        if None in (self.n_layers, self.n_kv_heads, self.head_dim_k, self.head_dim_v):
+            return None
+        n_per_layer = self.n_kv_heads * (self.head_dim_k + self.head_dim_v)  # type: ignore[operator]
+        return self.n_layers * n_per_layer * bytes_per_elem  # type: ignore[operator]
+
+
+class _Reader:
+    def __init__(self, data: bytes, endian: str) -> None:
+        self.data, self.pos, self.endian = data, 0, endian
+
+    def take(self, fmt: str):  # noqa: ANN201 - one struct value
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.data):
+            raise _Truncated
+        (value,) = struct.unpack_from(self.endian + fmt, self.data, self.pos)
+        self.pos += size
+        return value
+
+    def string(self) -> str:
+        n = self.take("Q")
+        if self.pos + n > len(self.data):
+            raise _Truncated
+        raw = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def value(self, vtype: int) -> object:
+        """A scalar, a string, or for arrays ("array", count, first value or None):
+        arrays are skipped, not kept, since only their length matters here."""
+        if vtype in _FIXED:
+            return self.take(_FIXED[vtype])
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            etype, count = self.take("I"), self.take("Q")
+            if etype in _FIXED and count > _MAX_KEPT:
+                # Token scores and types: skip by arithmetic, not value by value.
+                self.pos += count * struct.calcsize(_FIXED[etype])
+                if self.pos > len(self.data):
+                    raise _Truncated
+                return ("array", count, None)
+            if etype == _STRING:
+                for _ in range(count):
+                    self.string()
+                return ("array", count, None)
+            return ("array", count, [self.value(etype) for _ in range(count)])
+        raise ValueError(f"unknown GGUF value type {vtype}")
+
+
+def is_gguf_prefix(data: bytes) -> bool:
+    """Whether bytes start like a GGUF file (the magic)."""
+    return data[:4] == GGUF_MAGIC
+
+
+def read_kv_prefix(data: bytes) -> dict[str, object]:
+    """The metadata key/values found in a GGUF prefix (arrays as ("array", n, values)).
+    Raises ValueError when the bytes are not a GGUF."""
+    if not is_gguf_prefix(data):
+        raise ValueError("not a GGUF file (the first bytes are not 'GGUF')")
+    # Big-endian GGUFs exist (s390x); their version reads as a huge little-endian number.
+    endian = "<" if struct.unpack_from("<I", data, 4)[0] < 0x10000 else ">"
+    r = _Reader(data, endian)
+    r.pos = 4
+    out: dict[str, object] = {}
+    try:
+        version = r.take("I")
+        if version < 2:
+            raise ValueError(f"GGUF version {version} is too old (before 2023)")
+        r.take("Q")  # tensor count
+        n_kv = r.take("Q")
+        for _ in range(n_kv):
+            key = r.string()
+            out[key] = r.value(r.take("I"))
+    except _Truncated:
+        pass
+    return out
+
+
+def _int(kv: dict[str, object], key: str) -> int | None:
+    v = kv.get(key)
+    if isinstance(v, tuple):  # per-layer arrays (e.g. head_count_kv of hybrid models)
+        values = [x for x in (v[2] or []) if isinstance(x, int)]
+        return max(values) if values else None
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def facts_from_kv(kv: dict[str, object]) -> GGUFFacts:
+    """Shape facts from a GGUF's metadata (see :func:`read_kv_prefix`)."""
+    arch = kv.get("general.architecture")
+    arch = arch if isinstance(arch, str) else None
+    a = f"{arch}." if arch else "\0"
+    hidden = _int(kv, a + "embedding_length")
+    n_heads = _int(kv, a + "attention.head_count")
+    n_kv = _int(kv, a + "attention.head_count_kv") or n_heads
+    default_dim = hidden // n_heads if hidden and n_heads else None
+    tokens = kv.get("tokenizer.ggml.tokens")
+    vocab = tokens[1] if isinstance(tokens, tuple) else _int(kv, a + "vocab_size")
+    name = kv.get("general.name")
+    return GGUFFacts(
+        architecture=arch,
+        n_layers=_int(kv, a + "block_count"),
+        hidden_size=hidden,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim_k=_int(kv, a + "attention.key_length") or default_dim,
+        head_dim_v=_int(kv, a + "attention.value_length") or default_dim,
+        context_length=_int(kv, a + "context_length"),
+        vocab_size=int(vocab) if vocab is not None else None,  # type: ignore[arg-type]
+        name=name if isinstance(name, str) else None,
+    )
+
+
+def read_facts_prefix(data: bytes) -> GGUFFacts:
+    """Shape facts from the first bytes of a GGUF. Raises ValueError for non-GGUF bytes."""
+    return facts_from_kv(read_kv_prefix(data))
