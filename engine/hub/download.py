@@ -270,6 +270,12 @@ class Downloader:
             try:
                 self._stream(url, part, pos, item, control, state)
                 n_failures = 0 if part.stat().st_size > pos else n_failures + 1
+                if part.stat().st_size < item.n_bytes:
+                    # The body ended early without an error: a dropped connection too.
+                    state.n_retries += 1
+                    state.emit(item.filename, "retry")
+            except _Cancelled:
+                raise
             except _Paused:
                 state.emit(item.filename, "paused")
                 control.wait_while_paused()
