@@ -1,0 +1,74 @@
+"""``tandem models ...`` against the local fake Hub: search, files with fit, download
+with its progress bar, list, import, remove."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.models_cli import main
+from tests.hub_server import HEAD_REPO, TARGET_REPO, FakeHub, standard_repos, write_tiny_gguf
+
+
+@pytest.fixture()
+def hub(tmp_path_factory: pytest.TempPathFactory):
+    with FakeHub(standard_repos(tmp_path_factory.mktemp("repos"))) as h:
+        yield h
+
+
+@pytest.fixture()
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    return tmp_path
+
+
+def run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_search_and_files(hub: FakeHub, env: Path, capsys) -> None:
+    rc, out, _ = run(capsys, "search", "llama", "--endpoint", hub.endpoint)
+    assert rc == 0 and TARGET_REPO in out and "downloads" in out
+    rc, out, _ = run(capsys, "search", "--repo", TARGET_REPO, "--endpoint", hub.endpoint)
+    assert rc == 0
+    assert "Q4_K_M" in out and "Q8_0" in out and "fits" in out
+    assert HEAD_REPO in out and "fingerprint" in out
+
+
+def test_download_list_remove(hub: FakeHub, env: Path, capsys) -> None:
+    cache = str(env / "cache")
+    rc, out, err = run(capsys, "download", TARGET_REPO, "Q4_K_M", "--endpoint", hub.endpoint,
+                       "--cache-dir", cache)
+    assert rc == 0, err
+    assert f"{TARGET_REPO}:Q4_K_M ready" in out and "draft head" in out
+    assert "100%" in err  # the tqdm bar
+    rc, out, _ = run(capsys, "list")
+    assert f"{TARGET_REPO}:Q4_K_M" in out and HEAD_REPO in out
+    rc, out, _ = run(capsys, "remove", f"{TARGET_REPO}:Q4_K_M", "--cache-dir", cache,
+                     "--delete-files")
+    assert rc == 0 and "removed" in out
+    assert "no local models" in run(capsys, "list")[1]
+
+
+def test_download_errors_are_one_line(hub: FakeHub, env: Path, capsys) -> None:
+    rc, _, err = run(capsys, "download", TARGET_REPO, "Q2_K", "--endpoint", hub.endpoint,
+                     "--cache-dir", str(env / "cache"))
+    assert rc == 2 and "has no 'Q2_K'" in err and "Q4_K_M" in err
+    hub.faults.corrupt.add("Tiny-Llama-Q8_0.gguf")
+    rc, _, err = run(capsys, "download", TARGET_REPO, "Q8_0", "--head", "none",
+                     "--endpoint", hub.endpoint, "--cache-dir", str(env / "cache"))
+    assert rc == 2 and "sha256" in err
+    assert "no local models" in run(capsys, "list")[1]
+
+
+def test_import(env: Path, capsys) -> None:
+    path = write_tiny_gguf(env / "local-Q4_0.gguf")
+    rc, out, _ = run(capsys, "import", str(path), "--name", "mine")
+    assert rc == 0 and "imported mine (Q4_0" in out
+    assert "mine" in run(capsys, "list")[1]
+    (env / "x.txt").write_text("not a model")
+    rc, _, err = run(capsys, "import", str(env / "x.txt"))
+    assert rc == 2 and "not a GGUF" in err
