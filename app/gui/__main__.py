@@ -1,0 +1,5 @@
+import sys
+
+from app.gui.app import main
+
+sys.exit(main())

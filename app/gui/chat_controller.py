@@ -1,0 +1,298 @@
+"""What the chat buttons do: store writes, transcript updates and engine requests.
+
+The controller lives in the GUI thread. It never calls the engine: it emits requests the
+worker receives in its own thread, and handles the worker's signals. The answer being
+written is saved as it streams (at most every ``save_interval_s`` or ``save_every``
+tokens, one transaction each) with status ``streaming``, so a killed app leaves it in
+the database, marked interrupted on the next start.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, replace
+
+from PySide6.QtCore import QObject, Signal
+
+from app.conversation_store import (
+    COMPLETE,
+    FAILED,
+    STOPPED,
+    STREAMING,
+    ChatSettings,
+    ConversationStore,
+    Message,
+)
+from app.gui.engine_worker import (
+    Comparison,
+    EngineFailure,
+    EngineWorker,
+    GenerationOutcome,
+    GenerationRequest,
+)
+from app.gui.loop_monitor import LoopLagMonitor
+from app.gui.transcript_model import TranscriptModel
+from engine.errors import InvalidSamplingError
+from engine.sampling import SamplingParams
+from engine.stats import GenerationStats
+
+TITLE_CHARS = 48
+
+
+@dataclass
+class _Active:
+    """The request the worker is running."""
+
+    request_id: int
+    kind: str  # "answer" or "compare"
+    conversation_id: int
+    message: Message | None = None  # the assistant message being written
+    content: str = ""
+    t_saved: float = 0.0
+    n_unsaved: int = 0
+
+
+def summary_line(stats: GenerationStats, finish_reason: str) -> str:
+    """The speed line under an answer."""
+    line = (f"{stats.n_new} tokens · {stats.tok_per_s:.1f} tok/s · first token "
+            f"{stats.ttft_s * 1000:.0f} ms")
+    if stats.drafter != "none":
+        line += f" · {stats.drafter}: {stats.mean_accepted:.2f} tokens per verification"
+    extra = {"length": "max tokens reached", "context": "context full"}.get(finish_reason)
+    return f"{line} · {extra}" if extra else line
+
+
+class ChatController(QObject):
+    generate_request = Signal(object)  # GenerationRequest, to the worker
+    compare_request = Signal(object)  # GenerationRequest, to the worker
+    busy_changed = Signal(bool)
+    conversations_changed = Signal()
+    conversation_opened = Signal(int)
+    started = Signal(int, str)  # request id, kind
+    answer_finished = Signal(object)  # GenerationOutcome (after the store is updated)
+    problem = Signal(str)  # something to tell the user
+
+    def __init__(self, store: ConversationStore, worker: EngineWorker,
+                 transcript: TranscriptModel, save_interval_s: float = 0.5,
+                 save_every: int = 16, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.store = store
+        self.worker = worker
+        self.transcript = transcript
+        self.save_interval_s = save_interval_s
+        self.save_every = save_every
+        self.loop_monitor = LoopLagMonitor(parent=self)
+        self.current_id: int | None = None
+        self.active: _Active | None = None
+        self.engine_ready = False
+        self._ids = itertools.count(1)
+        worker.text.connect(self._on_text)
+        worker.finished.connect(self._on_finished)
+        worker.compared.connect(self._on_compared)
+        worker.failed.connect(self._on_failed)
+
+    @property
+    def busy(self) -> bool:
+        return self.active is not None
+
+    # --- conversations ---------------------------------------------------------------
+    def open_conversation(self, conversation_id: int) -> None:
+        self.current_id = conversation_id
+        messages = self.store.messages(conversation_id)
+        a = self.active
+        if a is not None and a.message is not None and a.conversation_id == conversation_id:
+            # The store lags the stream by up to one save interval: show what we have.
+            messages = [replace(m, content=a.content) if m.id == a.message.id else m
+                        for m in messages]
+        self.transcript.set_messages(messages)
+        self.conversation_opened.emit(conversation_id)
+
+    def new_conversation(self) -> int:
+        settings = ChatSettings()
+        system = ""
+        if self.current_id is not None:  # a new chat starts with the current settings
+            cur = self.store.conversation(self.current_id)
+            settings, system = cur.settings, cur.system_prompt
+        conv = self.store.create_conversation(system_prompt=system, settings=settings)
+        self.conversations_changed.emit()
+        self.open_conversation(conv.id)
+        return conv.id
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        if self.active is not None and self.active.conversation_id == conversation_id:
+            self.stop()
+            self.problem.emit("Stop the answer first; then delete the conversation.")
+            return
+        self.store.delete_conversation(conversation_id)
+        self.conversations_changed.emit()
+        if conversation_id == self.current_id:
+            rest = self.store.conversations()
+            if rest:
+                self.open_conversation(rest[0].id)
+            else:
+                self.current_id = None
+                self.new_conversation()
+
+    def update_settings(self, system_prompt: str, settings: ChatSettings) -> None:
+        if self.current_id is not None:
+            self.store.update_conversation(self.current_id, system_prompt=system_prompt,
+                                           settings=settings)
+
+    # --- chat actions ----------------------------------------------------------------
+    def send(self, text: str) -> bool:
+        """Append a user message and answer it; False when busy or nothing to send."""
+        text = text.strip()
+        if not text or self.busy:
+            return False
+        if self.current_id is None:
+            self.new_conversation()
+        assert self.current_id is not None
+        conv = self.store.conversation(self.current_id)
+        if not any(m.role == "user" for m in self.transcript.messages):
+            self.store.update_conversation(conv.id, title=_title(text))
+            self.conversations_changed.emit()
+        self.transcript.append(self.store.add_message(conv.id, "user", text))
+        return self._answer(conv.id)
+
+    def regenerate(self) -> bool:
+        """Answer the last user message again, replacing what followed it."""
+        if self.busy or self.current_id is None:
+            return False
+        users = [m for m in self.transcript.messages if m.role == "user"]
+        if not users:
+            return False
+        self._truncate(users[-1].position + 1)
+        return self._answer(self.current_id)
+
+    def edit_and_resend(self, message_id: int, text: str) -> bool:
+        """Replace a user message (and everything after it) with ``text``, then answer."""
+        if self.busy or self.current_id is None or not text.strip():
+            return False
+        msg = self.store.message(message_id)
+        if msg.conversation_id != self.current_id or msg.role != "user":
+            return False
+        self._truncate(msg.position)
+        return self.send(text)
+
+    def stop(self) -> None:
+        if self.active is not None:
+            self.worker.request_stop(self.active.request_id)
+
+    def compare(self) -> bool:
+        """Run the last prompt with the drafter and with plain decoding (no store write)."""
+        if self.busy or self.current_id is None:
+            return False
+        users = [m for m in self.transcript.messages if m.role == "user"]
+        if not users:
+            self.problem.emit("Send a message first: the comparison reuses its prompt.")
+            return False
+        history = [m for m in self.transcript.messages if m.position <= users[-1].position]
+        request = self._request(self.current_id, history)
+        if request is None:
+            return False
+        self.active = _Active(request.request_id, "compare", self.current_id)
+        self._set_busy()
+        self.started.emit(request.request_id, "compare")
+        self.compare_request.emit(request)
+        return True
+
+    # --- internals -------------------------------------------------------------------
+    def _truncate(self, position: int) -> None:
+        assert self.current_id is not None
+        self.store.truncate(self.current_id, position)
+        self.transcript.truncate(position)
+
+    def _request(self, conversation_id: int, history: list[Message]
+                 ) -> GenerationRequest | None:
+        conv = self.store.conversation(conversation_id)
+        s = conv.settings
+        try:
+            sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p,
+                                      top_k=s.top_k, seed=s.seed)
+        except InvalidSamplingError as exc:
+            self.problem.emit(str(exc))
+            return None
+        turns = [(m.role, m.content) for m in history if m.content]
+        if conv.system_prompt.strip():
+            turns.insert(0, ("system", conv.system_prompt.strip()))
+        return GenerationRequest(next(self._ids), tuple(turns), sampling, s.max_tokens)
+
+    def _answer(self, conversation_id: int) -> bool:
+        request = self._request(conversation_id, self.store.messages(conversation_id))
+        if request is None:
+            return False
+        msg = self.store.add_message(conversation_id, "assistant", "", STREAMING)
+        if conversation_id == self.current_id:
+            self.transcript.append(msg)
+        self.active = _Active(request.request_id, "answer", conversation_id, msg,
+                              t_saved=time.monotonic())
+        self._set_busy()
+        self.started.emit(request.request_id, "answer")
+        if not self.engine_ready:
+            self.problem.emit("The model is still loading; the answer starts once it is "
+                              "ready.")
+        self.generate_request.emit(request)
+        return True
+
+    def _set_busy(self) -> None:
+        self.loop_monitor.start()
+        self.busy_changed.emit(True)
+
+    def _done(self) -> None:
+        self.active = None
+        self.loop_monitor.stop()
+        self.busy_changed.emit(False)
+
+    def _is_current(self, a: _Active) -> bool:
+        return a.conversation_id == self.current_id
+
+    def _on_text(self, request_id: int, delta: str) -> None:
+        a = self.active
+        if a is None or a.request_id != request_id or a.message is None:
+            return
+        a.content += delta
+        a.n_unsaved += 1
+        if self._is_current(a):
+            self.transcript.append_text(delta)
+        now = time.monotonic()
+        if a.n_unsaved >= self.save_every or now - a.t_saved >= self.save_interval_s:
+            self.store.update_message(a.message.id, a.content, STREAMING)
+            a.t_saved, a.n_unsaved = now, 0
+
+    def _on_finished(self, outcome: GenerationOutcome) -> None:
+        a = self.active
+        if a is None or a.request_id != outcome.request_id or a.message is None:
+            return
+        status = STOPPED if outcome.finish_reason == "cancelled" else COMPLETE
+        info = {"summary": summary_line(outcome.stats, outcome.finish_reason),
+                "finish_reason": outcome.finish_reason, "stats": outcome.stats.summary()}
+        self.store.update_message(a.message.id, outcome.text, status, info)
+        if self._is_current(a):
+            self.transcript.replace_last(replace(a.message, content=outcome.text,
+                                                 status=status, info=info))
+        self._done()
+        self.conversations_changed.emit()
+        self.answer_finished.emit(outcome)
+
+    def _on_compared(self, comparison: Comparison) -> None:
+        if self.active is not None and self.active.request_id == comparison.request_id:
+            self._done()
+
+    def _on_failed(self, failure: EngineFailure) -> None:
+        a = self.active
+        if a is None or a.request_id != failure.request_id:
+            return
+        if a.message is not None:
+            info = {"error": failure.message, "kind": failure.kind}
+            self.store.update_message(a.message.id, a.content, FAILED, info)
+            if self._is_current(a):
+                self.transcript.replace_last(replace(a.message, content=a.content,
+                                                     status=FAILED, info=info))
+        self._done()
+        self.problem.emit(failure.message)
+
+
+def _title(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= TITLE_CHARS else line[:TITLE_CHARS - 1] + "…"

@@ -1,0 +1,200 @@
+"""The chat pane: transcript, actions on the selected message, and the composer."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QPoint, Qt, Signal
+from PySide6.QtGui import QGuiApplication, QKeyEvent, QResizeEvent
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHBoxLayout,
+    QLabel,
+    QListView,
+    QMenu,
+    QPlainTextEdit,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.conversation_store import Message
+from app.gui.message_delegate import MessageDelegate
+from app.gui.transcript_model import MESSAGE_ROLE, TranscriptModel
+
+
+class Composer(QPlainTextEdit):
+    """Enter sends, Shift+Enter starts a new line."""
+
+    submitted = Signal()
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+        if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
+            self.submitted.emit()
+            return
+        super().keyPressEvent(event)
+
+
+class TranscriptView(QListView):
+    """A list view whose rows wrap to its width (the delegate needs to know it)."""
+
+    def __init__(self, delegate: MessageDelegate, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.message_delegate = delegate
+        self.setItemDelegate(delegate)
+        self.setVerticalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
+        self.setResizeMode(QListView.ResizeMode.Adjust)
+        self.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.setUniformItemSizes(False)
+        self.setStyleSheet("QListView { background: #f6f8fa; border: none; }"
+                           "QListView::item:selected { background: transparent; }")
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        self.message_delegate.set_width(self.viewport().width())
+        super().resizeEvent(event)
+        self.doItemsLayout()
+
+
+class ChatView(QWidget):
+    """Emits what the user asks for; the controller decides what happens."""
+
+    send_requested = Signal(str)
+    edit_requested = Signal(int, str)  # message id, new text: replaces it and what follows
+    stop_requested = Signal()
+    regenerate_requested = Signal()
+
+    def __init__(self, model: TranscriptModel, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model = model
+        self._busy = False
+        self._editing: Message | None = None
+
+        self.transcript = TranscriptView(MessageDelegate(self))
+        self.transcript.setModel(model)
+        self.transcript.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.transcript.customContextMenuRequested.connect(self._context_menu)
+        self.transcript.selectionModel().selectionChanged.connect(self._update_actions)
+        self.transcript.doubleClicked.connect(lambda _i: self.start_edit())
+        model.rowsInserted.connect(self._follow)
+        model.dataChanged.connect(self._follow)
+        model.modelReset.connect(self._update_actions)
+
+        self.copy_button = QPushButton("Copy")
+        self.edit_button = QPushButton("Edit && resend")
+        self.regenerate_button = QPushButton("Regenerate")
+        self.copy_button.clicked.connect(self.copy_selected)
+        self.edit_button.clicked.connect(self.start_edit)
+        self.regenerate_button.clicked.connect(self.regenerate_requested)
+        actions = QHBoxLayout()
+        self.hint = QLabel("Select a message to copy or edit it.")
+        self.hint.setStyleSheet("color: #6a737d;")
+        actions.addWidget(self.hint, 1)
+        for b in (self.copy_button, self.edit_button, self.regenerate_button):
+            actions.addWidget(b)
+
+        self.edit_banner = QLabel()
+        self.edit_banner.setStyleSheet("background: #fff4ce; padding: 4px;")
+        self.edit_banner.hide()
+        self.composer = Composer()
+        self.composer.setPlaceholderText("Message Tandem (Enter sends, Shift+Enter: new line)")
+        self.composer.setFixedHeight(72)
+        self.composer.submitted.connect(self.submit)
+        self.send_button = QPushButton("Send")
+        self.send_button.setDefault(True)
+        self.send_button.clicked.connect(self.submit)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.clicked.connect(self.stop_requested)
+        self.cancel_edit_button = QPushButton("Cancel edit")
+        self.cancel_edit_button.clicked.connect(self.cancel_edit)
+        buttons = QVBoxLayout()
+        for b in (self.send_button, self.stop_button, self.cancel_edit_button):
+            buttons.addWidget(b)
+        buttons.addStretch(1)
+        composer_row = QHBoxLayout()
+        composer_row.addWidget(self.composer, 1)
+        composer_row.addLayout(buttons)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.transcript, 1)
+        layout.addLayout(actions)
+        layout.addWidget(self.edit_banner)
+        layout.addLayout(composer_row)
+        self._update_actions()
+
+    # --- state -----------------------------------------------------------------------
+    def set_busy(self, busy: bool) -> None:
+        """While an answer streams: Stop on, editing and regenerating off."""
+        self._busy = busy
+        self._update_actions()
+
+    def selected_message(self) -> Message | None:
+        rows = self.transcript.selectionModel().selectedRows()
+        return rows[0].data(MESSAGE_ROLE) if rows else None
+
+    def _update_actions(self, *_: object) -> None:
+        msg = self.selected_message()
+        messages = self.model.messages
+        self.copy_button.setEnabled(msg is not None)
+        self.edit_button.setEnabled(msg is not None and msg.role == "user" and not self._busy)
+        self.regenerate_button.setEnabled(not self._busy and any(
+            m.role == "user" for m in messages))
+        self.stop_button.setEnabled(self._busy)
+        self.send_button.setEnabled(not self._busy)
+        self.cancel_edit_button.setVisible(self._editing is not None)
+
+    def _follow(self, *_: object) -> None:
+        # Keep the newest text in sight while streaming, unless the user scrolled up.
+        bar = self.transcript.verticalScrollBar()
+        if bar.value() >= bar.maximum() - 80:
+            self.transcript.scrollToBottom()
+
+    # --- actions ---------------------------------------------------------------------
+    def submit(self) -> None:
+        text = self.composer.toPlainText().strip()
+        if not text or self._busy:
+            return
+        self.composer.clear()
+        editing, self._editing = self._editing, None
+        self.edit_banner.hide()
+        if editing is not None:
+            self.edit_requested.emit(editing.id, text)
+        else:
+            self.send_requested.emit(text)
+        self._update_actions()
+
+    def copy_selected(self) -> None:
+        msg = self.selected_message()
+        if msg is not None:
+            QGuiApplication.clipboard().setText(msg.content)
+
+    def start_edit(self) -> None:
+        """Load the selected user message into the composer; Send then replaces it."""
+        msg = self.selected_message()
+        if msg is None or msg.role != "user" or self._busy:
+            return
+        self._editing = msg
+        self.composer.setPlainText(msg.content)
+        self.composer.setFocus()
+        self.edit_banner.setText("Editing a message: Send replaces it and every message "
+                                 "after it.")
+        self.edit_banner.show()
+        self._update_actions()
+
+    def cancel_edit(self) -> None:
+        self._editing = None
+        self.composer.clear()
+        self.edit_banner.hide()
+        self._update_actions()
+
+    def _context_menu(self, pos: QPoint) -> None:
+        index = self.transcript.indexAt(pos)
+        if not index.isValid():
+            return
+        self.transcript.setCurrentIndex(index)
+        menu = QMenu(self)
+        menu.addAction("Copy", self.copy_selected)
+        if self.edit_button.isEnabled():
+            menu.addAction("Edit and resend", self.start_edit)
+        if self.regenerate_button.isEnabled():
+            menu.addAction("Regenerate last answer", self.regenerate_requested.emit)
+        menu.exec(self.transcript.viewport().mapToGlobal(pos))

@@ -1,0 +1,230 @@
+"""The speed dashboard: live speed, acceptance, tokens by origin, CPU/GPU timeline,
+the draft plan, and a one-click comparison with plain decoding."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import (
+    QFrame,
+    QGridLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QScrollArea,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.gui.dashboard_plots import AcceptancePlot, ComparisonPlot, TimelinePlot
+from app.gui.engine_worker import Comparison, EngineReady, GenerationOutcome, StepEvent
+from app.gui.loop_monitor import LoopLag
+from app.gui.resource_sampler import ResourceSampler
+from app.gui.token_view import TokenView
+
+MAX_DEPTH = 16
+
+
+@dataclass(frozen=True)
+class PlanInfo:
+    """What the planner decided: where things run, the draft budget, and why."""
+
+    layout: str
+    budget: str
+    reason: str
+
+
+class _Metric(QFrame):
+    def __init__(self, title: str) -> None:
+        super().__init__()
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.value = QLabel("–")
+        self.value.setStyleSheet("font-size: 16pt; font-weight: bold;")
+        caption = QLabel(title)
+        caption.setStyleSheet("color: #6a737d;")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 4, 8, 4)
+        layout.addWidget(self.value)
+        layout.addWidget(caption)
+
+
+class DashboardWidget(QScrollArea):
+    """Fed by the worker's signals (through the main window); never calls the engine."""
+
+    compare_requested = Signal()
+
+    def __init__(self, sampler: ResourceSampler, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.sampler = sampler
+        self.gpu = False
+        self._t_start = 0.0
+        self._events: list[StepEvent] = []
+        self._dirty = False
+        self._live = False
+
+        self.tok_s = _Metric("tokens / s (decode)")
+        self.ttft = _Metric("time to first token")
+        self.tau = _Metric("tokens per verification")
+        self.accept = _Metric("draft tokens accepted")
+        self.lag = _Metric("UI delay while generating (max / p95)")
+        metrics = QGridLayout()
+        for i, m in enumerate((self.tok_s, self.ttft, self.tau, self.accept, self.lag)):
+            metrics.addWidget(m, i // 3, i % 3)
+
+        plan_box = QGroupBox("Plan")
+        self.plan_layout, self.plan_budget, self.plan_reason = QLabel(), QLabel(), QLabel()
+        self.plan_reason.setWordWrap(True)
+        plan_grid = QGridLayout(plan_box)
+        for row, (name, label) in enumerate((("Layout", self.plan_layout),
+                                             ("Budget", self.plan_budget),
+                                             ("Why", self.plan_reason))):
+            plan_grid.addWidget(QLabel(f"<b>{name}</b>"), row, 0)
+            plan_grid.addWidget(label, row, 1)
+        plan_grid.setColumnStretch(1, 1)
+
+        self.acceptance = AcceptancePlot()
+        self.timeline = TimelinePlot()
+        self.tokens = TokenView()
+        self.comparison = ComparisonPlot()
+        self.compare_button = QPushButton("Compare with plain decoding")
+        self.compare_button.setToolTip("Runs the last prompt again with the drafter and "
+                                       "without it (not saved in the chat).")
+        self.compare_button.clicked.connect(self.compare_requested)
+        self.compare_result = QLabel("Runs the last prompt with and without the drafter.")
+        self.compare_result.setWordWrap(True)
+        compare_box = QGroupBox("Comparison")
+        compare_layout = QVBoxLayout(compare_box)
+        row = QHBoxLayout()
+        row.addWidget(self.compare_button)
+        row.addWidget(self.compare_result, 1)
+        compare_layout.addLayout(row)
+        compare_layout.addWidget(self.comparison)
+
+        tokens_box = QGroupBox("Last answer by token origin")
+        QVBoxLayout(tokens_box).addWidget(self.tokens)
+        charts = QHBoxLayout()
+        charts.addWidget(self.acceptance, 1)
+        charts.addWidget(compare_box, 1)
+
+        body = QWidget()
+        layout = QVBoxLayout(body)
+        layout.addLayout(metrics)
+        layout.addWidget(plan_box)
+        layout.addWidget(self.timeline)
+        layout.addLayout(charts)
+        layout.addWidget(tokens_box)
+        self.setWidget(body)
+        self.setWidgetResizable(True)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setMinimumWidth(480)
+
+        self._refresh = QTimer(self)
+        self._refresh.setInterval(250)  # redraws are coalesced: at most 4 per second
+        self._refresh.timeout.connect(self._redraw)
+        self._refresh.start()
+        self.set_plan(PlanInfo("CPU", "–", "Loading the model…"))
+        self.acceptance.set_counts([])
+        self.comparison.set_values([])
+
+    # --- inputs ----------------------------------------------------------------------
+    def set_plan(self, info: PlanInfo | Mapping[str, str]) -> None:
+        """Show the planner's decision: ``{"layout", "budget", "reason"}``."""
+        if isinstance(info, Mapping):
+            info = PlanInfo(str(info.get("layout", "")), str(info.get("budget", "")),
+                            str(info.get("reason", "")))
+        self.plan_layout.setText(info.layout)
+        self.plan_budget.setText(info.budget)
+        self.plan_reason.setText(info.reason)
+
+    def on_engine_ready(self, ready: EngineReady) -> None:
+        self.gpu = ready.gpu is not None
+        self.sampler.set_gpu_available(self.gpu)
+        device = f"GPU {ready.gpu} available (unused)" if ready.gpu else "no GPU"
+        budget = (f"up to {ready.max_draft} draft tokens per verification"
+                  if ready.drafter != "none" else "no drafting (plain decoding)")
+        reason = ready.note or f"Drafter “{ready.drafter}” as chosen ({ready.requested})."
+        self.set_plan(PlanInfo(f"target and {ready.drafter} drafter on the CPU "
+                               f"({ready.n_threads} threads); {device}", budget, reason))
+
+    def on_started(self, request_id: int, kind: str) -> None:
+        if kind != "answer":
+            self.compare_button.setEnabled(False)
+            self.compare_result.setText("Comparing… (drafter first, then plain decoding)")
+            return
+        self._t_start = time.perf_counter()
+        self._events = []
+        self._live = True
+        self._dirty = True
+        self.compare_button.setEnabled(False)
+        for m in (self.tok_s, self.ttft, self.tau, self.accept):
+            m.value.setText("…")
+
+    def on_step(self, event: StepEvent) -> None:
+        if self._live:
+            self._events.append(event)
+            self._dirty = True
+
+    def on_finished(self, outcome: GenerationOutcome, lag: LoopLag) -> None:
+        self._live = False
+        self.compare_button.setEnabled(True)
+        s = outcome.stats
+        self.tok_s.value.setText(f"{s.tok_per_s:.1f}")
+        self.ttft.value.setText(f"{s.ttft_s * 1000:.0f} ms")
+        drafting = s.drafter != "none"
+        self.tau.value.setText(f"{s.mean_accepted:.2f}" if drafting else "1 (plain)")
+        self.accept.value.setText(f"{s.acceptance_rate:.0%}" if drafting else "–")
+        self.set_loop_lag(lag)
+        self.acceptance.set_counts(s.acceptance_by_depth(MAX_DEPTH))
+        self.tokens.set_tokens(outcome.token_texts, outcome.token_kinds)
+        self._dirty = True
+        self._redraw()
+
+    def on_failed(self) -> None:
+        self._live = False
+        self.compare_button.setEnabled(True)
+
+    def on_compared(self, c: Comparison) -> None:
+        self.compare_button.setEnabled(True)
+        a, b = c.stats_dft.tok_per_s, c.stats_plain.tok_per_s
+        self.comparison.set_values([(c.drafter, a), ("plain", b)])
+        ratio = f"{a / b:.2f}x" if b > 0 else "n/a"
+        same = "identical output" if c.identical else "outputs differ (sampling)"
+        self.compare_result.setText(f"{c.drafter}: {a:.1f} tok/s, plain: {b:.1f} tok/s, "
+                                    f"speed-up {ratio}; {same}.")
+
+    def set_loop_lag(self, lag: LoopLag) -> None:
+        self.lag.value.setText(f"{lag.max_ms:.0f} / {lag.p95_ms:.0f} ms"
+                               if lag.n_ticks else "–")
+
+    # --- drawing ---------------------------------------------------------------------
+    def _redraw(self) -> None:
+        if not self._dirty or not self.isVisible():
+            return
+        self._dirty = self._live  # keep the timeline moving while an answer streams
+        ev = self._events
+        if self._live and ev:
+            n_tokens = 1 + sum(e.step.n_accepted + 1 for e in ev)
+            t = ev[-1].t_end - ev[0].t_draft_start
+            self.tok_s.value.setText(f"{(n_tokens - 1) / t:.1f}" if t > 0 else "…")
+            self.ttft.value.setText(f"{(ev[0].t_draft_start - self._t_start) * 1000:.0f} ms")
+            n_steps = len(ev)
+            self.tau.value.setText(f"{n_tokens / n_steps:.2f}")
+            proposed = sum(e.step.n_proposed for e in ev)
+            accepted = sum(e.step.n_accepted for e in ev)
+            self.accept.value.setText(f"{accepted / proposed:.0%}" if proposed else "–")
+            counts = [0] * MAX_DEPTH
+            for e in ev:
+                for d in e.step.accepted_depths:
+                    if 1 <= d <= MAX_DEPTH:
+                        counts[d - 1] += 1
+            self.acceptance.set_counts(counts)
+        if self._t_start:
+            t_last = ev[-1].t_end if ev else time.perf_counter()
+            samples = [s for s in self.sampler.samples
+                       if self._t_start - 0.5 <= s[0] <= t_last + 0.5]
+            phases = [(e.t_draft_start, e.t_verify_start, e.t_end) for e in ev]
+            self.timeline.set_data(self._t_start, samples, phases, self.gpu)

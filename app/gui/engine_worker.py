@@ -1,0 +1,308 @@
+"""The engine's one serial lane: a QObject that lives in a QThread and owns the model.
+
+Widgets never call the engine. They send requests by signal (queued into this thread)
+and receive text, step statistics, results and failures by signal; failures cross as
+``EngineFailure`` values. Stopping is the one direct call: ``request_stop`` sets a flag
+the generation loop polls every step, since a queued signal would only arrive after the
+generation it means to stop.
+"""
+
+from __future__ import annotations
+
+import codecs
+import importlib.util
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Signal, Slot
+
+from engine.budget import VerifyCostModel
+from engine.drafters import DEFAULT_HEAD_DIR, make_drafter
+from engine.drafters.base import Drafter
+from engine.errors import ContextFullError, InvalidSamplingError, TandemError
+from engine.generation import GenerationConfig, GenerationResult, generate
+from engine.model_store import default_model_path, default_model_ready
+from engine.sampling import SamplingParams
+from engine.stats import GenerationStats, StepStats
+from engine.target import Target, TargetConfig
+
+log = logging.getLogger(__name__)
+
+DRAFTER_CHOICES = ("auto", "head", "lookup", "none")
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """What to load. ``model_path`` None: the bundled default (prepared on first start);
+    ``head_dir`` None: the head shipped for the bundled model."""
+
+    model_path: Path | None = None
+    drafter: str = "auto"
+    head_dir: Path | None = None
+    max_draft: int = 8
+    n_ctx: int = 4096
+    n_threads: int | None = None
+
+
+@dataclass(frozen=True)
+class EngineReady:
+    """The engine as loaded. ``note`` explains a fallback (empty when none happened)."""
+
+    model_path: str
+    drafter: str  # effective: "head", "lookup" or "none"
+    requested: str  # what the user chose
+    note: str
+    n_ctx: int
+    n_threads: int
+    max_draft: int
+    gpu: str | None  # the CUDA device name, None when torch sees no GPU
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: int
+    messages: tuple[tuple[str, str], ...]  # (role, content), system prompt first
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = 512
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One verification with wall-clock times (``time.perf_counter`` of this process)."""
+
+    request_id: int
+    t_draft_start: float
+    t_verify_start: float
+    t_end: float
+    step: StepStats
+
+
+@dataclass(frozen=True)
+class GenerationOutcome:
+    request_id: int
+    text: str
+    finish_reason: str  # engine's reasons: "eos", "stop", "length", "context", "cancelled"
+    stats: GenerationStats
+    t_start: float  # perf_counter when the request started
+    token_texts: tuple[str, ...]  # the answer split per token (UTF-8 joined correctly)
+    token_kinds: tuple[str, ...]  # per token: "draft" (accepted) or "target"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The same prompt with the chosen drafter and with plain decoding."""
+
+    request_id: int
+    drafter: str
+    stats_dft: GenerationStats
+    stats_plain: GenerationStats
+    identical: bool  # same tokens (expected when greedy: decoding is lossless)
+
+
+@dataclass(frozen=True)
+class EngineFailure:
+    request_id: int  # -1 for a failed load
+    kind: str  # "load", "context", "sampling", "engine", "internal"
+    message: str
+
+
+class EngineWorker(QObject):
+    """Owns the Target and drafter. Create in the GUI thread, ``moveToThread`` a
+    QThread, then drive by signals; call ``request_stop`` from any thread."""
+
+    status = Signal(str)  # progress text (model preparation, loading)
+    ready = Signal(object)  # EngineReady
+    text = Signal(int, str)  # request id, text delta
+    step = Signal(object)  # StepEvent
+    finished = Signal(object)  # GenerationOutcome
+    compared = Signal(object)  # Comparison
+    failed = Signal(object)  # EngineFailure
+    stopped = Signal()  # shut down; the thread may quit
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._target: Target | None = None
+        self._drafter: Drafter | None = None
+        self._drafter_name = "none"
+        self._max_draft = 8
+        self._cost = VerifyCostModel()
+        self._lock = threading.Lock()
+        self._cancelled: set[int] = set()
+        self._stop_all = False
+
+    # --- called from any thread ------------------------------------------------------
+    def request_stop(self, request_id: int | None = None) -> None:
+        """Stop ``request_id`` (all work when None) at its next step."""
+        with self._lock:
+            if request_id is None:
+                self._stop_all = True
+            else:
+                self._cancelled.add(request_id)
+
+    def _should_stop(self, request_id: int) -> bool:
+        with self._lock:
+            return self._stop_all or request_id in self._cancelled
+
+    # --- slots, run in the worker thread ---------------------------------------------
+    @Slot(object)
+    def load(self, choice: EngineChoice) -> None:
+        """Open the model and drafter (closing what was open); emits ready or failed."""
+        try:
+            self._close_target()
+            path = choice.model_path
+            if path is None:
+                if not default_model_ready():
+                    self.status.emit("Preparing the bundled model (first start only)…")
+                path = default_model_path()
+            self.status.emit(f"Loading {Path(path).name}…")
+            self._target = Target(path, TargetConfig(n_ctx=choice.n_ctx,
+                                                     n_threads=choice.n_threads))
+            self._cost = VerifyCostModel()
+            self._max_draft = choice.max_draft
+            note = self._open_drafter(choice)
+            target = self._target
+            self.ready.emit(EngineReady(str(target.path), self._drafter_name, choice.drafter,
+                                        note, target.n_ctx, target.n_threads,
+                                        choice.max_draft, _gpu_name()))
+        except (TandemError, OSError, ValueError) as exc:
+            self._close_target()
+            self.failed.emit(EngineFailure(-1, "load", str(exc)))
+        except Exception as exc:  # a bug must reach the UI as data, not kill the thread
+            log.exception("loading failed")
+            self._close_target()
+            self.failed.emit(EngineFailure(-1, "internal", f"{type(exc).__name__}: {exc}"))
+
+    def _open_drafter(self, choice: EngineChoice) -> str:
+        """Set the drafter; returns a note for the UI when the choice fell back."""
+        from models.head_io import HeadMismatchError
+
+        self._drafter = None
+        self._drafter_name = "none"
+        name = choice.drafter
+        if name not in DRAFTER_CHOICES:
+            raise ValueError(f"unknown drafter {name!r}")
+        note = ""
+        if name in ("auto", "head"):
+            head_dir = choice.head_dir or DEFAULT_HEAD_DIR
+            try:
+                self._drafter = make_drafter("head", target=self._target, head_dir=head_dir)
+                self._drafter_name = "head"
+                return ""
+            except (HeadMismatchError, FileNotFoundError) as exc:
+                log.info("draft head not used: %s", exc)
+                if name == "head":
+                    note = f"Draft head not used: {exc}. Falling back to prompt lookup."
+                elif isinstance(exc, FileNotFoundError):
+                    note = "No draft head is installed for this model; using prompt lookup."
+                else:
+                    note = ("The draft head was trained for another model; using prompt "
+                            "lookup.")
+            name = "lookup"
+        if name == "lookup":
+            self._drafter = make_drafter("lookup")
+            self._drafter_name = "lookup"
+        return note
+
+    @Slot(object)
+    def generate(self, request: GenerationRequest) -> None:
+        """Answer ``request``: emits text deltas and steps, then finished or failed."""
+        try:
+            outcome = self._run(request, self._drafter, stream=True)
+        except Exception as exc:
+            self.failed.emit(_failure(request.request_id, exc))
+            return
+        finally:
+            self._forget(request.request_id)
+        self.finished.emit(outcome)
+
+    @Slot(object)
+    def compare(self, request: GenerationRequest) -> None:
+        """Run ``request`` with the drafter, then plain; emits compared or failed."""
+        try:
+            with_dft = self._run(request, self._drafter, stream=False)
+            plain = self._run(request, None, stream=False)
+        except Exception as exc:
+            self.failed.emit(_failure(request.request_id, exc))
+            return
+        finally:
+            self._forget(request.request_id)
+        self.compared.emit(Comparison(request.request_id, self._drafter_name,
+                                      with_dft.stats, plain.stats,
+                                      with_dft.text == plain.text))
+
+    @Slot()
+    def shutdown(self) -> None:
+        """Close the model; emits stopped. Queue it after ``request_stop()``."""
+        self._close_target()
+        self.stopped.emit()
+
+    # --- internals -------------------------------------------------------------------
+    def _run(self, request: GenerationRequest, drafter: Drafter | None, stream: bool
+             ) -> GenerationOutcome:
+        if self._target is None:
+            raise TandemError("no model is loaded")
+        target = self._target
+        rid = request.request_id
+        t_start = time.perf_counter()
+        messages = [{"role": r, "content": c} for r, c in request.messages]
+        prompt = target.chat_prompt(messages)
+        config = GenerationConfig(max_tokens=request.max_tokens, sampling=request.sampling,
+                                  max_draft=self._max_draft)
+
+        def on_step(step: StepStats) -> None:
+            t_end = time.perf_counter()
+            t_verify = t_end - step.t_verify_s
+            self.step.emit(StepEvent(rid, t_verify - step.t_draft_s, t_verify, t_end, step))
+
+        result = generate(target, prompt, drafter, config,
+                          on_text=(lambda s: self.text.emit(rid, s)) if stream else None,
+                          on_step=on_step if stream else None,
+                          should_stop=lambda: self._should_stop(rid), cost=self._cost)
+        texts, kinds = _token_kinds(target, result)
+        return GenerationOutcome(rid, result.text, result.finish_reason, result.stats,
+                                 t_start, texts, kinds)
+
+    def _forget(self, request_id: int) -> None:
+        with self._lock:
+            self._cancelled.discard(request_id)
+
+    def _close_target(self) -> None:
+        self._drafter = None
+        if self._target is not None:
+            self._target.close()
+            self._target = None
+
+
+def _token_kinds(target: Target, result: GenerationResult
+                 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Split the answer per token and say who produced each: the first token and each
+    step's last one are the target's own; the ones before it were accepted drafts."""
+    kinds = ["target"]
+    for s in result.stats.steps:
+        kinds += ["draft"] * s.n_accepted + ["target"]
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    texts = tuple(decoder.decode(target.token_bytes(t)) for t in result.tokens)
+    return texts, tuple(kinds[:len(texts)])
+
+
+def _failure(request_id: int, exc: Exception) -> EngineFailure:
+    if isinstance(exc, ContextFullError):
+        return EngineFailure(request_id, "context", str(exc))
+    if isinstance(exc, InvalidSamplingError):
+        return EngineFailure(request_id, "sampling", str(exc))
+    if isinstance(exc, TandemError):
+        return EngineFailure(request_id, "engine", str(exc))
+    log.exception("generation failed")
+    return EngineFailure(request_id, "internal", f"{type(exc).__name__}: {exc}")
+
+
+def _gpu_name() -> str | None:
+    """The CUDA device torch sees, if any; torch is imported here, off the GUI thread."""
+    if importlib.util.find_spec("torch") is None:
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None

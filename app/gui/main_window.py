@@ -1,0 +1,232 @@
+"""The main window: conversations and settings on the left, the chat in the middle, the
+speed dashboard docked on the right. It wires widgets to the controller and the worker;
+the engine itself runs in the worker's thread."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt, QThread, Signal, Slot
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtWidgets import QDockWidget, QMainWindow, QMessageBox, QSplitter, QVBoxLayout, QWidget
+
+from app.conversation_store import ConversationStore
+from app.gui.chat_controller import ChatController
+from app.gui.chat_view import ChatView
+from app.gui.conversation_list import ConversationList
+from app.gui.dashboard import DashboardWidget
+from app.gui.engine_panel import EnginePanel
+from app.gui.engine_worker import (
+    EngineChoice,
+    EngineFailure,
+    EngineReady,
+    EngineWorker,
+    GenerationOutcome,
+)
+from app.gui.resource_sampler import ResourceSampler
+from app.gui.settings_panel import SettingsPanel
+from app.gui.transcript_model import TranscriptModel
+
+
+class MainWindow(QMainWindow):
+    """Owns the store, the worker thread and every widget. ``default_model`` replaces the
+    bundled model (tests pass the prepared copy); ``close()`` stops the engine."""
+
+    load_request = Signal(object)  # EngineChoice, to the worker
+    shutdown_request = Signal()
+
+    def __init__(self, db_path: Path | str | None = None,
+                 default_model: Path | None = None, n_threads: int | None = None) -> None:
+        super().__init__()
+        self.setWindowTitle("Tandem")
+        self.resize(1440, 900)
+        self.default_model = default_model
+        self.n_threads = n_threads
+        self.store = ConversationStore(db_path)
+        self._closed = False
+
+        self.worker = EngineWorker()
+        self.thread_ = QThread(self)
+        self.thread_.setObjectName("tandem-engine")
+        self.worker.moveToThread(self.thread_)
+        self.thread_.finished.connect(self.worker.deleteLater)
+
+        self.transcript = TranscriptModel(parent=self)
+        self.controller = ChatController(self.store, self.worker, self.transcript, parent=self)
+        self.chat = ChatView(self.transcript)
+        self.conversations = ConversationList()
+        self.engine_panel = EnginePanel(self.store)
+        self.settings_panel = SettingsPanel()
+        self.sampler = ResourceSampler(parent=self)
+        self.dashboard = DashboardWidget(self.sampler)
+
+        left = QWidget()
+        left_layout = QVBoxLayout(left)
+        left_layout.setContentsMargins(0, 0, 0, 0)
+        left_layout.addWidget(self.conversations, 1)
+        left_layout.addWidget(self.engine_panel)
+        left_layout.addWidget(self.settings_panel)
+        splitter = QSplitter()
+        splitter.addWidget(left)
+        splitter.addWidget(self.chat)
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([330, 600])
+        self.setCentralWidget(splitter)
+        self.dashboard_dock = QDockWidget("Speed dashboard", self)
+        self.dashboard_dock.setObjectName("dashboard")
+        self.dashboard_dock.setWidget(self.dashboard)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.dashboard_dock)
+        self.resizeDocks([self.dashboard_dock], [600], Qt.Orientation.Horizontal)
+
+        self._wire()
+        self._menus()
+        self.thread_.start()
+        self.sampler.start()
+        self._start_conversations()
+        self.load_engine(self.engine_panel.choice())
+
+    # --- wiring ----------------------------------------------------------------------
+    def _wire(self) -> None:
+        w, c = self.worker, self.controller
+        self.load_request.connect(w.load)
+        self.shutdown_request.connect(w.shutdown)
+        c.generate_request.connect(w.generate)
+        c.compare_request.connect(w.compare)
+        w.status.connect(self._on_status)
+        w.ready.connect(self._on_ready)
+        w.failed.connect(self._on_failed)
+        w.step.connect(self.dashboard.on_step)
+        w.compared.connect(self.dashboard.on_compared)
+
+        c.busy_changed.connect(self.chat.set_busy)
+        c.busy_changed.connect(lambda busy: self.engine_panel.setEnabled(not busy))
+        c.conversations_changed.connect(self._refresh_conversations)
+        c.conversation_opened.connect(self._on_opened)
+        c.started.connect(self.dashboard.on_started)
+        c.answer_finished.connect(self._on_answer_finished)
+        c.problem.connect(lambda text: self.statusBar().showMessage(text, 10000))
+
+        self.chat.send_requested.connect(c.send)
+        self.chat.edit_requested.connect(c.edit_and_resend)
+        self.chat.stop_requested.connect(c.stop)
+        self.chat.regenerate_requested.connect(c.regenerate)
+        self.conversations.selected.connect(c.open_conversation)
+        self.conversations.new_requested.connect(c.new_conversation)
+        self.conversations.delete_requested.connect(c.delete_conversation)
+        self.settings_panel.changed.connect(c.update_settings)
+        self.engine_panel.choice_changed.connect(self.load_engine)
+        self.dashboard.compare_requested.connect(c.compare)
+        # On shutdown the worker quits its own thread, whatever the GUI
+        # thread is doing (it waits on the thread in closeEvent).
+        w.stopped.connect(self.thread_.quit, Qt.ConnectionType.DirectConnection)
+
+    def _menus(self) -> None:
+        file_menu = self.menuBar().addMenu("&File")
+        self._action(file_menu, "&New chat", self.controller.new_conversation,
+                     QKeySequence.StandardKey.New)
+        self._action(file_menu, "&Get models…", self.open_model_wizard)
+        self._action(file_menu, "Add local &GGUF…", self.engine_panel._add_model)
+        self._action(file_menu, "Add draft &head…", self.engine_panel._add_head)
+        file_menu.addSeparator()
+        self._action(file_menu, "&Quit", self.close, QKeySequence.StandardKey.Quit)
+        chat_menu = self.menuBar().addMenu("&Chat")
+        self._action(chat_menu, "&Stop", self.controller.stop, QKeySequence("Esc"))
+        self._action(chat_menu, "&Regenerate", self.controller.regenerate,
+                     QKeySequence("Ctrl+R"))
+        self._action(chat_menu, "&Compare with plain decoding", self.controller.compare)
+        view_menu = self.menuBar().addMenu("&View")
+        view_menu.addAction(self.dashboard_dock.toggleViewAction())
+
+    def _action(self, menu: object, text: str, slot: object,
+                shortcut: QKeySequence | QKeySequence.StandardKey | None = None) -> QAction:
+        action = QAction(text, self)
+        if shortcut is not None:
+            action.setShortcut(shortcut)
+        action.triggered.connect(lambda *_: slot())  # type: ignore[operator]
+        menu.addAction(action)  # type: ignore[attr-defined]
+        return action
+
+    # --- start-up --------------------------------------------------------------------
+    def _start_conversations(self) -> None:
+        items = self.store.conversations()
+        if items:
+            self.controller.open_conversation(items[0].id)
+        else:
+            self.controller.new_conversation()
+        self._refresh_conversations()
+        if self.store.n_recovered:
+            self.statusBar().showMessage(
+                f"{self.store.n_recovered} answer(s) were interrupted when Tandem last "
+                "closed; they are kept and marked ⚠ interrupted.", 15000)
+
+    def load_engine(self, choice: EngineChoice) -> None:
+        """Ask the worker to (re)load; the chat waits until it is ready."""
+        if choice.model_path is None and self.default_model is not None:
+            choice = EngineChoice(self.default_model, choice.drafter, choice.head_dir,
+                                  choice.max_draft, choice.n_ctx, self.n_threads)
+        elif self.n_threads is not None:
+            choice = EngineChoice(choice.model_path, choice.drafter, choice.head_dir,
+                                  choice.max_draft, choice.n_ctx, self.n_threads)
+        self.controller.engine_ready = False
+        self.engine_panel.show_loading("Loading the model…")
+        self.load_request.emit(choice)
+
+    def open_model_wizard(self) -> None:
+        try:
+            from app.gui.model_wizard import ModelWizardDialog
+        except ImportError:
+            QMessageBox.information(self, "Get models",
+                                    "The model download wizard is not part of this build "
+                                    "yet. Use File ▸ Add local GGUF… for a model on disk.")
+            return
+        ModelWizardDialog(self).exec()
+        self.engine_panel._fill()
+
+    # --- worker events ---------------------------------------------------------------
+    @Slot(str)
+    def _on_status(self, text: str) -> None:
+        self.engine_panel.show_loading(text)
+        self.statusBar().showMessage(text)
+
+    @Slot(object)
+    def _on_ready(self, ready: EngineReady) -> None:
+        self.controller.engine_ready = True
+        self.engine_panel.show_ready(ready)
+        self.dashboard.on_engine_ready(ready)
+        self.statusBar().showMessage(ready.note or "Ready.", 10000)
+
+    @Slot(object)
+    def _on_failed(self, failure: EngineFailure) -> None:
+        if failure.request_id == -1:
+            self.engine_panel.show_failure(failure.message)
+            self.statusBar().showMessage(f"Could not load the model: {failure.message}")
+        self.dashboard.on_failed()
+
+    def _on_answer_finished(self, outcome: GenerationOutcome) -> None:
+        self.dashboard.on_finished(outcome, self.controller.loop_monitor.last)
+
+    def _on_opened(self, conversation_id: int) -> None:
+        conv = self.store.conversation(conversation_id)
+        self.settings_panel.show_settings(conv.system_prompt, conv.settings)
+        self.conversations.select(conversation_id)
+
+    def _refresh_conversations(self) -> None:
+        self.conversations.set_conversations(self.store.conversations(),
+                                             self.controller.current_id)
+
+    # --- shutdown --------------------------------------------------------------------
+    def closeEvent(self, event: QCloseEvent) -> None:
+        self.shutdown()
+        super().closeEvent(event)
+
+    def shutdown(self) -> None:
+        """Stop any generation, close the model in its thread, close the store.
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.sampler.stop()
+        self.worker.request_stop()
+        self.shutdown_request.emit()
+        self.thread_.wait(30_000)
+        self.store.close()

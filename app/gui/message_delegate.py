@@ -1,0 +1,150 @@
+"""Paints one message as a card: who, its status, its Markdown body, its speed line."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QRect, QRectF, QSize, Qt
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPalette, QTextDocument
+from PySide6.QtWidgets import QStyle, QStyledItemDelegate, QStyleOptionViewItem, QWidget
+
+from app.conversation_store import FAILED, INTERRUPTED, STOPPED, STREAMING, Message
+from app.gui.markdown import render_markdown
+from app.gui.transcript_model import MESSAGE_ROLE
+
+_Index = QModelIndex | QPersistentModelIndex
+
+MARGIN_X, MARGIN_Y, PAD = 10, 5, 10
+USER_INDENT = 0.18  # user cards leave this share of the width free on their left
+USER_BG, BOT_BG = QColor("#e7f0fd"), QColor("#ffffff")
+BORDER, SELECTED_BORDER = QColor("#d0d7de"), QColor("#4a86e8")
+STATUS_TEXT = {
+    STREAMING: ("generating…", QColor("#4a86e8")),
+    INTERRUPTED: ("⚠ interrupted: Tandem closed before this answer finished",
+                  QColor("#b26b00")),
+    STOPPED: ("■ stopped", QColor("#6a737d")),
+    FAILED: ("✖ failed", QColor("#c62828")),
+}
+
+
+def status_line(msg: Message) -> tuple[str, QColor] | None:
+    """The badge shown beside the author, or None for a finished message."""
+    found = STATUS_TEXT.get(msg.status)
+    if found is None:
+        return None
+    text, color = found
+    if msg.status == FAILED and msg.info.get("error"):
+        text = f"{text}: {msg.info['error']}"
+    return text, color
+
+
+def _small(font: QFont) -> QFont:
+    small = QFont(font)
+    small.setPointSizeF(max(6.0, font.pointSizeF() * 0.9))
+    return small
+
+
+class MessageDelegate(QStyledItemDelegate):
+    """Renders ``MESSAGE_ROLE`` rows. The view tells it its width (``set_width``) since
+    word-wrapped height depends on it; documents are cached per message and width."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.width = 600
+        self._docs: OrderedDict[int, tuple[str, int, QTextDocument]] = OrderedDict()
+
+    def set_width(self, width: int) -> None:
+        self.width = max(200, width)
+
+    def _card_width(self, msg: Message) -> int:
+        full = self.width - 2 * MARGIN_X
+        return int(full * (1 - USER_INDENT)) if msg.role == "user" else full
+
+    def _doc(self, msg: Message, font: QFont) -> QTextDocument:
+        text_width = self._card_width(msg) - 2 * PAD
+        cached = self._docs.get(msg.id)
+        if cached and cached[0] == msg.content and cached[1] == text_width:
+            self._docs.move_to_end(msg.id)
+            return cached[2]
+        doc = cached[2] if cached else QTextDocument()
+        render_markdown(doc, msg.content or " ", font)
+        doc.setDocumentMargin(0)
+        doc.setTextWidth(text_width)
+        self._docs[msg.id] = (msg.content, text_width, doc)
+        self._docs.move_to_end(msg.id)
+        while len(self._docs) > 300:
+            self._docs.popitem(last=False)
+        return doc
+
+    @staticmethod
+    def _footer_height(text: str, font: QFont, card_width: int) -> int:
+        rect = QFontMetrics(_small(font)).boundingRect(
+            QRect(0, 0, card_width - 2 * PAD, 10_000), Qt.TextFlag.TextWordWrap, text)
+        return rect.height()
+
+    @staticmethod
+    def _footer(msg: Message) -> str:
+        return str(msg.info.get("summary", "")) if msg.role == "assistant" else ""
+
+    def sizeHint(self, option: QStyleOptionViewItem, index: _Index) -> QSize:
+        msg: Message | None = index.data(MESSAGE_ROLE)
+        if msg is None:
+            return QSize(self.width, 20)
+        fm = QFontMetrics(option.font)
+        h = PAD + fm.height() + 4 + int(self._doc(msg, option.font).size().height()) + PAD
+        footer = self._footer(msg)
+        if footer:
+            h += self._footer_height(footer, option.font, self._card_width(msg)) + 4
+        return QSize(self.width, h + 2 * MARGIN_Y)
+
+    def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: _Index) -> None:
+        msg: Message | None = index.data(MESSAGE_ROLE)
+        if msg is None:
+            return
+        painter.save()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        r = option.rect
+        w = self._card_width(msg)
+        x = r.x() + MARGIN_X + (self.width - 2 * MARGIN_X - w if msg.role == "user" else 0)
+        card = QRectF(x, r.y() + MARGIN_Y, w, r.height() - 2 * MARGIN_Y)
+        selected = bool(option.state & QStyle.StateFlag.State_Selected)
+        painter.setPen(SELECTED_BORDER if selected else BORDER)
+        painter.setBrush(USER_BG if msg.role == "user" else BOT_BG)
+        painter.drawRoundedRect(card, 8, 8)
+
+        fm = QFontMetrics(option.font)
+        bold = QFont(option.font)
+        bold.setBold(True)
+        text_color = option.palette.color(QPalette.ColorRole.Text)
+        painter.setFont(bold)
+        painter.setPen(text_color)
+        y = card.y() + PAD
+        author = "You" if msg.role == "user" else "Tandem"
+        painter.drawText(QRectF(card.x() + PAD, y, w - 2 * PAD, fm.height()),
+                         Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, author)
+        badge = status_line(msg)
+        if badge:
+            painter.setFont(option.font)
+            painter.setPen(badge[1])
+            left = card.x() + PAD + QFontMetrics(bold).horizontalAdvance(author) + 10
+            room = card.right() - PAD - left
+            painter.drawText(QRectF(left, y, room, fm.height()),
+                             Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+                             fm.elidedText(badge[0], Qt.TextElideMode.ElideRight, int(room)))
+        y += fm.height() + 4
+
+        doc = self._doc(msg, option.font)
+        painter.translate(card.x() + PAD, y)
+        doc.drawContents(painter)
+        painter.translate(-(card.x() + PAD), -y)
+        y += doc.size().height()
+
+        footer = self._footer(msg)
+        if footer:
+            small = _small(option.font)
+            painter.setFont(small)
+            painter.setPen(QColor("#6a737d"))
+            height = self._footer_height(footer, option.font, w)
+            painter.drawText(QRectF(card.x() + PAD, y + 4, w - 2 * PAD, height),
+                             Qt.AlignmentFlag.AlignLeft | Qt.TextFlag.TextWordWrap, footer)
+        painter.restore()

@@ -1,0 +1,81 @@
+"""Per-conversation settings: system prompt and sampling."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QPlainTextEdit,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.conversation_store import ChatSettings
+
+
+class SettingsPanel(QGroupBox):
+    """Shows one conversation's settings; emits ``changed`` on every user edit (not on
+    ``show_settings``)."""
+
+    changed = Signal(str, object)  # system prompt, ChatSettings
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__("This conversation", parent)
+        self._loading = False
+        self.system_prompt = QPlainTextEdit()
+        self.system_prompt.setPlaceholderText("System prompt (optional)")
+        self.system_prompt.setFixedHeight(64)
+        self.temperature = QDoubleSpinBox()
+        self.temperature.setRange(0.0, 2.0)
+        self.temperature.setSingleStep(0.1)
+        self.temperature.setSpecialValueText("0 (greedy)")
+        self.top_p = QDoubleSpinBox()
+        self.top_p.setRange(0.01, 1.0)
+        self.top_p.setSingleStep(0.05)
+        self.top_k = QSpinBox()
+        self.top_k.setRange(0, 1000)
+        self.top_k.setSpecialValueText("off")
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setRange(1, 8192)
+        self.seed = QSpinBox()
+        self.seed.setRange(-1, 2**31 - 1)
+        self.seed.setSpecialValueText("random")
+        form = QFormLayout()
+        form.addRow("Temperature", self.temperature)
+        form.addRow("Top-p", self.top_p)
+        form.addRow("Top-k", self.top_k)
+        form.addRow("Max tokens", self.max_tokens)
+        form.addRow("Seed", self.seed)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.system_prompt)
+        layout.addLayout(form)
+        self.system_prompt.textChanged.connect(self._emit)
+        for box in (self.temperature, self.top_p, self.top_k, self.max_tokens, self.seed):
+            box.valueChanged.connect(self._emit)
+        self.show_settings("", ChatSettings())
+
+    def show_settings(self, system_prompt: str, settings: ChatSettings) -> None:
+        self._loading = True
+        try:
+            self.system_prompt.setPlainText(system_prompt)
+            self.temperature.setValue(settings.temperature)
+            self.top_p.setValue(settings.top_p)
+            self.top_k.setValue(settings.top_k)
+            self.max_tokens.setValue(settings.max_tokens)
+            self.seed.setValue(-1 if settings.seed is None else settings.seed)
+        finally:
+            self._loading = False
+
+    def settings(self) -> ChatSettings:
+        seed = self.seed.value()
+        return ChatSettings(temperature=round(self.temperature.value(), 4),
+                            top_p=round(self.top_p.value(), 4), top_k=self.top_k.value(),
+                            max_tokens=self.max_tokens.value(),
+                            seed=None if seed < 0 else seed)
+
+    def _emit(self) -> None:
+        if not self._loading:
+            self.changed.emit(self.system_prompt.toPlainText(), self.settings())

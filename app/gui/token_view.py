@@ -1,0 +1,39 @@
+"""The last answer with each token coloured by who produced it."""
+
+from __future__ import annotations
+
+import html
+
+from PySide6.QtWidgets import QLabel, QTextBrowser, QVBoxLayout, QWidget
+
+DRAFT_BG = "#c8efd2"  # accepted draft token
+TARGET_BG = "#fde0c5"  # the target's own token (a correction, or no draft)
+MAX_TOKENS_SHOWN = 3000
+
+
+class TokenView(QWidget):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        legend = QLabel(f'<span style="background:{DRAFT_BG}">&nbsp;accepted draft&nbsp;'
+                        f'</span>&nbsp;&nbsp;<span style="background:{TARGET_BG}">&nbsp;'
+                        "target's own token&nbsp;</span>")
+        self.summary = QLabel("No answer yet.")
+        self.summary.setStyleSheet("color: #6a737d;")
+        self.text = QTextBrowser()
+        self.text.setMinimumHeight(100)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(legend)
+        layout.addWidget(self.text, 1)
+        layout.addWidget(self.summary)
+
+    def set_tokens(self, texts: tuple[str, ...], kinds: tuple[str, ...]) -> None:
+        parts = []
+        for text, kind in list(zip(texts, kinds, strict=False))[:MAX_TOKENS_SHOWN]:
+            bg = DRAFT_BG if kind == "draft" else TARGET_BG
+            parts.append(f'<span style="background:{bg}">{html.escape(text)}</span>')
+        self.text.setHtml('<div style="white-space: pre-wrap;">' + "".join(parts) + "</div>")
+        n_draft = sum(k == "draft" for k in kinds)
+        share = n_draft / len(kinds) if kinds else 0.0
+        self.summary.setText(f"{len(kinds)} tokens, {n_draft} from accepted drafts "
+                             f"({share:.0%}).")
