@@ -147,7 +147,7 @@ def test_cancel_keeps_partial_and_a_new_downloader_resumes(hub: FakeHub, cache: 
     assert info.value.kept_partial
     part = RepoCache(cache, TARGET_REPO).incomplete(items[0].etag)
     n_part = part.stat().st_size
-    assert 16 * 1024 <= n_part < items[0].n_bytes
+    assert 0 < n_part < items[0].n_bytes
     # "Restart": a fresh Downloader finds the partial file and asks for the rest.
     fresh = downloader(hub, cache)
     assert fresh.partial_bytes(items[0]) == n_part

@@ -45,8 +45,11 @@ class RepoDetails:
 
 @dataclass(frozen=True)
 class DownloadRequest:
+    """A job; the dialog keeps ``control`` to pause and cancel it."""
+
     choice: GGUFChoice
     head: HeadChoice | None
+    control: DownloadControl
 
 
 class HubWorker(QObject):
@@ -66,7 +69,6 @@ class HubWorker(QObject):
         self.registry = registry
         self.catalog = catalog
         self._memory = memory
-        self.control = DownloadControl()
 
     @Slot(str)
     def search(self, query: str) -> None:
@@ -74,6 +76,9 @@ class HubWorker(QObject):
             self.searched.emit(search_gguf(query, endpoint=self.endpoint))
         except TandemError as exc:
             self.failed.emit(HubFailure("search", str(exc)))
+        except Exception as exc:  # noqa: BLE001 - a bug must not leave the dialog waiting
+            log.exception("search failed")
+            self.failed.emit(HubFailure("search", f"unexpected error: {exc}"))
 
     @Slot(str, int)
     def list_repo(self, repo_id: str, n_ctx: int) -> None:
@@ -90,14 +95,16 @@ class HubWorker(QObject):
             self.listed.emit(RepoDetails(repo_id, n_ctx, rows, tuple(heads)))
         except TandemError as exc:
             self.failed.emit(HubFailure("list", str(exc)))
+        except Exception as exc:  # noqa: BLE001 - a bug must not leave the dialog waiting
+            log.exception("listing %s failed", repo_id)
+            self.failed.emit(HubFailure("list", f"unexpected error: {exc}"))
 
     @Slot(object)
     def download(self, request: DownloadRequest) -> None:
-        self.control = DownloadControl()
         downloader = Downloader(self.cache_dir, self.endpoint)
         try:
             model, _ = install(request.choice, request.head, downloader, self.registry,
-                               control=self.control, on_progress=self._report)
+                               control=request.control, on_progress=self._report)
             self.installed.emit(model)
         except DownloadCancelledError as exc:
             self.failed.emit(HubFailure("download", str(exc), cancelled=True))
@@ -105,6 +112,9 @@ class HubWorker(QObject):
             self.failed.emit(HubFailure("download", str(exc)))
         except OSError as exc:  # the cache directory itself (permissions, full disk)
             self.failed.emit(HubFailure("download", f"cannot write the model: {exc}"))
+        except Exception as exc:  # noqa: BLE001 - a bug must not leave the dialog busy
+            log.exception("download failed")
+            self.failed.emit(HubFailure("download", f"unexpected error: {exc}"))
 
     def _report(self, p: DownloadProgress) -> None:
         self.progress.emit(p)

@@ -335,7 +335,9 @@ class Downloader:
                     raise DownloadError(f"{item.filename}: asked for byte {pos}, the server "
                                         f"sent from {start}")
             with part.open("ab") as f:
-                while chunk := resp.read(self.chunk_bytes):
+                # read1: whatever has arrived (up to a chunk), so pause and cancel answer
+                # within one network read even on a slow link.
+                while chunk := resp.read1(self.chunk_bytes):
                     f.write(chunk)
                     state.advance(len(chunk), item.filename)
                     if control.cancelled:
