@@ -18,7 +18,6 @@ import urllib.error
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
 
 from engine.errors import (
     ChecksumMismatchError,
@@ -205,14 +204,14 @@ class Downloader:
                               time.monotonic() - t0)
 
     def _metadata(self, item: DownloadItem) -> str:
-        """The URL to fetch, after checking the Hub still reports the expected file."""
+        """The URL to fetch, after checking (HEAD: X-Linked-Etag, X-Linked-Size) that the
+        Hub still reports the file the listing described."""
         url = resolve_url(item.repo_id, item.filename, item.commit, self.endpoint)
         if self.is_complete(item):
             return url  # nothing to fetch: no need to ask the Hub
         from huggingface_hub import get_hf_file_metadata
 
-        meta = self._with_retries(lambda: get_hf_file_metadata(url, token=self.token,
-                                                               endpoint=self.endpoint),
+        meta = self._with_retries(lambda: get_hf_file_metadata(url, token=self.token),
                                   f"asking the Hub about {item.filename}")
         if meta.etag and meta.etag != item.etag:
             raise DownloadError(f"{item.filename}: the Hub now reports etag {meta.etag}, "
@@ -220,7 +219,9 @@ class Downloader:
         if meta.size is not None and meta.size != item.n_bytes:
             raise DownloadError(f"{item.filename}: the Hub reports {meta.size} bytes, "
                                 f"expected {item.n_bytes}")
-        return meta.location or url
+        # Fetch through the resolve URL, not meta.location: the CDN's signed URL expires,
+        # and every attempt (after a pause, hours later) needs a fresh redirect.
+        return url
 
     def _with_retries(self, fn, what: str):  # noqa: ANN001, ANN202 - one API call
         for attempt in range(self.max_retries + 1):
@@ -300,10 +301,9 @@ class Downloader:
             raise DownloadError(f"{item.filename}: the server sent more than the "
                                 f"{item.n_bytes} bytes the Hub reported")
 
-    def _headers(self, url: str) -> dict[str, str]:
-        # The token goes to the Hub only, never to the CDN a file redirects to.
-        if self.token is False or urlparse(url).netloc != urlparse(
-                resolve_url("a/b", "c", "main", self.endpoint)).netloc:
+    def _headers(self) -> dict[str, str]:
+        """The Hub token, if any (open_range drops it on a redirect to another host)."""
+        if self.token is False:
             return {}
         from huggingface_hub.utils import build_hf_headers
 
@@ -315,7 +315,7 @@ class Downloader:
         """One attempt: GET from ``pos`` and append until the body ends, a pause or a
         cancel. Raises what urllib raises, _Paused or _Cancelled."""
         try:
-            resp = open_range(url, pos, headers=self._headers(url))
+            resp = open_range(url, pos, headers=self._headers())
         except urllib.error.HTTPError as exc:
             if exc.code != 416:
                 raise

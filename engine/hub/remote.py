@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from typing import TypeVar
@@ -82,6 +83,20 @@ def call_api(fn: Callable[[], T], what: str) -> T:
         raise typed_error(exc, what) from exc
 
 
+class _DropAuthOnHostChange(urllib.request.HTTPRedirectHandler):
+    """Follow redirects (the Hub sends file downloads to a CDN) keeping Range, but never
+    forward the Hub token to another host."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001, ANN201
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urllib.parse.urlparse(newurl).netloc != req.host:
+            new.remove_header("Authorization")
+        return new
+
+
+_OPENER = urllib.request.build_opener(_DropAuthOnHostChange)
+
+
 def open_range(url: str, start: int, end: int | None = None,
                headers: dict[str, str] | None = None, timeout: float = TIMEOUT_S):  # noqa: ANN201
     """GET ``url`` from byte ``start`` (to ``end`` inclusive). Returns the urllib
@@ -92,7 +107,7 @@ def open_range(url: str, start: int, end: int | None = None,
                                                **(headers or {})})
     if start > 0 or end is not None:
         req.add_header("Range", f"bytes={start}-{'' if end is None else end}")
-    return urllib.request.urlopen(req, timeout=timeout)  # noqa: S310 - http(s) Hub URLs
+    return _OPENER.open(req, timeout=timeout)
 
 
 def fetch_prefix(url: str, n_bytes: int, headers: dict[str, str] | None = None) -> bytes:
