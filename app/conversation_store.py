@@ -36,7 +36,7 @@ CREATE TABLE IF NOT EXISTS conversations (
     updated_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- ids never reused: views cache by id
     conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
     position INTEGER NOT NULL,
     role TEXT NOT NULL,

@@ -71,6 +71,7 @@ class ChatController(QObject):
     conversation_opened = Signal(int)
     started = Signal(int, str)  # request id, kind
     answer_finished = Signal(object)  # GenerationOutcome (after the store is updated)
+    comparison_finished = Signal(object)  # Comparison
     problem = Signal(str)  # something to tell the user
 
     def __init__(self, store: ConversationStore, worker: EngineWorker,
@@ -278,6 +279,7 @@ class ChatController(QObject):
     def _on_compared(self, comparison: Comparison) -> None:
         if self.active is not None and self.active.request_id == comparison.request_id:
             self._done()
+            self.comparison_finished.emit(comparison)
 
     def _on_failed(self, failure: EngineFailure) -> None:
         a = self.active

@@ -122,8 +122,8 @@ class EnginePanel(QGroupBox):
         """Offer a head folder (head.json + head.safetensors) and draft with it."""
         self._remember("heads", str(path))
         self.store.set_setting("head", str(path))
-        if self.store.get_setting("drafter", "auto") in ("none", "lookup"):
-            self.store.set_setting("drafter", "head")
+        drafter = self.drafter_box.currentData() or "auto"
+        self.store.set_setting("drafter", "head" if drafter in ("none", "lookup") else drafter)
         self._fill()
         self._changed()
 

@@ -33,6 +33,7 @@ class MainWindow(QMainWindow):
     bundled model (tests pass the prepared copy); ``close()`` stops the engine."""
 
     load_request = Signal(object)  # EngineChoice, to the worker
+    engine_ready = Signal(object)  # EngineReady, once the widgets show it
     shutdown_request = Signal()
 
     def __init__(self, db_path: Path | str | None = None,
@@ -96,7 +97,6 @@ class MainWindow(QMainWindow):
         w.ready.connect(self._on_ready)
         w.failed.connect(self._on_failed)
         w.step.connect(self.dashboard.on_step)
-        w.compared.connect(self.dashboard.on_compared)
 
         c.busy_changed.connect(self.chat.set_busy)
         c.busy_changed.connect(lambda busy: self.engine_panel.setEnabled(not busy))
@@ -104,6 +104,7 @@ class MainWindow(QMainWindow):
         c.conversation_opened.connect(self._on_opened)
         c.started.connect(self.dashboard.on_started)
         c.answer_finished.connect(self._on_answer_finished)
+        c.comparison_finished.connect(self.dashboard.on_compared)
         c.problem.connect(lambda text: self.statusBar().showMessage(text, 10000))
 
         self.chat.send_requested.connect(c.send)
@@ -194,6 +195,7 @@ class MainWindow(QMainWindow):
         self.engine_panel.show_ready(ready)
         self.dashboard.on_engine_ready(ready)
         self.statusBar().showMessage(ready.note or "Ready.", 10000)
+        self.engine_ready.emit(ready)
 
     @Slot(object)
     def _on_failed(self, failure: EngineFailure) -> None:

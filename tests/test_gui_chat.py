@@ -1,0 +1,138 @@
+"""The chat window driven offscreen against the real engine and the bundled model."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from app.conversation_store import COMPLETE, STOPPED, ConversationStore  # noqa: E402
+from tests.gui_helpers import (  # noqa: E402
+    ANSWER_TIMEOUT_MS,
+    open_window,
+    select_row,
+    send_and_wait,
+    type_and_send,
+)
+
+
+@pytest.fixture()
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "chat.sqlite3"
+
+
+def test_send_streams_the_answer_and_saves_it(qtbot, db: Path, model_path: Path) -> None:
+    w = open_window(qtbot, db, model_path, max_tokens=32)
+    deltas: list[str] = []
+    w.worker.text.connect(lambda _rid, s: deltas.append(s))
+    outcome = send_and_wait(qtbot, w, "Write a Python function that adds two numbers.")
+    lag = w.controller.loop_monitor.last
+    print(f"\nevent-loop delay while generating {outcome.stats.n_new} tokens "
+          f"({outcome.stats.tok_per_s:.1f} tok/s): {lag.describe()}, mean {lag.mean_ms:.1f} ms")
+    assert lag.n_ticks > 0
+    assert len(deltas) > 1, "the answer should arrive in pieces"
+    assert "".join(deltas) == outcome.text
+    msgs = w.store.messages(w.controller.current_id)
+    assert [(m.role, m.status) for m in msgs] == [("user", COMPLETE), ("assistant", COMPLETE)]
+    assert msgs[1].content == outcome.text and outcome.text
+    assert "tok/s" in msgs[1].info["summary"]
+    assert w.transcript.messages[-1].content == outcome.text
+    conv = w.store.conversation(w.controller.current_id)
+    assert conv.title.startswith("Write a Python function")
+    # The dashboard shows the answer's numbers and its tokens by origin.
+    assert w.dashboard.tok_s.value.text() not in ("–", "…")
+    assert w.dashboard.tokens.text.toPlainText() == outcome.text
+    assert len(outcome.token_kinds) == outcome.stats.n_new
+
+
+def test_stop_mid_answer_keeps_the_partial_answer(qtbot, db: Path, model_path: Path) -> None:
+    w = open_window(qtbot, db, model_path, max_tokens=1500)
+    type_and_send(qtbot, w, "Tell me a long story about a dragon and a village.")
+    qtbot.waitUntil(lambda: len(w.transcript.messages) == 2
+                    and len(w.transcript.messages[-1].content) > 80, timeout=ANSWER_TIMEOUT_MS)
+    assert w.chat.stop_button.isEnabled() and not w.chat.send_button.isEnabled()
+    with qtbot.waitSignal(w.controller.answer_finished, timeout=ANSWER_TIMEOUT_MS) as blocker:
+        w.chat.stop_button.click()
+    outcome = blocker.args[0]
+    print(f"\nstopped after {outcome.stats.n_new} tokens; event-loop delay: "
+          f"{w.controller.loop_monitor.last.describe()}")
+    assert outcome.finish_reason == "cancelled"
+    assert 0 < outcome.stats.n_new < 1500
+    saved = w.store.messages(w.controller.current_id)[-1]
+    assert (saved.status, saved.content) == (STOPPED, outcome.text)
+    assert w.chat.send_button.isEnabled() and not w.chat.stop_button.isEnabled()
+
+
+def test_regenerate_replaces_the_last_answer(qtbot, db: Path, model_path: Path) -> None:
+    w = open_window(qtbot, db, model_path, max_tokens=16)
+    first = send_and_wait(qtbot, w, "Name three colours.")
+    old_id = w.store.messages(w.controller.current_id)[-1].id
+    assert w.chat.regenerate_button.isEnabled()
+    with qtbot.waitSignal(w.controller.answer_finished, timeout=ANSWER_TIMEOUT_MS) as blocker:
+        w.chat.regenerate_button.click()
+    again = blocker.args[0]
+    assert again.text == first.text  # greedy: the same answer
+    msgs = w.store.messages(w.controller.current_id)
+    assert [m.role for m in msgs] == ["user", "assistant"]
+    assert msgs[1].id != old_id
+    assert len(w.transcript.messages) == 2
+
+
+def test_edit_and_resend_replaces_the_message_and_what_follows(qtbot, db: Path,
+                                                               model_path: Path) -> None:
+    w = open_window(qtbot, db, model_path, max_tokens=16)
+    send_and_wait(qtbot, w, "What is the capital of France?")
+    send_and_wait(qtbot, w, "And of Italy?")
+    assert len(w.transcript.messages) == 4
+    select_row(w, 0)
+    assert w.chat.edit_button.isEnabled()
+    w.chat.edit_button.click()
+    assert w.chat.composer.toPlainText() == "What is the capital of France?"
+    assert w.chat.edit_banner.isVisibleTo(w)
+    w.chat.composer.clear()
+    outcome = send_and_wait(qtbot, w, "What is the capital of Spain?")
+    msgs = w.store.messages(w.controller.current_id)
+    assert [(m.role, m.content) for m in msgs] == [
+        ("user", "What is the capital of Spain?"), ("assistant", outcome.text)]
+    assert [m.content for m in w.transcript.messages] == [m.content for m in msgs]
+
+
+def test_restart_finds_the_conversation(qtbot, db: Path, model_path: Path) -> None:
+    w = open_window(qtbot, db, model_path, max_tokens=16)
+    outcome = send_and_wait(qtbot, w, "Say hello.")
+    conv_id = w.controller.current_id
+    w.close()
+    w2 = open_window(qtbot, db, model_path)
+    titles = [c.title for c in w2.conversations.model.conversations]
+    assert titles == ["Say hello."]
+    assert w2.controller.current_id == conv_id
+    assert [m.content for m in w2.transcript.messages] == ["Say hello.", outcome.text]
+    # The conversation goes on with the same history after the restart.
+    send_and_wait(qtbot, w2, "Again, please.")
+    assert len(ConversationStore(db).messages(conv_id)) == 4
+
+
+def test_conversations_keep_their_own_settings(qtbot, db: Path, model_path: Path) -> None:
+    w = open_window(qtbot, db, model_path, max_tokens=20)
+    first = w.controller.current_id
+    w.settings_panel.system_prompt.setPlainText("You are terse.")
+    w.settings_panel.temperature.setValue(0.8)
+    w.settings_panel.seed.setValue(7)
+    second = w.controller.new_conversation()
+    w.settings_panel.temperature.setValue(0.0)
+    assert w.store.conversation(first).settings.temperature == pytest.approx(0.8)
+    assert w.store.conversation(first).settings.seed == 7
+    assert w.store.conversation(first).system_prompt == "You are terse."
+    assert w.store.conversation(second).settings.temperature == 0.0
+    w.controller.open_conversation(first)
+    assert w.settings_panel.temperature.value() == pytest.approx(0.8)
+    assert w.settings_panel.system_prompt.toPlainText() == "You are terse."
+    # Seeded sampling is reproducible through the app too.
+    a = send_and_wait(qtbot, w, "Pick a random animal.")
+    with qtbot.waitSignal(w.controller.answer_finished, timeout=ANSWER_TIMEOUT_MS) as blocker:
+        w.chat.regenerate_button.click()
+    assert blocker.args[0].text == a.text

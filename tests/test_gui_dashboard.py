@@ -1,0 +1,102 @@
+"""The speed dashboard and engine choices, on the real engine and bundled model."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+from PySide6.QtGui import QTextDocument, QTextFormat  # noqa: E402
+
+from app.gui.dashboard import PlanInfo  # noqa: E402
+from app.gui.markdown import CODE_BACKGROUND, render_markdown  # noqa: E402
+from tests.gui_helpers import ANSWER_TIMEOUT_MS, open_window, send_and_wait  # noqa: E402
+
+
+@pytest.fixture()
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "chat.sqlite3"
+
+
+def test_live_steps_and_comparison_with_plain(qtbot, db: Path, model_path: Path) -> None:
+    w = open_window(qtbot, db, model_path, max_tokens=48)
+    steps = []
+    w.worker.step.connect(steps.append)
+    outcome = send_and_wait(qtbot, w, "Repeat exactly: the cat sat on the mat, the cat sat "
+                                      "on the mat, the cat sat on the mat.")
+    assert len(steps) == outcome.stats.n_steps > 0
+    for e in steps:  # wall-clock phases in order: draft, then verify
+        assert e.t_draft_start <= e.t_verify_start <= e.t_end
+    assert w.dashboard._events == steps
+    assert "lookup" in w.dashboard.plan_layout.text()
+    with qtbot.waitSignal(w.controller.comparison_finished, timeout=ANSWER_TIMEOUT_MS) as blocker:
+        w.dashboard.compare_button.click()
+    comparison = blocker.args[0]
+    assert comparison.identical  # greedy decoding is lossless
+    assert comparison.drafter == "lookup" and comparison.stats_plain.drafter == "none"
+    bars = w.dashboard.comparison._bars.opts["height"]
+    assert list(bars) == pytest.approx([comparison.stats_dft.tok_per_s,
+                                        comparison.stats_plain.tok_per_s])
+    print(f"\ncomparison: lookup {comparison.stats_dft.tok_per_s:.1f} tok/s "
+          f"(tau {comparison.stats_dft.mean_accepted:.2f}), plain "
+          f"{comparison.stats_plain.tok_per_s:.1f} tok/s")
+    assert "speed-up" in w.dashboard.compare_result.text()
+    # The comparison is not part of the chat.
+    assert len(w.store.messages(w.controller.current_id)) == 2
+
+
+def test_mismatched_head_falls_back_and_says_so(qtbot, db: Path, model_path: Path,
+                                                 tmp_path: Path) -> None:
+    head = tmp_path / "other-head"
+    head.mkdir()
+    cfg = {"hidden_size": 64, "n_heads": 4, "n_kv_heads": 2, "intermediate_size": 128,
+           "target": {"vocab_size": 1000, "hidden_size": 64, "tokenizer_sha256": "0" * 64}}
+    (head / "head.json").write_text(json.dumps(cfg))
+    (head / "head.safetensors").write_bytes(b"")
+    w = open_window(qtbot, db, model_path)
+    w.engine_panel.drafter_box.setCurrentIndex(w.engine_panel.drafter_box.findData("head"))
+    with qtbot.waitSignal(w.engine_ready, timeout=ANSWER_TIMEOUT_MS) as blocker:
+        w.engine_panel.add_head(head)
+    ready = blocker.args[0]
+    assert (ready.requested, ready.drafter) == ("head", "lookup")
+    assert "does not fit" in ready.note and "Falling back to prompt lookup" in ready.note
+    assert w.engine_panel.note.isVisibleTo(w) and "vocab_size" in w.engine_panel.note.text()
+    assert "Falling back" in w.dashboard.plan_reason.text()
+    send_and_wait(qtbot, w, "Hi!")  # still answers, with the fallback drafter
+    assert w.store.get_setting("head") == str(head)
+
+
+def test_plain_decoding_choice(qtbot, db: Path, model_path: Path) -> None:
+    w = open_window(qtbot, db, model_path, max_tokens=16)
+    box = w.engine_panel.drafter_box
+    box.setCurrentIndex(box.findData("none"))
+    with qtbot.waitSignal(w.engine_ready, timeout=ANSWER_TIMEOUT_MS) as blocker:
+        box.activated.emit(box.currentIndex())
+    assert blocker.args[0].drafter == "none" and not blocker.args[0].note
+    outcome = send_and_wait(qtbot, w, "Hi!")
+    assert outcome.stats.drafter == "none"
+    assert set(outcome.token_kinds) == {"target"}
+    assert w.dashboard.tau.value.text() == "1 (plain)"
+
+
+def test_plan_widget_takes_a_dict_or_dataclass(qtbot, db: Path, model_path: Path) -> None:
+    w = open_window(qtbot, db, model_path)
+    w.dashboard.set_plan({"layout": "head on GPU", "budget": "6 nodes", "reason": "fast"})
+    assert w.dashboard.plan_layout.text() == "head on GPU"
+    w.dashboard.set_plan(PlanInfo("CPU", "4", "slow GPU"))
+    assert w.dashboard.plan_reason.text() == "slow GPU"
+    assert w.dashboard.timeline._no_gpu.isVisible() != w.dashboard.gpu
+
+
+def test_code_blocks_are_monospace_on_a_background(qapp) -> None:  # noqa: ANN001
+    doc = QTextDocument()
+    render_markdown(doc, "Text\n\n```python\nprint(1)\n```\n")
+    code = doc.begin().next()
+    assert code.text() == "print(1)"
+    assert code.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence)
+    assert code.blockFormat().background().color() == CODE_BACKGROUND
+    assert code.begin().fragment().charFormat().fontFixedPitch()
