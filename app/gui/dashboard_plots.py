@@ -32,7 +32,8 @@ class AcceptancePlot(pg.PlotWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent=parent)
-        _setup(self, "Accepted drafts by draft position", 150)
+        _setup(self, "Accepted drafts by draft position", 170)
+        self.setMaximumHeight(200)
         self.setLabel("bottom", "draft position")
         self.setLabel("left", "accepted")
         self._bars = pg.BarGraphItem(x=[], height=[], width=0.7, brush=DRAFT_COLOR)
@@ -54,7 +55,9 @@ class TimelinePlot(pg.PlotWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent=parent)
-        _setup(self, "CPU per core during the answer, draft / verify phases below", 180)
+        _setup(self, "CPU per core during the answer", 240)
+        self.setMaximumHeight(280)
+        self.setXRange(0, 5, padding=0)
         self.setLabel("bottom", "seconds since the request")
         self.setLabel("left", "utilisation %")
         self.setYRange(VERIFY_BAND[0] - 2, 105, padding=0)
@@ -72,8 +75,7 @@ class TimelinePlot(pg.PlotWidget):
                                        brush=VERIFY_COLOR, pen=None)
         self.addItem(self._draft)
         self.addItem(self._verify)
-        self._no_gpu = pg.TextItem("no GPU", color="#6a737d", anchor=(1, 0))
-        self.addItem(self._no_gpu)
+        self._gpu_shown: bool | None = None
 
     def set_data(self, t0: float, samples: list[tuple[float, list[float], float | None]],
              phases: list[tuple[float, float, float]], gpu: bool) -> None:
@@ -90,7 +92,10 @@ class TimelinePlot(pg.PlotWidget):
             curve.setData(t, np.array([s[1][i] for s in samples]) if n_cores else [])
         gpu_points = [(s[0] - t0, s[2]) for s in samples if s[2] is not None]
         self._gpu.setData([p[0] for p in gpu_points], [p[1] for p in gpu_points])
-        self._no_gpu.setVisible(not gpu)
+        if gpu != self._gpu_shown:
+            self._gpu_shown = gpu
+            self.setTitle("CPU per core and GPU during the answer" if gpu else
+                          "CPU per core during the answer (no GPU)", size="10pt")
         if gpu and not self._gpu_in_legend:
             self.legend.addItem(self._gpu, "GPU")
             self._gpu_in_legend = True
@@ -103,7 +108,6 @@ class TimelinePlot(pg.PlotWidget):
             self._verify.setOpts(x0=[], x1=[])
         t_end = max([p[2] - t0 for p in phases] + [t[-1] if len(t) else 0.0, 1.0])
         self.setXRange(0, t_end, padding=0.02)
-        self._no_gpu.setPos(t_end, 104)
 
 
 class ComparisonPlot(pg.PlotWidget):
@@ -111,7 +115,8 @@ class ComparisonPlot(pg.PlotWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent=parent)
-        _setup(self, "Same prompt: drafter vs plain decoding", 150)
+        _setup(self, "Same prompt: drafter vs plain decoding", 170)
+        self.setMaximumHeight(200)
         self.setLabel("left", "tok/s")
         self._bars = pg.BarGraphItem(x=[], height=[], width=0.6,
                                      brushes=[DRAFT_COLOR, VERIFY_COLOR])

@@ -45,6 +45,7 @@ class MainWindow(QMainWindow):
         self.n_threads = n_threads
         self.store = ConversationStore(db_path)
         self._closed = False
+        self._notice = ""
 
         self.worker = EngineWorker()
         self.thread_ = QThread(self)
@@ -156,9 +157,9 @@ class MainWindow(QMainWindow):
             self.controller.new_conversation()
         self._refresh_conversations()
         if self.store.n_recovered:
-            self.statusBar().showMessage(
-                f"{self.store.n_recovered} answer(s) were interrupted when Tandem last "
-                "closed; they are kept and marked ⚠ interrupted.", 15000)
+            self._notice = (f"{self.store.n_recovered} answer(s) were interrupted when "
+                            "Tandem last closed; they are kept and marked ⚠ interrupted.")
+            self.statusBar().showMessage(self._notice)
 
     def load_engine(self, choice: EngineChoice) -> None:
         """Ask the worker to (re)load; the chat waits until it is ready."""
@@ -194,7 +195,9 @@ class MainWindow(QMainWindow):
         self.controller.engine_ready = True
         self.engine_panel.show_ready(ready)
         self.dashboard.on_engine_ready(ready)
-        self.statusBar().showMessage(ready.note or "Ready.", 10000)
+        # The start-up notice about interrupted answers outranks the drafter's note.
+        self.statusBar().showMessage(self._notice or ready.note or "Ready.", 15000)
+        self._notice = ""
         self.engine_ready.emit(ready)
 
     @Slot(object)

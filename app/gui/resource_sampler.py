@@ -16,7 +16,7 @@ class ResourceSampler(QObject):
 
     sampled = Signal()
 
-    def __init__(self, interval_ms: int = 250, keep_s: float = 120.0,
+    def __init__(self, interval_ms: int = 100, keep_s: float = 120.0,
                  parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.samples: deque[tuple[float, list[float], float | None]] = deque(
