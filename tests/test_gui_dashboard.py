@@ -102,3 +102,20 @@ def test_code_blocks_are_monospace_on_a_background(qapp) -> None:  # noqa: ANN00
     assert code.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence)
     assert code.blockFormat().background().color() == CODE_BACKGROUND
     assert code.begin().fragment().charFormat().fontFixedPitch()
+
+
+def test_added_gguf_is_offered_and_loaded(qtbot, db: Path, model_path: Path,
+                                          tmp_path: Path) -> None:
+    user_model = tmp_path / "my-model.gguf"
+    user_model.symlink_to(model_path)
+    w = open_window(qtbot, db, model_path, max_tokens=8)
+    with qtbot.waitSignal(w.engine_ready, timeout=ANSWER_TIMEOUT_MS) as blocker:
+        w.engine_panel.add_model(user_model)  # what "Add GGUF…" and the wizard call
+    assert blocker.args[0].model_path == str(user_model)
+    assert w.engine_panel.model_box.currentText() == "my-model.gguf"
+    assert "my-model.gguf" in w.engine_panel.state.text()
+    send_and_wait(qtbot, w, "Hi!")
+    # The choice is remembered for the next start.
+    w.close()
+    w2 = open_window(qtbot, db, model_path)
+    assert w2.engine_panel.choice().model_path == user_model

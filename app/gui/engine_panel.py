@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from PySide6.QtCore import Signal
@@ -21,12 +22,25 @@ from PySide6.QtWidgets import (
 from app.conversation_store import ConversationStore
 from app.gui.engine_worker import EngineChoice, EngineReady
 
+log = logging.getLogger(__name__)
+
 DRAFTER_LABELS = {
     "auto": "Auto (head if it fits, else lookup)",
     "head": "Draft head",
     "lookup": "Prompt lookup",
     "none": "None (plain decoding)",
 }
+
+
+def _registry_models() -> list:
+    """Available models of the wizard's registry; none when it cannot be read."""
+    try:
+        from engine.hub.local_models import ModelRegistry
+
+        return [m for m in ModelRegistry().list() if m.available]
+    except Exception:  # a broken registry must not keep the window from opening
+        log.warning("cannot read the local model registry", exc_info=True)
+        return []
 
 
 def is_head_dir(path: Path) -> bool:
@@ -75,13 +89,25 @@ class EnginePanel(QGroupBox):
             box.activated.connect(self._changed)
 
     def _fill(self) -> None:
+        """(Re)list the models: the bundled one, GGUF files the user added, and models
+        the model wizard downloaded or imported (with their draft heads)."""
+        models = list(self.store.get_setting("models", []))
+        heads = list(self.store.get_setting("heads", []))
+        self.model_heads: dict[str, str] = {}
+        for m in _registry_models():
+            if m.path not in models:
+                models.append(m.path)
+            if m.head_dir:
+                self.model_heads[m.path] = m.head_dir
+                if m.head_dir not in heads:
+                    heads.append(m.head_dir)
         self.model_box.clear()
         self.model_box.addItem("SmolLM2-135M-Instruct (bundled)", "")
-        for p in self.store.get_setting("models", []):
+        for p in models:
             self.model_box.addItem(Path(p).name, p)
         self.head_box.clear()
         self.head_box.addItem("Bundled head (SmolLM2)", "")
-        for p in self.store.get_setting("heads", []):
+        for p in heads:
             self.head_box.addItem(Path(p).name, p)
         self._select(self.model_box, self.store.get_setting("model", ""))
         self._select(self.head_box, self.store.get_setting("head", ""))
@@ -100,7 +126,11 @@ class EnginePanel(QGroupBox):
                             head_dir=Path(head) if head else None)
 
     def _changed(self, *_: object) -> None:
-        self.store.set_setting("model", self.model_box.currentData() or "")
+        model = self.model_box.currentData() or ""
+        if self.sender() is self.model_box and model in self.model_heads:
+            # A model that came with a head drafts with it unless the user says otherwise.
+            self._select(self.head_box, self.model_heads[model])
+        self.store.set_setting("model", model)
         self.store.set_setting("head", self.head_box.currentData() or "")
         self.store.set_setting("drafter", self.drafter_box.currentData() or "auto")
         self.choice_changed.emit(self.choice())
@@ -111,10 +141,13 @@ class EnginePanel(QGroupBox):
             items.append(path)
             self.store.set_setting(key, items)
 
-    def add_model(self, path: Path) -> None:
-        """Offer a local GGUF file and switch to it."""
+    def add_model(self, path: Path, head_dir: Path | None = None) -> None:
+        """Offer a local GGUF file and switch to it (and to ``head_dir`` when given)."""
         self._remember("models", str(path))
         self.store.set_setting("model", str(path))
+        if head_dir is not None:
+            self._remember("heads", str(head_dir))
+            self.store.set_setting("head", str(head_dir))
         self._fill()
         self._changed()
 

@@ -181,8 +181,16 @@ class MainWindow(QMainWindow):
                                     "The model download wizard is not part of this build "
                                     "yet. Use File ▸ Add local GGUF… for a model on disk.")
             return
-        ModelWizardDialog(self).exec()
-        self.engine_panel._fill()
+        dialog = ModelWizardDialog(self)
+        added: list[object] = []
+        dialog.model_added.connect(added.append)
+        dialog.exec()
+        if added:  # switch to the last model the user got, with its head if it has one
+            model = added[-1]
+            head = getattr(model, "head_dir", None)
+            self.engine_panel.add_model(Path(model.path), Path(head) if head else None)
+        else:
+            self.engine_panel._fill()
 
     # --- worker events ---------------------------------------------------------------
     @Slot(str)
