@@ -136,3 +136,18 @@ def test_conversations_keep_their_own_settings(qtbot, db: Path, model_path: Path
     with qtbot.waitSignal(w.controller.answer_finished, timeout=ANSWER_TIMEOUT_MS) as blocker:
         w.chat.regenerate_button.click()
     assert blocker.args[0].text == a.text
+
+
+def test_closing_mid_answer_saves_it_as_stopped(qtbot, db: Path, model_path: Path) -> None:
+    w = open_window(qtbot, db, model_path, max_tokens=1500)
+    type_and_send(qtbot, w, "Tell me a long story about a dragon and a village.")
+    qtbot.waitUntil(lambda: len(w.transcript.messages) == 2
+                    and len(w.transcript.messages[-1].content) > 40, timeout=ANSWER_TIMEOUT_MS)
+    shown = w.transcript.messages[-1].content
+    conv_id = w.controller.current_id
+    w.close()
+    assert not w.thread_.isRunning()
+    with ConversationStore(db) as store:
+        answer = store.messages(conv_id)[-1]
+        assert answer.status == STOPPED and store.n_recovered == 0
+        assert answer.content.startswith(shown)

@@ -176,6 +176,15 @@ class ChatController(QObject):
         self._truncate(msg.position)
         return self.send(text)
 
+    def abandon(self) -> None:
+        """The app is closing: save the answer being written as stopped, now."""
+        a = self.active
+        if a is not None and a.message is not None:
+            info = {"summary": "stopped: Tandem was closed", "finish_reason": "cancelled"}
+            self.store.update_message(a.message.id, a.content, STOPPED, info)
+        self.active = None
+        self.loop_monitor.stop()
+
     def stop(self) -> None:
         if self.active is not None:
             self.worker.request_stop(self.active.request_id)

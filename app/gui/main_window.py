@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QThread, Signal, Slot
+from PySide6.QtCore import QCoreApplication, QEvent, Qt, QThread, Signal, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import QDockWidget, QMainWindow, QMessageBox, QSplitter, QVBoxLayout, QWidget
 
@@ -242,4 +242,8 @@ class MainWindow(QMainWindow):
         self.worker.request_stop()
         self.shutdown_request.emit()
         self.thread_.wait(30_000)
+        # Deliver what the worker sent before it stopped (the last text, the finished
+        # answer), so the store gets the final state rather than the last throttled save.
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.MetaCall)
+        self.controller.abandon()
         self.store.close()
