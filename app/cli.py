@@ -26,8 +26,19 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
 
 
+def _add_head_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft-head", type=Path, default=None,
+                   help="draft head directory (default: the one trained for the bundled model)")
+    p.add_argument("--head-device", default="cpu", help="where the draft head runs: cpu, cuda, mps")
+
+
+def _drafter_options(args: argparse.Namespace) -> dict:
+    return {"head_dir": args.draft_head, "device": args.head_device}
+
+
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", choices=DRAFTER_NAMES, default="lookup")
+    _add_head_args(p)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -57,7 +68,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompt = (target.tokenize(args.prompt) if args.raw
                   else target.chat_prompt([{"role": "user", "content": args.prompt}]))
         stream = None if args.json else (lambda s: print(s, end="", flush=True))
-        result = generate(target, prompt, make_drafter(args.drafter), config, on_text=stream)
+        drafter = make_drafter(args.drafter, target, **_drafter_options(args))
+        result = generate(target, prompt, drafter, config, on_text=stream)
     if args.json:
         print(json.dumps({"text": result.text, "tokens": result.tokens,
                           "finish_reason": result.finish_reason,
@@ -85,7 +97,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         if args.system:
             messages.append({"role": "system", "content": args.system})
         n_fixed = len(messages)
-        drafter = make_drafter(args.drafter)
+        drafter = make_drafter(args.drafter, target, **_drafter_options(args))
         cost = VerifyCostModel()
         while True:
             try:
@@ -149,7 +161,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             elif n in SERVER_NAMES:
                 runners[n] = server_runner(n, target, args.llama_server)
             else:
-                runners[n] = engine_runner(target, n)
+                runners[n] = engine_runner(target, n, **_drafter_options(args))
         meta = {"model": str(target.path), "threads": target.n_threads,
                 "max_tokens": args.max_tokens, "prompts": str(args.prompts),
                 "per_category": args.per_category, "drafters": names, "repeat": args.repeat,
@@ -198,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated; baselines: lcp, lcp-lookup (llama-cpp-python's "
                         "own), server, server-ngram (llama.cpp's llama-server)")
     p.add_argument("--max-tokens", type=int, default=128)
+    _add_head_args(p)
     p.add_argument("--json", type=Path, default=None, help="write results here (resumes)")
     p.add_argument("--fresh", action="store_true", help="ignore results already in --json")
     p.add_argument("--repeat", type=int, default=1,
@@ -206,6 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="llama.cpp's llama-server binary, for the server and server-ngram "
                         "baselines")
     p.set_defaults(func=cmd_bench)
+
+    from app.train_cli import register as register_train
+
+    register_train(sub)
     return parser
 
 

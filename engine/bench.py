@@ -52,10 +52,10 @@ def load_prompts(path: str | os.PathLike[str], per_category: int | None = None
     return out
 
 
-def engine_runner(target: Target, drafter_name: str) -> Runner:
+def engine_runner(target: Target, drafter_name: str, **drafter_options: Any) -> Runner:
     """Runs one greedy generation with Tandem's engine from an empty cache. The drafter
     and the cost model live across prompts, as they do across a chat's turns."""
-    drafter = make_drafter(drafter_name)
+    drafter = make_drafter(drafter_name, target=target, **drafter_options)
     cost = VerifyCostModel()
 
     def run(prompt: list[int], max_tokens: int) -> dict[str, Any]:

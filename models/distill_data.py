@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,9 +202,12 @@ def load_samples(directory: Path) -> list[Sample]:
 
 def build(model_path: Path, conversations: Iterator[Conversation], out_dir: Path,
           n_samples: int, config: BuildConfig,
-          on_sample: Callable[[Sample], None] | None = None) -> int:
+          on_sample: Callable[[Sample], None] | None = None,
+          time_limit_s: float | None = None) -> int:
     """Write shards of ``n_samples`` samples under ``out_dir``; resumes a stopped build
-    (the conversation order is deterministic). Returns the number of samples there."""
+    (the conversation order is deterministic). ``time_limit_s`` ends the build early, after
+    a whole shard. Returns the number of samples there."""
+    deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = out_dir / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
@@ -217,7 +221,7 @@ def build(model_path: Path, conversations: Iterator[Conversation], out_dir: Path
     done = len(shards) * config.shard_samples
     # Conversations a shard consumed (skipped ones included): resume after them.
     consumed = manifest.get("consumed", 0) if shards else 0
-    if done >= n_samples:
+    if done >= n_samples or (time_limit_s is not None and time_limit_s <= 0):
         return done
 
     exchanges: list[tuple[str, str]] = []
@@ -255,7 +259,7 @@ def build(model_path: Path, conversations: Iterator[Conversation], out_dir: Path
                 manifest = {"settings": settings, "consumed": counter["seen"],
                             "samples": done}
                 manifest_path.write_text(json.dumps(manifest, indent=2))
-                if done >= n_samples:
+                if done >= n_samples or (deadline and time.monotonic() > deadline):
                     break
     finally:
         extractor.close()

@@ -20,7 +20,10 @@ class HeadMismatchError(ValueError):
 
 def save_head(head: DraftHead, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
+    # Weights in float16 halve the file (the head computes in float32 on a CPU: it is
+    # loaded back as float32).
+    state = {k: (v.half() if v.is_floating_point() else v).detach().cpu().contiguous()
+             for k, v in head.state_dict().items()}
     save_file(state, str(directory / WEIGHTS))
     head.cfg.save(directory / CONFIG)
 
@@ -35,7 +38,8 @@ def load_head(directory: Path, target: TargetFingerprint, embed: torch.Tensor,
         if problems:
             raise HeadMismatchError(f"draft head {directory} does not fit this target: "
                                     + "; ".join(problems))
-    state = load_file(str(directory / WEIGHTS), device=device)
+    state = {k: v.float() if v.is_floating_point() else v
+             for k, v in load_file(str(directory / WEIGHTS), device=device).items()}
     head = DraftHead(cfg, embed.to(device), lm_head.to(device), state["d2t"].to(device))
     head.load_state_dict(state)
     return head.to(device).eval()

@@ -29,7 +29,7 @@ class Conversation:
         return None
 
 
-def _convert(record: dict) -> Conversation | None:
+def convert_record(record: dict) -> Conversation | None:
     turns = record.get("conversations")
     if not isinstance(turns, list):
         return None
@@ -88,6 +88,6 @@ def iter_conversations(stream: IO[str] | None = None) -> Iterator[Conversation]:
             yield from iter_conversations(packaged)
         return
     for record in iter_records(stream):
-        conv = _convert(record)
+        conv = convert_record(record)
         if conv is not None:
             yield conv

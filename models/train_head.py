@@ -52,8 +52,9 @@ class TrainConfig:
     ce_weight: float = 0.1
     feature_noise: float = 0.1  # uniform noise, relative to each feature's RMS
     checkpoint_every_s: float = 300.0
+    time_limit_s: float | None = None  # stop early (a safety net on lent machines)
     seed: int = 0
-    bf16: bool = True  # autocast where the device runs bf16 matmuls fast (AMX, CUDA)
+    bf16: bool = True  # autocast to bf16 on CUDA (on a CPU it ran 20x slower here: off)
 
 
 @dataclass
@@ -106,28 +107,49 @@ def unroll_mask(n: int, step: int, device: torch.device) -> torch.Tensor:
     return torch.cat(blocks, dim=1)
 
 
-def _sample_tensors(sample: Sample, max_len: int, device: torch.device, start: int = 0
-                    ) -> dict[str, torch.Tensor]:
-    end = min(len(sample.tokens), start + max_len)
-    tok = torch.from_numpy(sample.tokens[start:end].astype(np.int64)).to(device)
-    feat = torch.from_numpy(sample.features[start:end].astype(np.float32)).to(device)
-    ans = torch.from_numpy(sample.answer[start:end]).to(device)
-    nxt = torch.from_numpy(sample.target_next[start:end].astype(np.int64)).to(device)
-    weight = ans[1:].clone()
-    weight[-1] = False  # the token after the last one is unknown
-    return {"feat_in": feat[:-1], "tok_in": tok[1:], "feat_tgt": feat[1:],
-            "label": nxt[1:], "weight": weight}
+def _window(sample: Sample, max_len: int, rng: np.random.Generator | None) -> int:
+    """Start of a ``max_len`` window of a long sample that still holds answer tokens
+    (random when training, the start of the answer when evaluating)."""
+    if len(sample.tokens) <= max_len:
+        return 0
+    first = int(np.argmax(sample.answer))
+    lo = max(0, min(first, len(sample.tokens) - max_len))
+    return lo if rng is None else int(rng.integers(lo, len(sample.tokens) - max_len + 1))
+
+
+def batch_tensors(samples: list[Sample], starts: list[int], max_len: int,
+                  device: torch.device) -> dict[str, torch.Tensor]:
+    """Samples padded into one batch: entry j pairs feature j with token j+1 and learns
+    feature j+1; padding (and the unknown last target) has weight False."""
+    ends = [min(len(s.tokens), a + max_len) for s, a in zip(samples, starts, strict=True)]
+    n = max(e - a for a, e in zip(starts, ends, strict=True)) - 1
+    b, d = len(samples), samples[0].features.shape[1]
+    feat = np.zeros((b, n + 1, d), np.float32)
+    tok = np.zeros((b, n + 1), np.int64)
+    nxt = np.zeros((b, n + 1), np.int64)
+    ans = np.zeros((b, n + 1), bool)
+    for r, (s, a, e) in enumerate(zip(samples, starts, ends, strict=True)):
+        feat[r, :e - a] = s.features[a:e]
+        tok[r, :e - a] = s.tokens[a:e]
+        nxt[r, :e - a] = s.target_next[a:e]
+        ans[r, :e - a - 1] = s.answer[a + 1:e]  # weight of entry j: token j+1 is an answer
+    t = {k: torch.from_numpy(v).to(device) for k, v in
+         (("feat", feat), ("tok", tok), ("nxt", nxt), ("ans", ans))}
+    return {"feat_in": t["feat"][:, :-1], "tok_in": t["tok"][:, 1:],
+            "feat_tgt": t["feat"][:, 1:], "label": t["nxt"][:, 1:],
+            "weight": t["ans"][:, :-1]}
 
 
 def unrolled_losses(head: DraftHead, batch: dict[str, torch.Tensor], cfg: TrainConfig,
                     acc: DepthAccuracy, train: bool) -> torch.Tensor:
-    """The weighted loss of one sequence over ``cfg.unroll`` steps; adds accuracies."""
+    """The weighted loss of a batch [B, n] over ``cfg.unroll`` steps; adds accuracies."""
     feat_in, feat_tgt, weight = batch["feat_in"], batch["feat_tgt"], batch["weight"]
-    n, device = feat_in.shape[0], feat_in.device
-    positions = torch.arange(n, device=device)[None]
-    tok = batch["tok_in"][None]
+    b, n = weight.shape
+    device = feat_in.device
+    positions = torch.arange(n, device=device)[None].expand(b, n)
+    tok = batch["tok_in"]
     with torch.no_grad():
-        p_target = F.softmax(head.logits(feat_tgt).float(), dim=-1)
+        p_target = F.softmax(head.logits(feat_tgt[weight]).float(), dim=-1)  # [N, V]
     x = feat_in
     if train and cfg.feature_noise > 0:
         rms = x.pow(2).mean(-1, keepdim=True).sqrt()
@@ -136,25 +158,26 @@ def unrolled_losses(head: DraftHead, batch: dict[str, torch.Tensor], cfg: TrainC
     cache = None
     for step in range(1, cfg.unroll + 1):
         mask = None if step == 1 else unroll_mask(n, step, device)
-        out, cache = head(x[None], tok, positions, cache, mask)
-        out = out[0]
+        out, cache = head(x, tok, positions, cache, mask)  # [B, n, d]
         valid = weight.clone()
-        valid[: step - 1] = False
+        valid[:, : step - 1] = False
         if valid.any():
-            logits = head.logits(out[valid]).float()
-            reg = F.smooth_l1_loss(out[valid].float(), feat_tgt[valid], reduction="mean")
-            ce = -(p_target[valid] * F.log_softmax(logits, -1)).sum(-1).mean()
+            picked = out[valid]
+            logits = head.logits(picked).float()
+            reg = F.smooth_l1_loss(picked.float(), feat_tgt[valid], reduction="mean")
+            p = p_target[valid[weight]]
+            ce = -(p * F.log_softmax(logits, -1)).sum(-1).mean()
             total = total + cfg.depth_weight ** (step - 1) * (cfg.reg_weight * reg
                                                                + cfg.ce_weight * ce)
             guess = head.d2t[logits.argmax(-1)]
             acc.add(step, int((guess == batch["label"][valid]).sum()), int(valid.sum()))
         # Step k+1 reads the step-k prediction of the previous position.
-        x = torch.cat([out.new_zeros(1, out.shape[-1]), out[:-1]], dim=0)
+        x = torch.cat([out.new_zeros(b, 1, out.shape[-1]), out[:, :-1]], dim=1)
     return total
 
 
 def _autocast(cfg: TrainConfig, device: torch.device):  # noqa: ANN202
-    enabled = cfg.bf16 and device.type in ("cpu", "cuda")
+    enabled = cfg.bf16 and device.type == "cuda"
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
@@ -164,12 +187,13 @@ def evaluate(head: DraftHead, samples: list[Sample], cfg: TrainConfig) -> dict:
     acc = DepthAccuracy()
     losses = []
     device = head.lm_head.device
+    usable = [s for s in samples if len(s.tokens) >= 3 and s.answer.any()]
     with torch.no_grad(), _autocast(cfg, device):
-        for s in samples:
-            if len(s.tokens) < 3:
-                continue
-            losses.append(float(unrolled_losses(head, _sample_tensors(s, cfg.max_len, device),
-                                                cfg, acc, train=False)))
+        for i in range(0, len(usable), 8):
+            group = usable[i:i + 8]
+            batch = batch_tensors(group, [_window(s, cfg.max_len, None) for s in group],
+                                  cfg.max_len, device)
+            losses.append(float(unrolled_losses(head, batch, cfg, acc, train=False)))
     head.train()
     return {"loss": float(np.mean(losses)) if losses else math.nan,
             "accuracy_by_depth": acc.rates()}
@@ -182,10 +206,14 @@ class TrainState:
     history: list[dict] = field(default_factory=list)
 
 
-def _lr_at(step: int, cfg: TrainConfig) -> float:
+def _lr_at(step: int, cfg: TrainConfig, elapsed_s: float = 0.0) -> float:
+    """Linear warm-up, then cosine decay to 10%; under a time limit the decay follows
+    whichever runs out first, steps or time, so a cut-short run still anneals."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    if cfg.time_limit_s:
+        progress = max(progress, elapsed_s / cfg.time_limit_s)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
@@ -226,25 +254,20 @@ def train(head: DraftHead, train_samples: list[Sample], eval_samples: list[Sampl
     window = DepthAccuracy()
     window_loss: list[float] = []
     try:
-        while state.step < cfg.steps:
+        t_run = time.monotonic()
+        t_limit = None if cfg.time_limit_s is None else time.monotonic() + cfg.time_limit_s
+        while state.step < cfg.steps and (t_limit is None or time.monotonic() < t_limit):
             for group in opt.param_groups:
-                group["lr"] = _lr_at(state.step, cfg)
+                group["lr"] = _lr_at(state.step, cfg, time.monotonic() - t_run)
             opt.zero_grad(set_to_none=True)
             acc = DepthAccuracy()
-            loss_sum = 0.0
-            for idx in rng.integers(0, len(usable), cfg.seqs_per_step):
-                s = usable[idx]
-                # Long samples: a random window that still contains answer tokens.
-                start = 0
-                if len(s.tokens) > cfg.max_len:
-                    first = int(np.argmax(s.answer))
-                    lo = max(0, min(first, len(s.tokens) - cfg.max_len))
-                    start = int(rng.integers(lo, len(s.tokens) - cfg.max_len + 1))
-                with _autocast(cfg, device):
-                    loss = unrolled_losses(head, _sample_tensors(s, cfg.max_len, device, start),
-                                           cfg, acc, train=True) / cfg.seqs_per_step
-                loss.backward()
-                loss_sum += float(loss)
+            group = [usable[i] for i in rng.integers(0, len(usable), cfg.seqs_per_step)]
+            batch = batch_tensors(group, [_window(s, cfg.max_len, rng) for s in group],
+                                  cfg.max_len, device)
+            with _autocast(cfg, device):
+                loss = unrolled_losses(head, batch, cfg, acc, train=True)
+            loss.backward()
+            loss_sum = float(loss.detach())
             torch.nn.utils.clip_grad_norm_(params, cfg.clip)
             opt.step()
             state.step += 1

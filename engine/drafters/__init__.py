@@ -7,21 +7,24 @@ from pathlib import Path
 from engine.drafters.base import Drafter
 from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
 
-DRAFTER_NAMES = ("none", "lookup", "head")
+DRAFTER_NAMES = ("none", "lookup", "head", "head-chain")
 # The head trained for the bundled model (README says how it was made).
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parents[2] / "assets" / "draft-head-smollm2-135m"
 
 
 def make_drafter(name: str, target=None, head_dir: Path | None = None,  # noqa: ANN001
-                 **head_options: object) -> Drafter | None:
-    """A fresh drafter for ``name``; None means plain decoding. ``head`` needs the
-    ``target`` (an engine.target.Target) whose features it reads. Raises ValueError,
-    or HeadMismatchError / FileNotFoundError for an unusable head."""
+                 device: str = "cpu", **head_options: object) -> Drafter | None:
+    """A fresh drafter for ``name``; None means plain decoding. ``head`` (an EAGLE-2
+    tree) and ``head-chain`` need the ``target`` (an engine.target.Target) whose features
+    they read; ``device`` is where the head runs. Raises ValueError, or
+    HeadMismatchError / FileNotFoundError for an unusable head."""
     if name == "none":
         return None
     if name == "lookup":
         return PromptLookupDrafter(LookupConfig())
-    if name == "head":
+    if name in ("head", "head-chain"):
+        if name == "head-chain":
+            head_options = {**head_options, "mode": "chain"}
         if target is None:
             raise ValueError("the head drafter needs the target model")
         from engine.drafters.head import HeadDrafterConfig, load_head_drafter
@@ -30,7 +33,8 @@ def make_drafter(name: str, target=None, head_dir: Path | None = None,  # noqa: 
         if not (directory / "head.json").is_file():
             raise FileNotFoundError(f"no draft head in {directory} (head.json missing)")
         return load_head_drafter(directory, target.path, target.model.pieces(),
-                                 HeadDrafterConfig(**head_options))  # type: ignore[arg-type]
+                                 HeadDrafterConfig(**head_options),  # type: ignore[arg-type]
+                                 device=device)
     raise ValueError(f"unknown drafter {name!r}; choose from {', '.join(DRAFTER_NAMES)}")
 
 

