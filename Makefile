@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/tandem chat
+	$(PY) -m app.gui
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check app engine models tests

@@ -223,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     from app.train_cli import register as register_train
 
     register_train(sub)
+    from app.models_cli import register as register_models
+
+    register_models(sub)
     return parser
 
 
