@@ -33,6 +33,7 @@ class VerifyCostModel:
     t1_by_bucket: dict[int, float] = field(default_factory=dict)
     ratio_by_bucket_n: dict[tuple[int, int], float] = field(default_factory=dict)
     bucket: int = 0  # context bucket of the current step
+    learn: bool = True  # False: keep the prior (tests that want every node verified)
 
     def at_context(self, n_past: int) -> None:
         self.bucket = context_bucket(n_past)
@@ -42,6 +43,8 @@ class VerifyCostModel:
         table[key] = value if old is None else (1 - self.alpha) * old + self.alpha * value
 
     def observe(self, n_tokens: int, t_s: float) -> None:
+        if not self.learn:
+            return
         if n_tokens == 1:
             self._ema(self.t1_by_bucket, self.bucket, t_s)
         else:

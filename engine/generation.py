@@ -113,7 +113,7 @@ def generate(
     t0 = time.perf_counter()
 
     target.set_features(bool(drafter and drafter.needs_features))
-    pre = target.prefill(prompt)
+    pre = target.prefill(prompt, drafter.prompt_features if drafter else None)
     stats.n_prompt_reused = pre.n_reused
     last = choose(pre.logits, params, rng)
     stats.t_prefill_s = time.perf_counter() - t0

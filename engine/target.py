@@ -55,7 +55,7 @@ class Verification:
 @dataclass
 class Prefill:
     logits: np.ndarray  # [n_vocab] for the token after the prompt
-    features: np.ndarray | None  # [n_evaluated, n_embd] for the newly evaluated tokens
+    features: np.ndarray | None  # [n, n_embd] for the last n prompt tokens evaluated
     n_reused: int  # prompt tokens found already in the cache
 
 
@@ -174,8 +174,13 @@ class Target:
         self.ctx.set_embeddings(on)
 
     # --- prefill ---------------------------------------------------------------------
-    def prefill(self, prompt: list[int]) -> Prefill:
+    def prefill(self, prompt: list[int], feature_tail: int | None = None) -> Prefill:
         """Evaluate ``prompt`` in chunks, reusing the cached common prefix.
+
+        In features mode every token evaluated is an output, which runs the LM head on
+        it (a fifth of this model's compute per token); ``feature_tail`` limits the
+        features to the last tokens of the prompt, so the first token comes as fast as
+        in plain decoding.
 
         Raises ContextFullError (nothing changed) when the prompt cannot fit with room
         for one new token; NativeError on a failed decode (the cache is rolled back).
@@ -192,7 +197,16 @@ class Target:
         # Evaluate at least the last prompt token: its logits choose the first new token.
         n_keep = min(n_same, len(prompt) - 1)
         self.rollback(n_keep)
-        logits, feats = self._evaluate(prompt[n_keep:], self.config.n_batch)
+        todo = prompt[n_keep:]
+        tail = len(todo) if feature_tail is None else max(1, min(feature_tail, len(todo)))
+        if self.ctx.embeddings and tail < len(todo):
+            self.ctx.set_embeddings(False)
+            try:
+                self._evaluate(todo[:-tail], self.config.n_batch)
+            finally:
+                self.ctx.set_embeddings(True)
+            todo = todo[-tail:]
+        logits, feats = self._evaluate(todo, self.config.n_batch)
         features = np.concatenate(feats) if feats else None
         return Prefill(logits=logits, features=features, n_reused=n_keep)
 

@@ -19,6 +19,7 @@ class Drafter(ABC):
 
     name: str = "drafter"
     needs_features: bool = False  # whether accept() wants the target's hidden states
+    prompt_features: int | None = None  # features wanted for the last N prompt tokens
 
     @abstractmethod
     def begin(self, context: list[int], features: np.ndarray | None) -> None:

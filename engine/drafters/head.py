@@ -33,6 +33,9 @@ class HeadDrafterConfig:
     top_k: int = 4  # children per expanded node, and nodes expanded per level
     depth: int = 5  # levels drafted
     n_threads: int = 1  # torch threads on a CPU (tiny matmuls gain nothing from more)
+    # Prompt tokens whose features the head reads: each costs the target an LM-head row
+    # in the prefill (time to first token); the head mostly attends to recent tokens.
+    prompt_features: int | None = 32
 
     def __post_init__(self) -> None:
         if self.mode not in ("tree", "chain"):
@@ -91,6 +94,11 @@ class HeadDrafter(Drafter):
         self._entry_hidden = torch.zeros(0)  # predicted features of draft-time entries
         self._t_head_s = 0.0
         self._n_head_calls = 0
+        self.prompt_features = self.config.prompt_features
+        # Accepted tokens not yet run through the head: (first position, features,
+        # tokens). Extended lazily at the next draft, in one batch, so steps where the
+        # engine does not draft cost the head nothing.
+        self._pending: list[tuple[int, np.ndarray, list[int]]] = []
 
     # --- the head's committed cache --------------------------------------------------
     @property
@@ -143,18 +151,30 @@ class HeadDrafter(Drafter):
             feats = np.concatenate([self._feats, feats])
         self._tokens = list(context)
         self._feats = np.asarray(feats, np.float32)
-        self._extend(first, self._feats[first:prompt_len], context[first + 1:])
+        self._pending = [(first, self._feats[first:prompt_len], context[first + 1:])]
+        self._root_hidden = None
         self._last_draft = None
+
+    def _flush(self) -> None:
+        """Run the head over the accepted tokens it has not seen yet."""
+        if not self._pending:
+            return
+        first = self._pending[0][0]
+        feats = np.concatenate([f for _, f, _ in self._pending])
+        tokens = [t for _, _, toks in self._pending for t in toks]
+        self._pending = []
+        if tokens:
+            self._extend(first, feats, tokens)
 
     def accept(self, new_tokens: list[int], features: np.ndarray | None) -> None:
         if features is None:
             raise ValueError("the head drafter needs the target's features")
         self._learn(new_tokens)
         n = len(self._tokens) - 1  # position of the token whose feature arrives first
-        self._trim_cache(n)  # (draft entries were never committed; this is a no-op guard)
+        features = np.asarray(features, np.float32)
         self._tokens.extend(new_tokens)
-        self._feats = np.concatenate([self._feats, np.asarray(features, np.float32)])
-        self._extend(n, features, new_tokens)
+        self._feats = np.concatenate([self._feats, features])
+        self._pending.append((n, features, list(new_tokens)))
 
     def _learn(self, new_tokens: list[int]) -> None:
         """Calibrate node scores on which of the last draft's nodes the target took."""
@@ -180,7 +200,10 @@ class HeadDrafter(Drafter):
 
     @torch.no_grad()
     def draft(self, max_tokens: int) -> DraftTree:
-        if self._root_hidden is None or max_tokens <= 0:
+        if max_tokens <= 0:
+            return DraftTree()
+        self._flush()
+        if self._root_hidden is None:
             return DraftTree()
         t0 = time.perf_counter()
         cfg = self.config
