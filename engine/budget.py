@@ -100,3 +100,43 @@ def trim_to_budget(tree: DraftTree, cost: VerifyCostModel) -> DraftTree:
         index[old] = out.add(tree.tokens[old], index[parent] if parent >= 0 else -1,
                              scores[old])
     return out
+
+
+@dataclass
+class SpeculationGovernor:
+    """Drafts only while drafting pays, judged on what it really costs here.
+
+    Each drafting step is weighed against the plain step it replaces: it gained
+    ``accepted`` tokens (worth ``accepted * t1`` seconds of plain decoding) and cost its
+    draft time plus the verification time above one token. While the running balance
+    (an exponential average) is negative the engine decodes plainly, then tries again;
+    the pause grows with the loss, so the probes cost under ~1% of plain decoding.
+    Output never depends on it: it only decides whether to ask the drafter.
+    """
+
+    alpha: float = 0.3  # weight of the newest drafting step
+    probe_share: float = 0.01  # at most this share of time spent on losing probes
+    min_pause: int = 4
+    max_pause: int = 1000
+    balance_s: float = 0.0  # average seconds saved per drafting step (negative: lost)
+    pause_left: int = 0
+    n_paused: int = 0  # plain steps taken because drafting did not pay
+
+    def should_draft(self) -> bool:
+        if self.pause_left > 0:
+            self.pause_left -= 1
+            self.n_paused += 1
+            return False
+        return True
+
+    def observe(self, accepted: int, t_draft_s: float, t_verify_s: float, t1_s: float
+                ) -> None:
+        """A drafting step: ``accepted`` draft tokens kept, its draft and verify times,
+        and the plain step time ``t1_s`` at this context."""
+        saved = accepted * t1_s - t_draft_s - max(0.0, t_verify_s - t1_s)
+        self.balance_s = (1 - self.alpha) * self.balance_s + self.alpha * saved
+        if self.balance_s < 0:
+            lost = -self.balance_s
+            pause = int(lost / (self.probe_share * max(t1_s, 1e-6)))
+            self.pause_left = max(self.min_pause, min(self.max_pause, pause))
+            self.balance_s = 0.0  # the next probe is judged afresh

@@ -8,6 +8,7 @@ touches the target and the sampler.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.acceptance import accept
-from engine.budget import VerifyCostModel, trim_to_budget
+from engine.budget import SpeculationGovernor, VerifyCostModel, trim_to_budget
 from engine.draft_tree import DraftTree
 from engine.drafters.base import Drafter
 from engine.errors import InvalidSamplingError
@@ -25,6 +26,7 @@ from engine.target import Target
 from engine.text_stream import TextStream
 
 _EMPTY_DRAFT = DraftTree()
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,7 @@ def generate(
     on_step: Callable[[StepStats], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     cost: VerifyCostModel | None = None,
+    governor: SpeculationGovernor | None = None,
 ) -> GenerationResult:
     """Generate after ``prompt``; output equals plain decoding whatever the drafter.
 
@@ -102,7 +105,9 @@ def generate(
     cost curve the draft budget uses; it learns from this generation's decodes (pass
     the same one across generations to keep what it learnt). Raises ContextFullError
     when the prompt does not fit (the engine stays usable), NativeError on a failed
-    decode.
+    decode. ``governor`` (optional) turns drafting off while it does not pay. A
+    drafter that fails (a GPU that vanishes, out of memory) is dropped for the rest of
+    the generation, which goes on as plain decoding; ``stats.fallback`` says why.
     """
     config = config or GenerationConfig()
     cost = cost if cost is not None else VerifyCostModel()
@@ -120,7 +125,10 @@ def generate(
     emitter.emit([last])
     stats.ttft_s = time.perf_counter() - t0
     if drafter is not None and emitter.finish_reason is None:
-        drafter.begin(prompt + [last], pre.features)
+        try:
+            drafter.begin(prompt + [last], pre.features)
+        except Exception as exc:  # noqa: BLE001 - any drafter failure
+            drafter = _drop_drafter(drafter, exc, stats)
 
     while emitter.finish_reason is None:
         if should_stop is not None and should_stop():
@@ -136,10 +144,16 @@ def generate(
         t_step = time.perf_counter()
         cost.at_context(target.n_past)
         draft = _EMPTY_DRAFT
-        if drafter is not None:
+        drafting = drafter is not None and (governor is None or governor.should_draft())
+        if drafting:
             budget = min(config.max_draft, room, config.max_tokens - len(emitter.tokens))
             if budget > 0:
-                draft = trim_to_budget(drafter.draft(budget).truncated(budget), cost)
+                drafter.token_time_s = cost.t1
+                try:
+                    draft = trim_to_budget(drafter.draft(budget).truncated(budget), cost)
+                except Exception as exc:  # noqa: BLE001 - any drafter failure
+                    drafter = _drop_drafter(drafter, exc, stats)
+                    draft = _EMPTY_DRAFT
         t_drafted = time.perf_counter()
         ver = target.verify(last, draft)
         cost.observe(1 + len(draft), time.perf_counter() - t_drafted)
@@ -151,7 +165,13 @@ def generate(
         new_tokens = path_tokens[1:] + [acc.next_token]
         if drafter is not None:
             feats = ver.features[acc.path] if ver.features is not None else None
-            drafter.accept(new_tokens, feats)
+            try:
+                drafter.accept(new_tokens, feats)
+            except Exception as exc:  # noqa: BLE001 - any drafter failure
+                drafter = _drop_drafter(drafter, exc, stats)
+        if drafting and governor is not None:
+            governor.observe(len(acc.path) - 1, t_drafted - t_step, t_verified - t_drafted,
+                             cost.t1)
         step = StepStats(t_draft_s=t_drafted - t_step, t_verify_s=t_verified - t_drafted,
                          n_proposed=len(draft), n_accepted=len(acc.path) - 1,
                          accepted_depths=tuple(range(1, len(acc.path))))
@@ -165,3 +185,10 @@ def generate(
     stats.n_new = len(emitter.tokens)
     stats.t_total_s = time.perf_counter() - t0
     return GenerationResult(emitter.tokens, emitter.stream.text, reason, stats)
+
+
+def _drop_drafter(drafter: Drafter, exc: Exception, stats: GenerationStats) -> None:
+    """Go on without the drafter: the target alone decides every token anyway."""
+    log.warning("drafter %s failed (%s); continuing with plain decoding", drafter.name, exc)
+    stats.fallback = f"the {drafter.name} drafter failed ({exc}); went on with plain decoding"
+    return None

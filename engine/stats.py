@@ -25,6 +25,7 @@ class GenerationStats:
     ttft_s: float = 0.0
     t_total_s: float = 0.0
     drafter: str = "none"
+    fallback: str = ""  # why drafting stopped mid-generation (empty: it did not)
     steps: list[StepStats] = field(default_factory=list)
 
     @property

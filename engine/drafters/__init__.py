@@ -7,7 +7,7 @@ from pathlib import Path
 from engine.drafters.base import Drafter
 from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
 
-DRAFTER_NAMES = ("none", "lookup", "head", "head-chain")
+DRAFTER_NAMES = ("none", "lookup", "head", "head-chain", "head-multi")
 # The head trained for the bundled model (README says how it was made).
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parents[2] / "assets" / "draft-head-smollm2-135m"
 
@@ -15,16 +15,17 @@ DEFAULT_HEAD_DIR = Path(__file__).resolve().parents[2] / "assets" / "draft-head-
 def make_drafter(name: str, target=None, head_dir: Path | None = None,  # noqa: ANN001
                  device: str = "cpu", **head_options: object) -> Drafter | None:
     """A fresh drafter for ``name``; None means plain decoding. ``head`` (an EAGLE-2
-    tree) and ``head-chain`` need the ``target`` (an engine.target.Target) whose features
-    they read; ``device`` is where the head runs. Raises ValueError, or
-    HeadMismatchError / FileNotFoundError for an unusable head."""
+    tree), ``head-chain`` and ``head-multi`` (DuoDecoding's multi-sequence) need the
+    ``target`` (an engine.target.Target) whose features they read; ``device`` is where
+    the head runs. Raises ValueError, or HeadMismatchError / FileNotFoundError for an
+    unusable head."""
     if name == "none":
         return None
     if name == "lookup":
         return PromptLookupDrafter(LookupConfig())
-    if name in ("head", "head-chain"):
-        if name == "head-chain":
-            head_options = {**head_options, "mode": "chain"}
+    if name in ("head", "head-chain", "head-multi"):
+        if name != "head":
+            head_options = {**head_options, "mode": name.removeprefix("head-")}
         if target is None:
             raise ValueError("the head drafter needs the target model")
         from engine.drafters.head import HeadDrafterConfig, load_head_drafter

@@ -20,6 +20,7 @@ class Drafter(ABC):
     name: str = "drafter"
     needs_features: bool = False  # whether accept() wants the target's hidden states
     prompt_features: int | None = None  # features wanted for the last N prompt tokens
+    token_time_s: float = 0.01  # the target's time per plain token (the engine updates it)
 
     @abstractmethod
     def begin(self, context: list[int], features: np.ndarray | None) -> None:

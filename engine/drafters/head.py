@@ -29,7 +29,9 @@ from models.draft_head import DraftHead, KVCache
 
 @dataclass(frozen=True)
 class HeadDrafterConfig:
-    mode: str = "tree"  # "tree" (EAGLE-2) or "chain"
+    # "tree" (EAGLE-2), "chain", or "multi" (DuoDecoding: a chain plus the other first
+    # tokens likelier than the chain's second node)
+    mode: str = "tree"
     top_k: int = 4  # children per expanded node, and nodes expanded per level
     depth: int = 5  # levels drafted
     n_threads: int = 1  # torch threads on a CPU (tiny matmuls gain nothing from more)
@@ -38,8 +40,8 @@ class HeadDrafterConfig:
     prompt_features: int | None = 32
 
     def __post_init__(self) -> None:
-        if self.mode not in ("tree", "chain"):
-            raise ValueError(f"mode must be 'tree' or 'chain', got {self.mode!r}")
+        if self.mode not in ("tree", "chain", "multi"):
+            raise ValueError(f"mode must be 'tree', 'chain' or 'multi', got {self.mode!r}")
         if self.top_k < 1 or self.depth < 1:
             raise ValueError("top_k and depth must be >= 1")
 
@@ -95,6 +97,7 @@ class HeadDrafter(Drafter):
         self._t_head_s = 0.0
         self._n_head_calls = 0
         self.prompt_features = self.config.prompt_features
+        self._level_s = 0.0  # measured time of one drafting level (moving average)
         # Accepted tokens not yet run through the head: (first position, features,
         # tokens). Extended lazily at the next draft, in one batch, so steps where the
         # engine does not draft cost the head nothing.
@@ -207,11 +210,14 @@ class HeadDrafter(Drafter):
             return DraftTree()
         t0 = time.perf_counter()
         cfg = self.config
-        width = 1 if cfg.mode == "chain" else cfg.top_k
+        width = cfg.top_k if cfg.mode == "tree" else 1
         n = len(self._tokens) - 1  # position of the first draft entry
         nodes: list[_Node] = []
-        level = self._children(self._root_hidden[None], [-1], [1.0], width, depth=1,
-                               nodes=nodes)
+        level = self._children(self._root_hidden[None], [-1], [1.0],
+                               1 if cfg.mode == "chain" else cfg.top_k, depth=1, nodes=nodes)
+        alternatives: list[int] = []
+        if cfg.mode == "multi":  # one chain from the best first token; the rest wait
+            alternatives, level = level[1:], level[:1]
         entry_keys: list[torch.Tensor] = []  # draft-time cache, per block
         entry_vals: list[torch.Tensor] = []
         entry_nodes: list[int] = []
@@ -219,9 +225,24 @@ class HeadDrafter(Drafter):
             if len(nodes) >= 4 * max_tokens:
                 break
             expand = sorted(level, key=lambda i: -nodes[i].score)[:width]
+            # Dynamic depth: stop when even the likeliest next token could not repay the
+            # time a level of drafting takes (in target-token time it would save).
+            best = nodes[expand[0]].score * self.calibration.factor(depth)
+            if self._level_s > 0 and best * self.token_time_s < self._level_s:
+                break
+            t_level = time.perf_counter()
             hidden = self._expand(expand, nodes, n, entry_keys, entry_vals, entry_nodes)
             level = self._children(hidden, expand, [nodes[i].score for i in expand], width,
                                    depth=depth, nodes=nodes)
+            took = time.perf_counter() - t_level
+            self._level_s = took if self._level_s == 0 else 0.8 * self._level_s + 0.2 * took
+        if alternatives:
+            # DuoDecoding's multi-sequence rule: another first token is worth a sequence
+            # when it beats theta = p(1,1) * p(2,1), the chain's second node.
+            theta = max((nd.score for nd in nodes if nd.depth == 2), default=0.0)
+            for i in alternatives:
+                if nodes[i].score <= theta:
+                    nodes[i].score = -1.0  # not drafted
         tree = self._select(nodes, max_tokens)
         self._t_head_s += time.perf_counter() - t0
         self._n_head_calls += 1
@@ -302,7 +323,7 @@ class HeadDrafter(Drafter):
         order = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth))
         chosen = set()
         for i in order:
-            if len(chosen) >= max_tokens:
+            if len(chosen) >= max_tokens or nodes[i].score < 0:
                 break
             if nodes[i].parent < 0 or nodes[i].parent in chosen:
                 chosen.add(i)
