@@ -10,10 +10,12 @@ import time
 from pathlib import Path
 
 from engine.budget import VerifyCostModel
-from engine.drafters import DRAFTER_NAMES, make_drafter
+from engine.drafters import DRAFTER_NAMES
 from engine.errors import TandemError
 from engine.generation import GenerationConfig, generate
 from engine.model_store import default_model_path, default_model_ready
+from engine.plan_runtime import EngineSetup, prepare_engine
+from engine.planner import LAYOUTS, Overrides
 from engine.sampling import SamplingParams
 from engine.stats import GenerationStats
 from engine.target import Target, TargetConfig
@@ -32,13 +34,45 @@ def _add_head_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head-device", default="cpu", help="where the draft head runs: cpu, cuda, mps")
 
 
+def _add_plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layout", choices=LAYOUTS, default=None,
+                   help="override the planner's layout (with --drafter auto)")
+    p.add_argument("--budget", type=int, default=None,
+                   help="draft tokens verified per step at most (0: no drafting)")
+    p.add_argument("--depth", type=int, default=None, help="draft depth at most")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="measure this machine again instead of using the cached costs")
+
+
+def _overrides(args: argparse.Namespace) -> Overrides:
+    return Overrides(layout=getattr(args, "layout", None), max_draft=getattr(args, "budget", None),
+                     depth=getattr(args, "depth", None))
+
+
+def _prepare(args: argparse.Namespace, target: Target) -> EngineSetup:
+    """The drafter as asked (``auto``: as planned), with its notes on stderr."""
+    def progress(what: str) -> None:
+        print(f"tandem: calibrating this machine once: {what}...", file=sys.stderr, flush=True)
+
+    setup = prepare_engine(target, args.drafter, args.draft_head, args.head_device,
+                           _overrides(args), getattr(args, "recalibrate", False),
+                           progress=progress)
+    if setup.planned is not None and args.verbose:
+        print(setup.planned.plan.describe(), file=sys.stderr)
+    for note in setup.notes:
+        print(f"tandem: {note}", file=sys.stderr)
+    return setup
+
+
 def _drafter_options(args: argparse.Namespace) -> dict:
     return {"head_dir": args.draft_head, "device": args.head_device}
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--drafter", choices=DRAFTER_NAMES, default="lookup")
+    p.add_argument("--drafter", choices=("auto", *DRAFTER_NAMES), default="auto",
+                   help="auto: the planner picks layout, drafter and budget (tandem plan)")
     _add_head_args(p)
+    _add_plan_args(p)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -56,20 +90,22 @@ def _open_target(args: argparse.Namespace) -> Target:
     return Target(path, TargetConfig(n_ctx=args.ctx, n_threads=args.threads))
 
 
-def _gen_config(args: argparse.Namespace) -> GenerationConfig:
+def _gen_config(args: argparse.Namespace, setup: EngineSetup) -> GenerationConfig:
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, seed=args.seed)
-    return GenerationConfig(max_tokens=args.max_tokens, sampling=sampling)
+    return GenerationConfig(max_tokens=args.max_tokens, sampling=sampling,
+                            max_draft=setup.max_draft)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    config = _gen_config(args)
     with _open_target(args) as target:
+        setup = _prepare(args, target)
+        config = _gen_config(args, setup)
         prompt = (target.tokenize(args.prompt) if args.raw
                   else target.chat_prompt([{"role": "user", "content": args.prompt}]))
         stream = None if args.json else (lambda s: print(s, end="", flush=True))
-        drafter = make_drafter(args.drafter, target, **_drafter_options(args))
-        result = generate(target, prompt, drafter, config, on_text=stream)
+        result = generate(target, prompt, setup.drafter, config, on_text=stream,
+                          governor=setup.governor)
     if args.json:
         print(json.dumps({"text": result.text, "tokens": result.tokens,
                           "finish_reason": result.finish_reason,
@@ -89,15 +125,18 @@ def _stats_line(stats: GenerationStats) -> str:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    config = _gen_config(args)
     with _open_target(args) as target:
-        print(f"Tandem chat on {target.path.name} ({target.n_threads} threads, "
-              f"drafter: {args.drafter}). /reset clears, /quit or Ctrl-D leaves.")
+        setup = _prepare(args, target)
+        config = _gen_config(args, setup)
+        how = (setup.planned.plan.layout_text() if setup.planned is not None
+               else f"drafter: {args.drafter}")
+        print(f"Tandem chat on {target.path.name} ({target.n_threads} threads; {how}). "
+              "/reset clears, /quit or Ctrl-D leaves.")
         messages: list[dict[str, str]] = []
         if args.system:
             messages.append({"role": "system", "content": args.system})
         n_fixed = len(messages)
-        drafter = make_drafter(args.drafter, target, **_drafter_options(args))
+        drafter, governor = setup.drafter, setup.governor
         cost = VerifyCostModel()
         while True:
             try:
@@ -118,7 +157,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
             try:
                 result = generate(target, target.chat_prompt(messages), drafter, config,
                                   on_text=lambda s: print(s, end="", flush=True),
-                                  cost=cost)
+                                  cost=cost, governor=governor)
             except KeyboardInterrupt:
                 print("\n(stopped)")
                 messages.pop()
@@ -183,6 +222,43 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from engine.plan_runtime import plan_for
+
+    with _open_target(args) as target:
+        def progress(what: str) -> None:
+            print(f"calibrating: {what}...", file=sys.stderr, flush=True)
+
+        setup = plan_for(target, args.draft_head, _overrides(args), args.recalibrate,
+                         progress=progress)
+    plan, costs = setup.plan, setup.costs
+    if args.json:
+        print(json.dumps({"plan": plan.to_json(), "costs": costs.to_json(),
+                          "hardware": setup.hardware.to_json(), "notes": setup.notes},
+                         indent=1))
+        return 0
+    print(plan.describe())
+    for note in setup.notes:
+        print(f"Note:     {note}")
+    cached = "measured now" if setup.calibrated_now else "cached; --recalibrate measures again"
+    t1 = costs.verify_s.get("cpu", {}).get(1)
+    curve = ", ".join(f"{n}: {t / t1:.2f}x" for n, t in sorted(costs.verify_s["cpu"].items())
+                      if n > 1) if t1 else ""
+    print(f"\nCosts ({cached}):")
+    if t1:
+        print(f"  target, one token: {t1 * 1000:.1f} ms; n tokens, relative: {curve}")
+    for dev, lvl in costs.head_level_s.items():
+        print(f"  draft head on {dev}: {lvl * 1000:.2f} ms per level, "
+              f"{costs.head_update_s[dev] * 1000:.2f} ms per step to read accepted tokens")
+    print("\nCandidates (predicted):")
+    for c in sorted(plan.candidates, key=lambda c: -c.tok_per_s):
+        what = f"head on {c.head_device}, {c.budget.describe()}" if c.drafter == "head" \
+            else "plain decoding (+ prompt lookup)"
+        est = " (estimated)" if c.estimated else ""
+        print(f"  {c.layout:12s} {c.tok_per_s:7.1f} tok/s  {what}{est}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -201,6 +277,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw", action="store_true", help="no chat template")
     p.add_argument("--json", action="store_true", help='print {"text", "tokens", "stats"}')
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("plan", help="what this machine runs where, and why")
+    _add_model_args(p)
+    _add_head_args(p)
+    _add_plan_args(p)
+    p.add_argument("--json", action="store_true", help="plan, costs and hardware as JSON")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("bench", help="drafters side by side on benchmark prompts")
     _add_model_args(p)

@@ -39,6 +39,7 @@ class TargetConfig:
     features: bool = False  # post-norm hidden states, for a draft head
     type_k: str = "q8_0"  # KV-cache types; NativeContext says why K is not f16
     type_v: str = "f16"
+    n_gpu_layers: int = 0  # layers offloaded to a GPU (llama.cpp builds that can)
 
 
 @dataclass
@@ -68,7 +69,8 @@ class Target:
         self.config = config or TargetConfig()
         self.path = Path(model_path)
         self.n_threads = self.config.n_threads or default_threads()
-        self.model = NativeModel(self.path)
+        self.n_gpu_layers = self.config.n_gpu_layers
+        self.model = NativeModel(self.path, n_gpu_layers=self.n_gpu_layers)
         try:
             n_ctx = min(self.config.n_ctx, self.model.n_ctx_train or self.config.n_ctx)
             self.ctx = NativeContext(self.model, n_ctx=n_ctx, n_batch=self.config.n_batch,

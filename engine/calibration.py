@@ -1,0 +1,226 @@
+"""Calibration: what verifying and drafting really cost on this machine.
+
+Measured once per (hardware, model file, head, threads) and cached as JSON, so a second
+start is instant; ``recalibrate=True`` measures again. The planner reads the result.
+
+- ``verify_s[n]``: one target decode of ``n`` tokens (the root plus ``n - 1`` drafts) at
+  the calibration context, on each device the target may use.
+- ``head_level_s[device]``: one drafting level of the head (a forward pass for the
+  nodes of the level and their top-k) on each candidate device; ``head_update_s`` the
+  head's pass over a step's accepted tokens; ``transfer_s`` moving a step's features to
+  the device (zero on the CPU).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from engine.draft_tree import DraftTree
+from engine.target import Target
+
+CACHE_FILE = "calibration.json"
+VERIFY_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+# A neutral filler for the calibration context: the cost of a decode depends on how
+# many tokens are cached, not on which.
+_FILLER = ("The engine measures how long the model takes to check a batch of tokens. "
+           "Each measurement is repeated and the median is kept. ")
+
+
+@dataclass
+class CostProfile:
+    context: int = 256  # cached tokens during the measurements
+    verify_s: dict[str, dict[int, float]] = field(default_factory=dict)  # device -> n -> s
+    head_level_s: dict[str, float] = field(default_factory=dict)  # device -> s per level
+    head_update_s: dict[str, float] = field(default_factory=dict)  # device -> s per step
+    transfer_s: dict[str, float] = field(default_factory=dict)  # device -> s per step
+    lookup_step_s: float = 0.0002
+    features_overhead: float = 0.0  # extra verify time with features on, relative
+    measured_s: float = 0.0  # how long the calibration took
+
+    def verify(self, device: str, n: int) -> float:
+        """Seconds to verify ``n`` tokens on ``device`` (linear beyond what was measured)."""
+        curve = self.verify_s[device]
+        if n in curve:
+            return curve[n]
+        sizes = sorted(curve)
+        lo, hi = sizes[-2], sizes[-1]
+        slope = (curve[hi] - curve[lo]) / (hi - lo)
+        return curve[hi] + slope * (n - hi)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["verify_s"] = {dev: {str(n): t for n, t in c.items()} for dev, c in self.verify_s.items()}
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> CostProfile:
+        d = dict(d)
+        d["verify_s"] = {dev: {int(n): float(t) for n, t in c.items()}
+                         for dev, c in d.get("verify_s", {}).items()}
+        return cls(**d)
+
+
+def _file_key(path: Path | None) -> str:
+    if path is None:
+        return "-"
+    path = Path(path)
+    files = sorted(path.iterdir()) if path.is_dir() else [path]
+    parts = []
+    for f in files:
+        st = f.stat()
+        parts.append(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}")
+    return "|".join(parts)
+
+
+def cache_key(hardware_fingerprint: str, model_path: Path, head_dir: Path | None,
+              n_threads: int) -> str:
+    """Changes when the machine, the model file (path, size, modification time), the
+    head's files or the thread count change."""
+    text = "\n".join([hardware_fingerprint, _file_key(model_path), _file_key(head_dir),
+                      str(n_threads)])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class CalibrationCache:
+    """Cost profiles by cache key, in one JSON file (written atomically)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = Path(directory) / CACHE_FILE
+
+    def _read(self) -> dict:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def get(self, key: str) -> CostProfile | None:
+        entry = self._read().get(key)
+        if entry is None:
+            return None
+        try:
+            return CostProfile.from_json(entry)
+        except (TypeError, ValueError, KeyError):
+            return None  # an older format: measure again
+
+    def put(self, key: str, profile: CostProfile) -> None:
+        data = self._read()
+        data[key] = profile.to_json()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, self.path)
+
+
+def _median_time(fn: Callable[[], None], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_verify_curve(target: Target, context: int = 256,
+                         sizes: tuple[int, ...] = VERIFY_SIZES, repeats: int = 5
+                         ) -> dict[int, float]:
+    """Median seconds of a verification decode of each size, ``context`` tokens cached.
+    The target's cache is left empty."""
+    filler = target.tokenize(_FILLER * (1 + context // 16), special=False)[:context]
+    target.reset()
+    target.prefill(filler)
+    root = filler[-1]
+    draft_tokens = filler[:max(sizes)]
+
+    def once(n: int) -> None:
+        ver = target.verify(root, DraftTree.chain(draft_tokens[:n - 1]))
+        target.commit(ver, [0], [root])
+        target.rollback(len(filler))
+
+    once(max(sizes))  # warm-up (allocations, repacking)
+    curve = {n: _median_time(lambda n=n: once(n), repeats) for n in sizes}
+    target.reset()
+    return curve
+
+
+def measure_head(target: Target, head_dir: Path | None, device: str, repeats: int = 5
+                 ) -> tuple[float, float, float]:
+    """(seconds per drafting level, per accepted-token update, per feature transfer) of
+    the head on ``device``."""
+    import torch
+
+    from engine.drafters import make_drafter
+
+    drafter = make_drafter("head-chain", target=target, head_dir=head_dir, device=device)
+    prompt = target.tokenize(_FILLER * 4, special=False)[:64]
+    target.reset()
+    target.set_features(True)
+    try:
+        pre = target.prefill(prompt, drafter.prompt_features)
+    finally:
+        target.set_features(False)
+        target.reset()
+    drafter.begin(prompt + [prompt[0]], pre.features)
+    d = target.n_embd
+    step_feats = np.zeros((3, d), np.float32)
+
+    def level() -> None:
+        drafter.draft(1)  # the root's top-k alone: one level
+
+    def update() -> None:
+        drafter.accept(prompt[:3], step_feats)
+        drafter.draft(1)
+
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def transfer() -> None:
+        torch.from_numpy(step_feats).to(device)
+        sync()
+
+    level()
+    t_level = _median_time(lambda: (level(), sync()), repeats)
+    t_update = max(0.0, _median_time(lambda: (update(), sync()), repeats) - t_level)
+    t_transfer = 0.0 if device == "cpu" else _median_time(transfer, repeats)
+    return t_level, t_update, t_transfer
+
+
+def calibrate(target: Target, head_dir: Path | None, head_devices: list[str],
+              context: int = 256, progress: Callable[[str], None] | None = None
+              ) -> CostProfile:
+    """Measure everything the planner needs for ``target`` as it is loaded."""
+    t0 = time.perf_counter()
+    note = progress or (lambda _msg: None)
+    profile = CostProfile(context=context)
+    device = "gpu" if getattr(target, "n_gpu_layers", 0) else "cpu"
+    note("target verification cost")
+    profile.verify_s[device] = measure_verify_curve(target, context)
+    target.set_features(True)
+    try:
+        with_features = measure_verify_curve(target, context, sizes=(1, 4), repeats=5)
+    finally:
+        target.set_features(False)
+    base = profile.verify_s[device]
+    profile.features_overhead = max(0.0, statistics.fmean(
+        with_features[n] / base[n] for n in (1, 4)) - 1.0)
+    if head_dir is not None:
+        for dev in head_devices:
+            note(f"draft head on {dev}")
+            try:
+                lvl, upd, tr = measure_head(target, head_dir, dev)
+            except Exception:  # noqa: BLE001 - a device that cannot run the head is skipped
+                continue
+            profile.head_level_s[dev] = lvl
+            profile.head_update_s[dev] = upd
+            profile.transfer_s[dev] = tr
+    profile.measured_s = time.perf_counter() - t0
+    return profile
