@@ -64,10 +64,6 @@ def _prepare(args: argparse.Namespace, target: Target) -> EngineSetup:
     return setup
 
 
-def _drafter_options(args: argparse.Namespace) -> dict:
-    return {"head_dir": args.draft_head, "device": args.head_device}
-
-
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", choices=("auto", *DRAFTER_NAMES), default="auto",
                    help="auto: the planner picks layout, drafter and budget (tandem plan)")
@@ -100,6 +96,7 @@ def _gen_config(args: argparse.Namespace, setup: EngineSetup) -> GenerationConfi
 def cmd_generate(args: argparse.Namespace) -> int:
     with _open_target(args) as target:
         setup = _prepare(args, target)
+        target = setup.target or target
         config = _gen_config(args, setup)
         prompt = (target.tokenize(args.prompt) if args.raw
                   else target.chat_prompt([{"role": "user", "content": args.prompt}]))
@@ -127,6 +124,7 @@ def _stats_line(stats: GenerationStats) -> str:
 def cmd_chat(args: argparse.Namespace) -> int:
     with _open_target(args) as target:
         setup = _prepare(args, target)
+        target = setup.target or target
         config = _gen_config(args, setup)
         how = (setup.planned.plan.layout_text() if setup.planned is not None
                else f"drafter: {args.drafter}")
@@ -179,6 +177,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         load_prompts,
         parse_drafter_list,
         run_bench,
+        sweep_specs,
     )
     from engine.bench_baselines import (
         BASELINE_NAMES,
@@ -187,7 +186,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         server_runner,
     )
 
-    names = parse_drafter_list(args.drafters, (*DRAFTER_NAMES, *BASELINE_NAMES,
+    if args.sweep:
+        from engine.hardware import probe_hardware
+
+        hw = probe_hardware()
+        layouts = ["plain", "cpu"] + (["dovetail"] if hw.has_gpu else []) + (
+            ["duodecoding"] if hw.has_gpu and hw.llama_gpu_offload else [])
+        args.drafters = ",".join(sweep_specs(layouts))
+    names = parse_drafter_list(args.drafters, ("auto", *DRAFTER_NAMES, *BASELINE_NAMES,
                                                *SERVER_NAMES))
     if any(n in SERVER_NAMES for n in names) and not args.llama_server:
         raise ValueError("the server baselines need --llama-server PATH")
@@ -200,7 +206,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             elif n in SERVER_NAMES:
                 runners[n] = server_runner(n, target, args.llama_server)
             else:
-                runners[n] = engine_runner(target, n, **_drafter_options(args))
+                runners[n] = engine_runner(target, n, args.draft_head, args.head_device)
         meta = {"model": str(target.path), "threads": target.n_threads,
                 "max_tokens": args.max_tokens, "prompts": str(args.prompts),
                 "per_category": args.per_category, "drafters": names, "repeat": args.repeat,
@@ -222,10 +228,33 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _measure_acceptance(args: argparse.Namespace, target: Target) -> int:
+    """Write the head's acceptance by depth on real prompts next to its weights: the
+    planner's prior (the governor corrects it online)."""
+    from engine.bench import load_prompts
+    from engine.calibration import measure_acceptance
+    from engine.drafters import DEFAULT_HEAD_DIR
+
+    head_dir = args.draft_head or DEFAULT_HEAD_DIR
+    rows = load_prompts(args.measure_acceptance, per_category=2)
+    prompts = [target.chat_prompt([{"role": "user", "content": r.turns[0]}]) for r in rows]
+    by_depth = measure_acceptance(target, head_dir, prompts)
+    out = Path(head_dir) / "acceptance.json"
+    out.write_text(json.dumps({"by_depth": [round(a, 4) for a in by_depth],
+                               "prompts": str(args.measure_acceptance),
+                               "n_prompts": len(prompts), "model": target.path.name},
+                              indent=1) + "\n")
+    print(f"acceptance by depth: {', '.join(f'{a:.2f}' for a in by_depth)} -> {out}")
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from engine.plan_runtime import plan_for
 
     with _open_target(args) as target:
+        if args.measure_acceptance:
+            return _measure_acceptance(args, target)
+
         def progress(what: str) -> None:
             print(f"calibrating: {what}...", file=sys.stderr, flush=True)
 
@@ -283,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_head_args(p)
     _add_plan_args(p)
     p.add_argument("--json", action="store_true", help="plan, costs and hardware as JSON")
+    p.add_argument("--measure-acceptance", type=Path, default=None, metavar="PROMPTS",
+                   help="measure the draft head's acceptance by depth on these prompts "
+                        "(Spec-Bench JSONL) and save it with the head")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("bench", help="drafters side by side on benchmark prompts")
@@ -290,8 +322,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=Path, required=True, help="Spec-Bench style JSONL")
     p.add_argument("--per-category", type=int, default=None)
     p.add_argument("--drafters", default="none,lookup",
-                   help="comma-separated; baselines: lcp, lcp-lookup (llama-cpp-python's "
+                   help="comma-separated: auto (the plan), auto@LAYOUT, none, lookup, "
+                        "head, head-chain, head-multi, NAME:N (fixed budget of N); "
+                        "baselines: lcp, lcp-lookup (llama-cpp-python's "
                         "own), server, server-ngram (llama.cpp's llama-server)")
+    p.add_argument("--sweep", action="store_true",
+                   help="the automatic plan next to fixed budgets and every possible layout")
     p.add_argument("--max-tokens", type=int, default=128)
     _add_head_args(p)
     p.add_argument("--json", type=Path, default=None, help="write results here (resumes)")

@@ -11,14 +11,15 @@ import os
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from engine.budget import VerifyCostModel
-from engine.drafters import make_drafter
 from engine.errors import ContextFullError
 from engine.generation import GenerationConfig, generate
+from engine.plan_runtime import prepare_engine
+from engine.planner import Overrides
 from engine.target import Target
 
 Runner = Callable[[list[int], int], dict[str, Any]]
@@ -52,16 +53,40 @@ def load_prompts(path: str | os.PathLike[str], per_category: int | None = None
     return out
 
 
-def engine_runner(target: Target, drafter_name: str, **drafter_options: Any) -> Runner:
-    """Runs one greedy generation with Tandem's engine from an empty cache. The drafter
-    and the cost model live across prompts, as they do across a chat's turns."""
-    drafter = make_drafter(drafter_name, target=target, **drafter_options)
+def parse_runner_spec(spec: str) -> tuple[str, Overrides]:
+    """``NAME``, ``NAME:N`` (a fixed budget of N draft tokens, and depth N for a chain)
+    or ``auto@LAYOUT`` (the planner held to one layout)."""
+    name, _, layout = spec.partition("@")
+    name, _, budget = name.partition(":")
+    if layout and name != "auto":
+        raise ValueError(f"{spec!r}: only auto takes @layout")
+    n = int(budget) if budget else None
+    depth = n if n is not None and name in ("head-chain", "head-multi") else None
+    return name, Overrides(layout=layout or None, max_draft=n, depth=depth)
+
+
+def sweep_specs(plannable_layouts: list[str]) -> list[str]:
+    """``bench --sweep``: the plan, plain, prompt lookup, fixed head budgets and every
+    layout the machine allows."""
+    fixed = ["lookup", "head-chain:1", "head-chain:2", "head-chain:3", "head-chain:5",
+             "head:4", "head:8"]
+    return ["none", "auto", *fixed, *(f"auto@{lay}" for lay in plannable_layouts)]
+
+
+def engine_runner(target: Target, spec: str, head_dir: Any = None, device: str = "cpu"
+                  ) -> Runner:
+    """Runs one greedy generation with Tandem's engine from an empty cache. The drafter,
+    the governor and the cost model live across prompts, as across a chat's turns."""
+    name, overrides = parse_runner_spec(spec)
+    setup = prepare_engine(target, name, head_dir, device, overrides, move_target=False)
     cost = VerifyCostModel()
+    config = GenerationConfig(max_tokens=1, max_draft=setup.max_draft)
 
     def run(prompt: list[int], max_tokens: int) -> dict[str, Any]:
         target.reset()
-        result = generate(target, prompt, drafter, GenerationConfig(max_tokens=max_tokens),
-                          cost=cost)
+        result = generate(target, prompt, setup.drafter,
+                          replace(config, max_tokens=max_tokens), cost=cost,
+                          governor=setup.governor)
         s = result.stats
         return {"new_tokens": s.n_new, "seconds": s.t_total_s, "ttft_s": s.ttft_s,
                 "decode_seconds": s.t_total_s - s.ttft_s, "mean_accepted": s.mean_accepted,
@@ -255,7 +280,7 @@ def _warm_up(target: Target, runners: dict[str, Runner]) -> None:
 def parse_drafter_list(text: str, known: Iterable[str]) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     known = set(known)
-    bad = [n for n in names if n not in known]
+    bad = [n for n in names if n.partition("@")[0].partition(":")[0] not in known]
     if bad:
         raise ValueError(f"unknown drafter(s) {', '.join(bad)}; choose from "
                          f"{', '.join(sorted(known))}")

@@ -136,7 +136,7 @@ class SpeculationGovernor:
         saved = accepted * t1_s - t_draft_s - max(0.0, t_verify_s - t1_s)
         self.balance_s = (1 - self.alpha) * self.balance_s + self.alpha * saved
         if self.balance_s < 0:
-            lost = -self.balance_s
+            lost = max(-saved, -self.balance_s)  # what the next probe will likely cost
             pause = int(lost / (self.probe_share * max(t1_s, 1e-6)))
             self.pause_left = max(self.min_pause, min(self.max_pause, pause))
             self.balance_s = 0.0  # the next probe is judged afresh

@@ -224,3 +224,28 @@ def calibrate(target: Target, head_dir: Path | None, head_devices: list[str],
             profile.transfer_s[dev] = tr
     profile.measured_s = time.perf_counter() - t0
     return profile
+
+
+def measure_acceptance(target: Target, head_dir: Path | None, prompts: list[list[int]],
+                       max_tokens: int = 96, depth: int = 6) -> list[float]:
+    """The head's acceptance by depth on real prompts: a_j = P(depth j accepted | depth
+    j-1 accepted), from full chains (nothing trimmed) in greedy generations."""
+    from engine.budget import VerifyCostModel
+    from engine.drafters import make_drafter
+    from engine.generation import GenerationConfig, generate
+
+    drafter = make_drafter("head-chain", target=target, head_dir=head_dir, depth=depth,
+                           dynamic_depth=False)  # full chains: every depth measured
+    reached = [0] * depth
+    accepted = [0] * depth
+    for prompt in prompts:
+        target.reset()
+        out = generate(target, prompt, drafter, GenerationConfig(max_tokens, max_draft=depth),
+                       cost=VerifyCostModel(slope=0.0, learn=False))
+        for step in out.stats.steps:
+            for j in range(min(step.n_proposed, depth)):
+                if step.n_accepted >= j:
+                    reached[j] += 1
+                    accepted[j] += step.n_accepted > j
+    target.reset()
+    return [a / r if r else 0.0 for a, r in zip(accepted, reached, strict=True)]

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from engine.budget import SpeculationGovernor
 from engine.calibration import CalibrationCache, CostProfile, cache_key, calibrate
 from engine.drafters import DEFAULT_HEAD_DIR, make_drafter
 from engine.drafters.base import Drafter
+from engine.errors import TandemError
 from engine.hardware import HardwareProfile, probe_hardware
 from engine.model_store import data_dir
 from engine.planner import HeadFacts, ModelFacts, Overrides, Plan, choose_plan
@@ -126,20 +127,26 @@ class EngineSetup:
     max_draft: int
     notes: list[str] = field(default_factory=list)
     planned: PlannedSetup | None = None  # set when the planner chose ("auto")
+    target: Target | None = None  # the target to use (reopened if the plan moved it)
 
 
 def prepare_engine(target: Target, drafter_name: str = "auto", head_dir: Path | None = None,
                    head_device: str = "cpu", overrides: Overrides | None = None,
                    recalibrate: bool = False, cache_dir: Path | None = None,
-                   progress: Callable[[str], None] | None = None) -> EngineSetup:
+                   progress: Callable[[str], None] | None = None, move_target: bool = True
+                   ) -> EngineSetup:
     """``auto``: the planner's choice (and a governor); any other name: that drafter as
-    asked, with the budget of ``overrides`` if given."""
+    asked, with the budget of ``overrides`` if given. ``move_target`` False keeps the
+    target where it is (a benchmark comparing layouts on one loaded model)."""
     ov = overrides or Overrides()
     if drafter_name == "auto":
         planned = plan_for(target, head_dir, ov, recalibrate, cache_dir, progress=progress)
+        moved: list[str] = []
+        if move_target:
+            target, moved = target_for_plan(target, planned.plan)
         drafter, notes = build_drafter(planned, target)
         return EngineSetup(drafter, new_governor(planned.plan), planned.plan.budget.max_draft,
-                           planned.notes + notes, planned)
+                           planned.notes + moved + notes, planned, target)
     options: dict = {}
     if drafter_name.startswith("head"):
         options = {"head_dir": head_dir, "device": head_device}
@@ -147,4 +154,19 @@ def prepare_engine(target: Target, drafter_name: str = "auto", head_dir: Path | 
             options["depth"] = ov.depth
     drafter = make_drafter(drafter_name, target=target, **options)
     max_draft = 8 if ov.max_draft is None else ov.max_draft
-    return EngineSetup(drafter, None, max_draft)
+    return EngineSetup(drafter, None, max_draft, target=target)
+
+
+def target_for_plan(target: Target, plan: Plan) -> tuple[Target, list[str]]:
+    """``target`` reopened with the plan's GPU layers when they differ (the GPU failing
+    to take them means the CPU, and a note)."""
+    want = plan.target_gpu_layers
+    if want == target.n_gpu_layers:
+        return target, []
+    path, config = target.path, target.config
+    target.close()
+    try:
+        return Target(path, replace(config, n_gpu_layers=want)), []
+    except TandemError as exc:
+        return (Target(path, replace(config, n_gpu_layers=0)),
+                [f"the GPU could not take the model ({exc}); it runs on the CPU"])

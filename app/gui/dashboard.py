@@ -147,6 +147,15 @@ class DashboardWidget(QScrollArea):
         device = f"GPU {ready.gpu} available (unused)" if ready.gpu else "no GPU"
         budget = (f"up to {ready.max_draft} draft tokens per verification"
                   if ready.drafter != "none" else "no drafting (plain decoding)")
+        if ready.plan is not None:
+            plan = ready.plan
+            speed = (f" Expected {plan['predicted_tok_per_s']:.0f} tok/s vs "
+                     f"{plan['plain_tok_per_s']:.0f} plain.")
+            budget = _budget_text(plan["budget"]) if ready.drafter != "none" else budget
+            why = plan["reason"][:1].upper() + plan["reason"][1:] + speed
+            self.set_plan(PlanInfo(f"{plan['layout_text']}; {ready.n_threads} CPU threads; "
+                                   f"{device}", budget, f"{why} {ready.note}".strip()))
+            return
         reason = ready.note or f"Drafter “{ready.drafter}” as chosen ({ready.requested})."
         self.set_plan(PlanInfo(f"target and {ready.drafter} drafter on the CPU "
                                f"({ready.n_threads} threads); {device}", budget, reason))
@@ -229,3 +238,9 @@ class DashboardWidget(QScrollArea):
                        if self._t_start - 0.5 <= s[0] <= t_last + 0.5]
             phases = [(e.t_draft_start, e.t_verify_start, e.t_end) for e in ev]
             self.timeline.set_data(self._t_start, samples, phases, self.gpu)
+
+
+def _budget_text(budget: dict) -> str:
+    from engine.planner import Budget
+
+    return Budget(**budget).describe()

@@ -25,7 +25,7 @@ from app.gui.engine_worker import EngineChoice, EngineReady
 log = logging.getLogger(__name__)
 
 DRAFTER_LABELS = {
-    "auto": "Auto (head if it fits, else lookup)",
+    "auto": "Auto (the planner decides)",
     "head": "Draft head",
     "lookup": "Prompt lookup",
     "none": "None (plain decoding)",

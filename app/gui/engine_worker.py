@@ -19,12 +19,14 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-from engine.budget import VerifyCostModel
+from engine.budget import SpeculationGovernor, VerifyCostModel
 from engine.drafters import DEFAULT_HEAD_DIR, make_drafter
 from engine.drafters.base import Drafter
 from engine.errors import ContextFullError, InvalidSamplingError, TandemError
 from engine.generation import GenerationConfig, GenerationResult, generate
 from engine.model_store import default_model_path, default_model_ready
+from engine.plan_runtime import prepare_engine
+from engine.planner import Overrides
 from engine.sampling import SamplingParams
 from engine.stats import GenerationStats, StepStats
 from engine.target import Target, TargetConfig
@@ -59,6 +61,7 @@ class EngineReady:
     n_threads: int
     max_draft: int
     gpu: str | None  # the CUDA device name, None when torch sees no GPU
+    plan: dict | None = None  # the planner's decision (engine.planner.Plan.to_json) for auto
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,8 @@ class EngineWorker(QObject):
         self._drafter: Drafter | None = None
         self._drafter_name = "none"
         self._max_draft = 8
+        self._governor: SpeculationGovernor | None = None
+        self._plan: dict | None = None
         self._cost = VerifyCostModel()
         self._lock = threading.Lock()
         self._cancelled: set[int] = set()
@@ -166,7 +171,7 @@ class EngineWorker(QObject):
             target = self._target
             self.ready.emit(EngineReady(str(target.path), self._drafter_name, choice.drafter,
                                         note, target.n_ctx, target.n_threads,
-                                        choice.max_draft, _gpu_name()))
+                                        self._max_draft, _gpu_name(), self._plan))
         except (TandemError, OSError, ValueError) as exc:
             self._close_target()
             self.failed.emit(EngineFailure(-1, "load", str(exc)))
@@ -181,11 +186,25 @@ class EngineWorker(QObject):
 
         self._drafter = None
         self._drafter_name = "none"
+        self._governor = None
+        self._plan = None
         name = choice.drafter
         if name not in DRAFTER_CHOICES:
             raise ValueError(f"unknown drafter {name!r}")
         note = ""
-        if name in ("auto", "head"):
+        if name == "auto":
+            # The planner measures this machine once (cached) and picks layout,
+            # drafter and budget; the governor stops drafting that does not pay.
+            self.status.emit("Measuring this machine (first start with this model only)…")
+            setup = prepare_engine(self._target, "auto", choice.head_dir,
+                                   overrides=Overrides(max_draft=choice.max_draft))
+            self._target = setup.target or self._target
+            self._drafter, self._governor = setup.drafter, setup.governor
+            self._drafter_name = setup.drafter.name if setup.drafter else "none"
+            self._max_draft = setup.max_draft
+            self._plan = setup.planned.plan.to_json() if setup.planned else None
+            return " ".join(n[:1].upper() + n[1:] + "." for n in setup.notes)
+        if name == "head":
             head_dir = choice.head_dir or DEFAULT_HEAD_DIR
             try:
                 self._drafter = make_drafter("head", target=self._target, head_dir=head_dir)
@@ -260,7 +279,8 @@ class EngineWorker(QObject):
         result = generate(target, prompt, drafter, config,
                           on_text=(lambda s: self.text.emit(rid, s)) if stream else None,
                           on_step=on_step if stream else None,
-                          should_stop=lambda: self._should_stop(rid), cost=self._cost)
+                          should_stop=lambda: self._should_stop(rid), cost=self._cost,
+                          governor=self._governor if drafter is not None else None)
         texts, kinds = _token_kinds(target, result)
         return GenerationOutcome(rid, result.text, result.finish_reason, result.stats,
                                  t_start, texts, kinds)

@@ -38,6 +38,7 @@ class HeadDrafterConfig:
     # Prompt tokens whose features the head reads: each costs the target an LM-head row
     # in the prefill (time to first token); the head mostly attends to recent tokens.
     prompt_features: int | None = 32
+    dynamic_depth: bool = True  # stop a draft early when the next level cannot pay
 
     def __post_init__(self) -> None:
         if self.mode not in ("tree", "chain", "multi"):
@@ -228,7 +229,8 @@ class HeadDrafter(Drafter):
             # Dynamic depth: stop when even the likeliest next token could not repay the
             # time a level of drafting takes (in target-token time it would save).
             best = nodes[expand[0]].score * self.calibration.factor(depth)
-            if self._level_s > 0 and best * self.token_time_s < self._level_s:
+            if (cfg.dynamic_depth and self._level_s > 0
+                    and best * self.token_time_s < self._level_s):
                 break
             t_level = time.perf_counter()
             hidden = self._expand(expand, nodes, n, entry_keys, entry_vals, entry_nodes)
