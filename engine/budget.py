@@ -108,19 +108,25 @@ class SpeculationGovernor:
 
     Each drafting step is weighed against the plain step it replaces: it gained
     ``accepted`` tokens (worth ``accepted * t1`` seconds of plain decoding) and cost its
-    draft time plus the verification time above one token. While the running balance
-    (an exponential average) is negative the engine decodes plainly, then tries again;
-    the pause grows with the loss, so the probes cost under ~1% of plain decoding.
-    Output never depends on it: it only decides whether to ask the drafter.
+    draft time plus the verification time above one token. Over a window of drafting
+    steps (8, or 3 when probing after a pause), an average loss beyond ``tolerance`` of
+    a token pauses drafting; the pause is as long as it takes for the window's loss to
+    be ``probe_share`` of the plain decoding in between, so probing a drafter that never
+    pays costs about that share. Output never depends on it: it only decides whether to
+    ask the drafter.
     """
 
-    alpha: float = 0.3  # weight of the newest drafting step
-    probe_share: float = 0.01  # at most this share of time spent on losing probes
+    probe_share: float = 0.01
+    tolerance: float = 0.02  # average loss per step, in plain-token times, let pass
+    window: int = 8
+    probe_window: int = 3
     min_pause: int = 4
-    max_pause: int = 1000
-    balance_s: float = 0.0  # average seconds saved per drafting step (negative: lost)
+    max_pause: int = 2000
     pause_left: int = 0
     n_paused: int = 0  # plain steps taken because drafting did not pay
+    _saved_s: float = 0.0  # seconds saved over the current window (negative: lost)
+    _n: int = 0
+    _needed: int = 0
 
     def should_draft(self) -> bool:
         if self.pause_left > 0:
@@ -129,14 +135,21 @@ class SpeculationGovernor:
             return False
         return True
 
-    def observe(self, accepted: int, t_draft_s: float, t_verify_s: float, t1_s: float
-                ) -> None:
-        """A drafting step: ``accepted`` draft tokens kept, its draft and verify times,
-        and the plain step time ``t1_s`` at this context."""
-        saved = accepted * t1_s - t_draft_s - max(0.0, t_verify_s - t1_s)
-        self.balance_s = (1 - self.alpha) * self.balance_s + self.alpha * saved
-        if self.balance_s < 0:
-            lost = max(-saved, -self.balance_s)  # what the next probe will likely cost
-            pause = int(lost / (self.probe_share * max(t1_s, 1e-6)))
+    def observe(self, accepted: int, t_draft_s: float, t_verify_s: float, t1_s: float,
+                n_proposed: int = 1) -> None:
+        """A drafting step: ``accepted`` draft tokens kept out of ``n_proposed``, its
+        draft and verify times, and the plain step time ``t1_s`` at this context."""
+        saved = accepted * t1_s - t_draft_s
+        if n_proposed > 0:  # a step with nothing to verify cost the draft alone
+            saved -= max(0.0, t_verify_s - t1_s)
+        self._saved_s += saved
+        self._n += 1
+        if self._n < (self._needed or self.window):
+            return
+        if self._saved_s / self._n < -self.tolerance * t1_s:
+            pause = int(-self._saved_s / (self.probe_share * max(t1_s, 1e-6)))
             self.pause_left = max(self.min_pause, min(self.max_pause, pause))
-            self.balance_s = 0.0  # the next probe is judged afresh
+            self._needed = self.probe_window
+        else:
+            self._needed = self.window
+        self._saved_s, self._n = 0.0, 0

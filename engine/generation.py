@@ -171,7 +171,7 @@ def generate(
                 drafter = _drop_drafter(drafter, exc, stats)
         if drafting and governor is not None:
             governor.observe(len(acc.path) - 1, t_drafted - t_step, t_verified - t_drafted,
-                             cost.t1)
+                             cost.t1, len(draft))
         step = StepStats(t_draft_s=t_drafted - t_step, t_verify_s=t_verified - t_drafted,
                          n_proposed=len(draft), n_accepted=len(acc.path) - 1,
                          accepted_depths=tuple(range(1, len(acc.path))))

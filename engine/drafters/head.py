@@ -37,7 +37,7 @@ class HeadDrafterConfig:
     n_threads: int = 1  # torch threads on a CPU (tiny matmuls gain nothing from more)
     # Prompt tokens whose features the head reads: each costs the target an LM-head row
     # in the prefill (time to first token); the head mostly attends to recent tokens.
-    prompt_features: int | None = 32
+    prompt_features: int | None = 8
     dynamic_depth: bool = True  # stop a draft early when the next level cannot pay
 
     def __post_init__(self) -> None:
