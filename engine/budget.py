@@ -59,8 +59,15 @@ class VerifyCostModel:
     def ratio(self, n_tokens: int) -> float:
         if n_tokens == 1:
             return 1.0
-        return self.ratio_by_bucket_n.get((self.bucket, n_tokens),
-                                          1 + self.slope * (n_tokens - 1))
+        known = self.ratio_by_bucket_n.get((self.bucket, n_tokens))
+        if known is not None:
+            return known
+        # An unseen size: the slope this context bucket has shown so far (long contexts
+        # make batches much dearer than the prior says), else the prior.
+        slopes = [(r - 1) / (n - 1) for (b, n), r in self.ratio_by_bucket_n.items()
+                  if b == self.bucket]
+        slope = sum(slopes) / len(slopes) if slopes else self.slope
+        return 1 + max(0.0, slope) * (n_tokens - 1)
 
     def cost(self, n_tokens: int) -> float:
         """Expected seconds to verify a batch of ``n_tokens`` at the current context."""

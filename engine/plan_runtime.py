@@ -114,8 +114,11 @@ def build_drafter(setup: PlannedSetup, target: Target) -> tuple[Drafter | None, 
 
 
 def new_governor(plan: Plan) -> SpeculationGovernor | None:
-    """The governor guards every drafter; without one nothing is drafted anyway."""
-    return SpeculationGovernor() if plan.drafter != "none" else None
+    """The governor guards a draft model, whose every draft costs time. Prompt lookup
+    costs ~nothing when it has no match and its hits come in bursts that a pause would
+    miss: the per-step budget (its learnt acceptance against the verify cost) is the
+    right judge there."""
+    return SpeculationGovernor() if plan.drafter == "head" else None
 
 
 @dataclass
