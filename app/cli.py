@@ -323,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-category", type=int, default=None)
     p.add_argument("--drafters", default="none,lookup",
                    help="comma-separated: auto (the plan), auto@LAYOUT, none, lookup, "
-                        "head, head-chain, head-multi, NAME:N (fixed budget of N); "
+                        "head, head-chain, head-multi, head-ahead, NAME:N (fixed budget of N); "
                         "baselines: lcp, lcp-lookup (llama-cpp-python's "
                         "own), server, server-ngram (llama.cpp's llama-server)")
     p.add_argument("--sweep", action="store_true",

@@ -61,7 +61,7 @@ def parse_runner_spec(spec: str) -> tuple[str, Overrides]:
     if layout and name != "auto":
         raise ValueError(f"{spec!r}: only auto takes @layout")
     n = int(budget) if budget else None
-    depth = n if n is not None and name in ("head-chain", "head-multi") else None
+    depth = n if n is not None and name in ("head-chain", "head-multi", "head-ahead") else None
     return name, Overrides(layout=layout or None, max_draft=n, depth=depth)
 
 

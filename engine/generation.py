@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -130,6 +131,27 @@ def generate(
         except Exception as exc:  # noqa: BLE001 - any drafter failure
             drafter = _drop_drafter(drafter, exc, stats)
 
+    ahead_pool = (ThreadPoolExecutor(1, thread_name_prefix="draft-ahead")
+                  if drafter is not None and drafter.drafts_ahead else None)
+    try:
+        drafter = _steps(target, drafter, config, cost, governor, emitter, stats, rng,
+                         last, should_stop, on_step, ahead_pool)
+    finally:
+        if ahead_pool is not None:
+            ahead_pool.shutdown(wait=True)
+    reason = emitter.close()
+    stats.n_new = len(emitter.tokens)
+    stats.t_total_s = time.perf_counter() - t0
+    return GenerationResult(emitter.tokens, emitter.stream.text, reason, stats)
+
+
+def _steps(target: Target, drafter: Drafter | None, config: GenerationConfig,
+           cost: VerifyCostModel, governor: SpeculationGovernor | None, emitter: _Emitter,
+           stats: GenerationStats, rng: np.random.Generator, last: int,
+           should_stop: Callable[[], bool] | None, on_step: Callable[[StepStats], None] | None,
+           ahead_pool: ThreadPoolExecutor | None) -> Drafter | None:
+    """Draft, verify, accept until the emitter says stop; the drafter still in use."""
+    params = config.sampling
     while emitter.finish_reason is None:
         if should_stop is not None and should_stop():
             emitter.finish_reason = "cancelled"
@@ -155,8 +177,17 @@ def generate(
                     drafter = _drop_drafter(drafter, exc, stats)
                     draft = _EMPTY_DRAFT
         t_drafted = time.perf_counter()
+        served_ahead = bool(drafter is not None and draft and drafter.served_ahead)
+        ahead: Future | None = None
+        if ahead_pool is not None and drafter is not None and draft:
+            ahead = ahead_pool.submit(drafter.draft_ahead, draft, config.max_draft)
         ver = target.verify(last, draft)
         cost.observe(1 + len(draft), time.perf_counter() - t_drafted)
+        if ahead is not None:
+            try:
+                ahead.result()  # a draft ahead slower than the verification costs here
+            except Exception as exc:  # noqa: BLE001 - any drafter failure
+                drafter = _drop_drafter(drafter, exc, stats)
         node_tokens = [last] + draft.tokens
         acc = accept(draft.children(), node_tokens, ver.logits, params, rng)
         path_tokens = [node_tokens[k] for k in acc.path]
@@ -174,17 +205,16 @@ def generate(
                              cost.t1, len(draft))
         step = StepStats(t_draft_s=t_drafted - t_step, t_verify_s=t_verified - t_drafted,
                          n_proposed=len(draft), n_accepted=len(acc.path) - 1,
-                         accepted_depths=tuple(range(1, len(acc.path))))
+                         accepted_depths=tuple(range(1, len(acc.path))),
+                         drafted_ahead=served_ahead)
         stats.steps.append(step)
         if on_step is not None:
             on_step(step)
         emitter.emit(new_tokens)
         last = acc.next_token
+    return drafter
 
-    reason = emitter.close()
-    stats.n_new = len(emitter.tokens)
-    stats.t_total_s = time.perf_counter() - t0
-    return GenerationResult(emitter.tokens, emitter.stream.text, reason, stats)
+
 
 
 def _drop_drafter(drafter: Drafter, exc: Exception, stats: GenerationStats) -> None:

@@ -105,7 +105,8 @@ def build_drafter(setup: PlannedSetup, target: Target) -> tuple[Drafter | None, 
                 return make_drafter("head", target=target, head_dir=setup.head_dir,
                                     device=device, mode=plan.budget.mode,
                                     depth=plan.budget.depth,
-                                    top_k=plan.budget.top_k), notes
+                                    top_k=plan.budget.top_k,
+                                    draft_ahead=plan.layout == "duodecoding"), notes
             except Exception as exc:  # noqa: BLE001 - out of memory, no device, bad file
                 log.warning("draft head on %s failed: %s", device, exc)
                 notes.append(f"the draft head could not run on {device} ({exc})")

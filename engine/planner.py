@@ -6,7 +6,8 @@ It predicts tokens per second for every layout the machine allows, from measured
 - ``dovetail``: target on the CPU (VRAM left over takes target layers when llama.cpp
   can offload), draft head on the GPU; they take turns, the GPU drafts cheaply.
 - ``duodecoding``: target offloaded to the GPU, draft head on the CPU, drafting the next
-  block while the GPU verifies (the step costs the slower of the two).
+  block while the GPU verifies (in a worker thread; that draft is used when the target
+  takes the whole block, so its time is saved in proportion).
 - ``cpu``: both on the CPU, in turn, each with all cores.
 - ``plain``: no draft model when none is predicted to gain 5% (prompt lookup stays on:
   it costs nothing when the prompt has nothing to copy, and the governor stops it when
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -189,12 +191,22 @@ def _head_costs(costs: CostProfile, device: str) -> tuple[float, float, bool]:
 def _best_chain(acceptance: tuple[float, ...], level_s: float, per_step_s: float,
                 verify: callable, overlap: bool, max_draft: int, depth_cap: int
                 ) -> tuple[int, float]:
-    """(depth, tok/s) of the best chain depth under the costs."""
+    """(depth, tok/s) of the best chain depth under the costs.
+
+    With ``overlap`` (DuoDecoding) the head drafts the next chain during verification,
+    guessing that the target takes the whole chain and which token it adds; that draft
+    replaces the next step's when the guess holds (probability ``hit``). The step then
+    costs the slower of verification and drafting ahead, plus the ordinary draft of
+    the steps where the guess failed."""
     best = (0, 0.0)
     for d in range(1, min(max_draft, depth_cap) + 1):
         t_draft = per_step_s + d * level_s
         t_verify = verify(1 + d)
-        step = max(t_draft, t_verify) if overlap else t_draft + t_verify
+        if overlap:
+            hit = math.prod(acceptance[min(j, len(acceptance) - 1)] for j in range(d + 1))
+            step = max(t_verify, (d + 1) * level_s) + (1 - hit) * t_draft
+        else:
+            step = t_draft + t_verify
         rate = expected_tokens(acceptance, d) / step
         if rate > best[1]:
             best = (d, rate)

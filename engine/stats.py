@@ -14,6 +14,7 @@ class StepStats:
     n_proposed: int  # draft tokens sent to the target
     n_accepted: int  # draft tokens the target kept (the bonus token not counted)
     accepted_depths: tuple[int, ...] = ()  # depth of each accepted draft token
+    drafted_ahead: bool = False  # the draft was made while the previous step verified
 
 
 @dataclass
@@ -58,6 +59,10 @@ class GenerationStats:
     def t_verify_s(self) -> float:
         return sum(s.t_verify_s for s in self.steps)
 
+    @property
+    def n_drafted_ahead(self) -> int:
+        return sum(s.drafted_ahead for s in self.steps)
+
     def acceptance_by_depth(self, max_depth: int = 16) -> list[int]:
         """How many accepted draft tokens sat at each depth 1..max_depth."""
         counts = [0] * max_depth
@@ -72,5 +77,6 @@ class GenerationStats:
         d = {k: v for k, v in asdict(self).items() if k != "steps"}
         d.update(n_steps=self.n_steps, tok_per_s=self.tok_per_s,
                  mean_accepted=self.mean_accepted, acceptance_rate=self.acceptance_rate,
-                 t_draft_s=self.t_draft_s, t_verify_s=self.t_verify_s)
+                 t_draft_s=self.t_draft_s, t_verify_s=self.t_verify_s,
+                 n_drafted_ahead=self.n_drafted_ahead)
         return d

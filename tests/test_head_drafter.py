@@ -43,11 +43,13 @@ def prompts_and_plain(target, dev_prompts):
     return rows, plain
 
 
-@pytest.mark.parametrize("mode", ["chain", "tree"])
+@pytest.mark.parametrize("mode", ["chain", "tree", "ahead"])
 def test_head_greedy_equals_plain(target, prompts_and_plain, mode):
     rows, plain = prompts_and_plain
-    drafter = make_drafter("head", target=target, mode=mode)
-    n_accepted = n_steps = 0
+    # "ahead": DuoDecoding's overlap, the next chain drafted during verification.
+    drafter = (make_drafter("head-ahead", target=target) if mode == "ahead"
+               else make_drafter("head", target=target, mode=mode))
+    n_accepted = n_steps = n_ahead = 0
     for row in rows:
         prompt, ref = plain[row["question_id"]]
         target.reset()
@@ -58,9 +60,12 @@ def test_head_greedy_equals_plain(target, prompts_and_plain, mode):
         assert out.tokens == ref, f"question {row['question_id']} ({row['category']})"
         n_accepted += sum(s.n_accepted for s in out.stats.steps)
         n_steps += out.stats.n_steps
+        n_ahead += out.stats.n_drafted_ahead
     # A trained head earns its keep (here ~0.5 accepted per verification as a chain; an
     # untrained or mismatched one stays near 0).
     assert n_accepted > 0.3 * n_steps
+    # Drafts made ahead are verified only when the head guessed a whole step right.
+    assert (n_ahead > 0) == (mode == "ahead")
 
 
 def test_head_multi_turn_reuses_its_cache_and_stays_lossless(target, prompts_and_plain):
@@ -107,6 +112,36 @@ def test_head_sampling_keeps_the_target_distribution(fresh_target):
     assert n_proposed > n_runs  # the head really drafted
     assert plain.sum() > 0.9 * n_runs and spec.sum() > 0.9 * n_runs
     assert two_sample_z(plain, spec) < 4.0
+
+
+def test_drafts_made_ahead_keep_the_target_distribution(fresh_target):
+    """DuoDecoding's overlap: the chain drafted during verification is used only when
+    the target took the whole previous chain; sequences still follow the target."""
+    t = fresh_target
+    prompt = t.chat_prompt([{"role": "user", "content": "List the days of the week."}])
+    drafter = make_drafter("head-ahead", target=t)
+    n_runs = 250
+    plain: dict[tuple[int, ...], int] = {}
+    spec: dict[tuple[int, ...], int] = {}
+    params = dict(temperature=1.0, top_k=50)
+    n_ahead = 0
+    for seed in range(n_runs):
+        cfg = GenerationConfig(max_tokens=6, sampling=SamplingParams(seed=seed, **params))
+        t.reset()
+        key = tuple(generate(t, prompt, None, cfg).tokens[1:])
+        plain[key] = plain.get(key, 0) + 1
+        cfg = GenerationConfig(max_tokens=6,
+                               sampling=SamplingParams(seed=10_000 + seed, **params))
+        t.reset()
+        out = generate(t, prompt, drafter, cfg, cost=VerifyCostModel(slope=0.0, learn=False))
+        n_ahead += out.stats.n_drafted_ahead
+        key = tuple(out.tokens[1:])
+        spec[key] = spec.get(key, 0) + 1
+    assert n_ahead >= 10  # drafts made ahead really were verified
+    keys = sorted(set(plain) | set(spec))
+    z = two_sample_z(np.array([plain.get(k, 0) for k in keys]),
+                     np.array([spec.get(k, 0) for k in keys]))
+    assert z < 4.0
 
 
 def test_head_for_another_target_is_refused(target, tmp_path):

@@ -77,10 +77,25 @@ def test_a_missing_gpu_moves_the_head_to_the_cpu(target, plain_answer, tmp_path)
     assert generate(target, prompt, drafter, GenerationConfig(48)).tokens == ref
 
 
+def test_a_duodecoding_plan_drafts_ahead_on_the_cpu(target, plain_answer, tmp_path):
+    setup = plan_for(target, overrides=Overrides(layout="duodecoding"), cache_dir=tmp_path,
+                     hardware=load_profile(PROFILES / "large_gpu.json"))
+    assert setup.plan.layout == "duodecoding" and setup.plan.target_gpu_layers == -1
+    drafter, notes = build_drafter(setup, target)
+    assert drafter is not None and drafter.drafts_ahead and drafter.device.type == "cpu"
+    prompt, ref = plain_answer
+    target.reset()  # the target stays on this machine's CPU: the drafter is what is tested
+    out = generate(target, prompt, drafter, GenerationConfig(48),
+                   cost=VerifyCostModel(slope=0.0, learn=False))
+    assert out.tokens == ref
+
+
 @pytest.mark.parametrize("failure", [torch.OutOfMemoryError("CUDA out of memory"),
                                      RuntimeError("CUDA error: device lost")])
-def test_a_drafter_failing_mid_answer_falls_back_to_plain(target, plain_answer, failure):
-    drafter = make_drafter("head-chain", target=target)
+@pytest.mark.parametrize("name", ["head-chain", "head-ahead"])
+def test_a_drafter_failing_mid_answer_falls_back_to_plain(target, plain_answer, failure, name):
+    # head-ahead also fails inside the worker thread that drafts during verification.
+    drafter = make_drafter(name, target=target)
     calls = {"n": 0}
     forward = drafter.head.forward
 

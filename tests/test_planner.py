@@ -7,6 +7,7 @@ target costs little more for a batch of a few tokens)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -68,17 +69,30 @@ def test_laptop_with_4gb_gpu_runs_dovetail_with_spare_vram_for_target_layers():
     assert plan.predicted_speedup > 2
 
 
-def test_large_gpu_offloads_the_target_and_overlaps_a_cpu_draft():
+def test_large_gpu_takes_target_and_head_when_head_levels_are_cheap_there():
     model = ModelFacts(size_bytes=int(1.0 * GB), n_layers=24, kv_bytes=int(0.4 * GB))
     plan = choose_plan(load_profile(PROFILES / "large_gpu.json"), costs("large_gpu_1p7b"),
                        model, HEAD)
     layouts = {c.layout for c in plan.candidates}
     assert {"plain", "cpu", "dovetail", "duodecoding"} <= layouts
+    # 0.5 ms per head level on the GPU: taking turns there beats a 1.5 ms CPU draft
+    # that only overlaps when it guessed the whole step.
+    assert plan.layout == "dovetail" and plan.head_device == "cuda:0"
+    assert plan.target_gpu_layers == -1
+    # Plain decoding is judged on the GPU too (the fair baseline).
+    assert plan.plain_tok_per_s == pytest.approx(1 / 0.006)
+
+
+def test_large_gpu_with_launch_bound_head_overlaps_a_cpu_draft():
+    model = ModelFacts(size_bytes=int(1.0 * GB), n_layers=24, kv_bytes=int(0.4 * GB))
+    measured = costs("large_gpu_1p7b")
+    slow_gpu_head = replace(measured, head_level_s={**measured.head_level_s, "cuda:0": 0.003},
+                            head_update_s={**measured.head_update_s, "cuda:0": 0.004})
+    plan = choose_plan(load_profile(PROFILES / "large_gpu.json"), slow_gpu_head, model, HEAD)
     assert plan.layout == "duodecoding"
     assert plan.target_gpu_layers == -1 and plan.head_device == "cpu"
     assert plan.budget.mode == "multi"
-    # Plain decoding is judged on the GPU too (the fair baseline).
-    assert plan.plain_tok_per_s == pytest.approx(1 / 0.006)
+    assert plan.predicted_speedup > 1.05
 
 
 def test_llama_cpp_without_offload_keeps_the_target_on_the_cpu():

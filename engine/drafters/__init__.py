@@ -7,7 +7,7 @@ from pathlib import Path
 from engine.drafters.base import Drafter
 from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
 
-DRAFTER_NAMES = ("none", "lookup", "head", "head-chain", "head-multi")
+DRAFTER_NAMES = ("none", "lookup", "head", "head-chain", "head-multi", "head-ahead")
 # The head trained for the bundled model (README says how it was made).
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parents[2] / "assets" / "draft-head-smollm2-135m"
 
@@ -23,8 +23,10 @@ def make_drafter(name: str, target=None, head_dir: Path | None = None,  # noqa: 
         return None
     if name == "lookup":
         return PromptLookupDrafter(LookupConfig())
-    if name in ("head", "head-chain", "head-multi"):
-        if name != "head":
+    if name in ("head", "head-chain", "head-multi", "head-ahead"):
+        if name == "head-ahead":
+            head_options = {"mode": "chain", "draft_ahead": True, **head_options}
+        elif name != "head":
             head_options = {**head_options, "mode": name.removeprefix("head-")}
         if target is None:
             raise ValueError("the head drafter needs the target model")

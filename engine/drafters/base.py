@@ -21,6 +21,8 @@ class Drafter(ABC):
     needs_features: bool = False  # whether accept() wants the target's hidden states
     prompt_features: int | None = None  # features wanted for the last N prompt tokens
     token_time_s: float = 0.01  # the target's time per plain token (the engine updates it)
+    drafts_ahead: bool = False  # whether the engine should call draft_ahead (overlap)
+    served_ahead: bool = False  # whether the last draft() was made by draft_ahead
 
     @abstractmethod
     def begin(self, context: list[int], features: np.ndarray | None) -> None:
@@ -37,6 +39,11 @@ class Drafter(ABC):
         """The target committed: ``new_tokens`` were appended to the context (accepted
         drafts, then the target's own next token); ``features`` are the target's hidden
         states of the tokens just evaluated and kept (root and accepted drafts)."""
+
+    def draft_ahead(self, verifying: DraftTree, max_tokens: int) -> None:  # noqa: B027
+        """Called in a worker thread while the target verifies ``verifying`` (and before
+        ``accept``): prepare the next draft, to be served by ``draft`` if the target's
+        new tokens turn out as guessed. It must touch only the drafter's own state."""
 
     def stats(self) -> dict[str, float]:
         """Drafter-specific counters for the dashboard."""

@@ -16,7 +16,7 @@ how this drafter's guesses fared at each depth).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,10 @@ import torch
 from engine.draft_tree import DraftTree
 from engine.drafters.base import Drafter
 from models.draft_head import DraftHead, KVCache
+
+# Drafts served ahead in a row before an ordinary draft brings the head's cache up to
+# date with the target's true features (drafts ahead build on predicted ones).
+MAX_AHEAD_RUN = 4
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,9 @@ class HeadDrafterConfig:
     # in the prefill (time to first token); the head mostly attends to recent tokens.
     prompt_features: int | None = 8
     dynamic_depth: bool = True  # stop a draft early when the next level cannot pay
+    # DuoDecoding's overlap: while the target verifies a draft, continue its likeliest
+    # path (assuming the target takes all of it) so the next step's draft is ready.
+    draft_ahead: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in ("tree", "chain", "multi"):
@@ -54,6 +61,29 @@ class _Node:
     score: float  # path probability under the draft
     depth: int
     entry: int = -1  # index among draft-time cache entries once expanded
+
+
+@dataclass
+class _DraftWork:
+    """Draft-time state: the nodes and the head cache entries built from predicted
+    features, kept while drafts ahead go on extending them."""
+
+    n: int  # position of the first draft entry
+    nodes: list[_Node] = field(default_factory=list)
+    keys: list[torch.Tensor] = field(default_factory=list)  # per block
+    vals: list[torch.Tensor] = field(default_factory=list)
+    entry_nodes: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Ahead:
+    """A draft made during the last verification, for when the target's new tokens are
+    ``expected``."""
+
+    expected: list[int]
+    tree: DraftTree
+    node_ids: list[int]
+    raw_scores: list[float]
 
 
 class DepthCalibration:
@@ -103,6 +133,16 @@ class HeadDrafter(Drafter):
         # tokens). Extended lazily at the next draft, in one batch, so steps where the
         # engine does not draft cost the head nothing.
         self._pending: list[tuple[int, np.ndarray, list[int]]] = []
+        # Draft ahead (DuoDecoding overlap): the last draft's working state, the tree
+        # served and its node ids, the draft made during verification and, once the
+        # target's tokens matched it, the one ready to serve.
+        self._work: _DraftWork | None = None
+        self._served: tuple[DraftTree, list[int]] | None = None
+        self._ahead: _Ahead | None = None
+        self._ready: _Ahead | None = None
+        self.drafts_ahead = self.config.draft_ahead
+        self.n_ahead_served = 0
+        self._ahead_run = 0  # drafts served ahead since the last ordinary draft
 
     # --- the head's committed cache --------------------------------------------------
     @property
@@ -158,6 +198,7 @@ class HeadDrafter(Drafter):
         self._pending = [(first, self._feats[first:prompt_len], context[first + 1:])]
         self._root_hidden = None
         self._last_draft = None
+        self._work = self._served = self._ahead = self._ready = None
 
     def _flush(self) -> None:
         """Run the head over the accepted tokens it has not seen yet."""
@@ -174,6 +215,10 @@ class HeadDrafter(Drafter):
         if features is None:
             raise ValueError("the head drafter needs the target's features")
         self._learn(new_tokens)
+        ahead, self._ahead, self._ready = self._ahead, None, None
+        if ahead is not None and list(new_tokens) == ahead.expected and (
+                self._ahead_run < MAX_AHEAD_RUN):
+            self._ready = ahead
         n = len(self._tokens) - 1  # position of the token whose feature arrives first
         features = np.asarray(features, np.float32)
         self._tokens.extend(new_tokens)
@@ -204,36 +249,36 @@ class HeadDrafter(Drafter):
 
     @torch.no_grad()
     def draft(self, max_tokens: int) -> DraftTree:
+        self.served_ahead = False
         if max_tokens <= 0:
             return DraftTree()
+        if self._ready is not None:
+            return self._serve_ahead(max_tokens)
         self._flush()
+        self._work = self._served = None
+        self._ahead_run = 0
         if self._root_hidden is None:
             return DraftTree()
         t0 = time.perf_counter()
         cfg = self.config
         width = cfg.top_k if cfg.mode == "tree" else 1
-        n = len(self._tokens) - 1  # position of the first draft entry
-        nodes: list[_Node] = []
+        work = _DraftWork(n=len(self._tokens) - 1)
+        nodes = work.nodes
         level = self._children(self._root_hidden[None], [-1], [1.0],
                                1 if cfg.mode == "chain" else cfg.top_k, depth=1, nodes=nodes)
         alternatives: list[int] = []
         if cfg.mode == "multi":  # one chain from the best first token; the rest wait
             alternatives, level = level[1:], level[:1]
-        entry_keys: list[torch.Tensor] = []  # draft-time cache, per block
-        entry_vals: list[torch.Tensor] = []
-        entry_nodes: list[int] = []
         for depth in range(2, cfg.depth + 1):
             if len(nodes) >= 4 * max_tokens:
                 break
             expand = sorted(level, key=lambda i: -nodes[i].score)[:width]
             # Dynamic depth: stop when even the likeliest next token could not repay the
             # time a level of drafting takes (in target-token time it would save).
-            best = nodes[expand[0]].score * self.calibration.factor(depth)
-            if (cfg.dynamic_depth and self._level_s > 0
-                    and best * self.token_time_s < self._level_s):
+            if not self._level_pays(nodes[expand[0]].score, depth):
                 break
             t_level = time.perf_counter()
-            hidden = self._expand(expand, nodes, n, entry_keys, entry_vals, entry_nodes)
+            hidden = self._expand(expand, work)
             level = self._children(hidden, expand, [nodes[i].score for i in expand], width,
                                    depth=depth, nodes=nodes)
             took = time.perf_counter() - t_level
@@ -246,9 +291,83 @@ class HeadDrafter(Drafter):
                 if nodes[i].score <= theta:
                     nodes[i].score = -1.0  # not drafted
         tree = self._select(nodes, max_tokens)
+        self._work = work
         self._t_head_s += time.perf_counter() - t0
         self._n_head_calls += 1
         return tree
+
+    def _level_pays(self, score: float, depth: int) -> bool:
+        """Whether a node this likely is worth a level of drafting (dynamic depth)."""
+        best = score * self.calibration.factor(depth)
+        return not (self.config.dynamic_depth and self._level_s > 0
+                    and best * self.token_time_s < self._level_s)
+
+    def _serve_ahead(self, max_tokens: int) -> DraftTree:
+        """The draft made during the last verification; the head's cache catches up
+        with the accepted tokens at the next ordinary draft."""
+        ahead, self._ready = self._ready, None
+        tree = ahead.tree.truncated(max_tokens)
+        self._last_draft, self._raw_scores = tree, ahead.raw_scores[:len(tree)]
+        self._served = (tree, ahead.node_ids[:len(tree)])
+        self.served_ahead = True
+        self.n_ahead_served += 1
+        self._ahead_run += 1
+        return tree
+
+    @torch.no_grad()
+    def draft_ahead(self, verifying: DraftTree, max_tokens: int) -> None:
+        """Run while the target verifies ``verifying`` (the last draft, maybe trimmed):
+        extend its likeliest full path by the head's guess of the target's next token
+        and a chain after it. Used by the next ``draft`` only if the target's new tokens
+        are exactly that path and guess."""
+        self._ahead = None
+        work, served = self._work, self._served
+        if work is None or served is None or not verifying.tokens or max_tokens <= 0:
+            return
+        expected, cur = self._likeliest_path(verifying, *served)
+        if cur < 0:
+            return
+        chain: list[int] = []
+        for level in range(max_tokens + 1):
+            node = work.nodes[cur]
+            if level >= 2 and not self._level_pays(node.score, level):
+                break
+            if node.entry < 0:
+                self._expand([cur], work)
+            hidden = self._entry_hidden[work.nodes[cur].entry]
+            (cur,) = self._children(hidden[None], [cur], [node.score], 1,
+                                    depth=node.depth + 1, nodes=work.nodes)
+            if level == 0:  # the guess of the target's own token: scores start after it
+                expected.append(work.nodes[cur].token)
+                work.nodes[cur].score = 1.0
+            else:
+                chain.append(cur)
+        if not chain:
+            return
+        tree = DraftTree()
+        for j, i in enumerate(chain, start=1):
+            tree.add(work.nodes[i].token, j - 2,
+                     min(1.0, work.nodes[i].score * self.calibration.factor(j)))
+        self._ahead = _Ahead(expected, tree, chain, [work.nodes[i].score for i in chain])
+
+    @staticmethod
+    def _likeliest_path(verifying: DraftTree, served: DraftTree, node_ids: list[int]
+                        ) -> tuple[list[int], int]:
+        """Tokens of ``verifying``'s path of best-scored children, and the node id of its
+        end (-1 when the tree is not part of the served one)."""
+        tokens: list[int] = []
+        v_parent = s_parent = -1
+        node = -1
+        while True:
+            kids = [i for i, p in enumerate(verifying.parents) if p == v_parent]
+            if not kids:
+                return tokens, node
+            best = max(kids, key=lambda i: verifying.scores[i] if verifying.scores else 0.0)
+            s = served.child_with_token(s_parent, verifying.tokens[best])
+            if s is None:
+                return tokens, -1
+            tokens.append(verifying.tokens[best])
+            node, v_parent, s_parent = node_ids[s], best, s
 
     def _children(self, hidden: torch.Tensor, parents: list[int], parent_scores: list[float],
                   width: int, depth: int, nodes: list[_Node]) -> list[int]:
@@ -263,12 +382,11 @@ class HeadDrafter(Drafter):
                 out.append(len(nodes) - 1)
         return out
 
-    def _expand(self, expand: list[int], nodes: list[_Node], n: int,
-                keys: list[torch.Tensor], vals: list[torch.Tensor],
-                entry_nodes: list[int]) -> torch.Tensor:
+    def _expand(self, expand: list[int], work: _DraftWork) -> torch.Tensor:
         """Run the head on the chosen nodes (one batch, tree mask); their predicted
         features. Their entries join the draft-time cache."""
         dev = self.device
+        nodes, keys, vals, entry_nodes = work.nodes, work.keys, work.vals, work.entry_nodes
         feats, toks, pos = [], [], []
         for i in expand:
             node = nodes[i]
@@ -276,7 +394,7 @@ class HeadDrafter(Drafter):
             feats.append(self._root_hidden if parent_entry < 0
                          else self._entry_hidden[parent_entry])
             toks.append(node.token)
-            pos.append(n + node.depth - 1)
+            pos.append(work.n + node.depth - 1)
         n_past = self._n_entries
         n_draft = len(entry_nodes)
         mask = torch.zeros(len(expand), n_past + n_draft + len(expand), dtype=torch.bool,
@@ -332,6 +450,7 @@ class HeadDrafter(Drafter):
         tree = DraftTree()
         index: dict[int, int] = {}
         raw: list[float] = []
+        node_ids: list[int] = []
         for i in sorted(chosen, key=lambda i: (nodes[i].depth, i)):
             node = nodes[i]
             parent = index[node.parent] if node.parent >= 0 else -1
@@ -340,12 +459,15 @@ class HeadDrafter(Drafter):
             score = min(1.0, node.score * self.calibration.factor(node.depth))
             index[i] = tree.add(node.token, parent, score)
             raw.append(node.score)
+            node_ids.append(i)
         self._last_draft, self._raw_scores = tree, raw
+        self._served = (tree, node_ids)
         return tree
 
     def stats(self) -> dict[str, float]:
         calls = max(1, self._n_head_calls)
-        return {"head_ms_per_call": 1000 * self._t_head_s / calls}
+        return {"head_ms_per_call": 1000 * self._t_head_s / calls,
+                "drafts_served_ahead": self.n_ahead_served}
 
 
 def load_head_drafter(head_dir: Path, model_path: Path, pieces: list[bytes],
