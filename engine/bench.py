@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.budget import VerifyCostModel
+from engine.drafters import HEAD_DRAFTERS
 from engine.errors import ContextFullError
 from engine.generation import GenerationConfig, generate
 from engine.plan_runtime import prepare_engine
@@ -61,7 +62,8 @@ def parse_runner_spec(spec: str) -> tuple[str, Overrides]:
     if layout and name != "auto":
         raise ValueError(f"{spec!r}: only auto takes @layout")
     n = int(budget) if budget else None
-    depth = n if n is not None and name in ("head-chain", "head-multi", "head-ahead") else None
+    # A chain's budget is its depth; a tree ("head") spreads its budget over its width.
+    depth = n if n is not None and name in HEAD_DRAFTERS and name != "head" else None
     return name, Overrides(layout=layout or None, max_draft=n, depth=depth)
 
 

@@ -215,8 +215,6 @@ def _steps(target: Target, drafter: Drafter | None, config: GenerationConfig,
     return drafter
 
 
-
-
 def _drop_drafter(drafter: Drafter, exc: Exception, stats: GenerationStats) -> None:
     """Go on without the drafter: the target alone decides every token anyway."""
     log.warning("drafter %s failed (%s); continuing with plain decoding", drafter.name, exc)

@@ -7,7 +7,8 @@ from pathlib import Path
 from engine.drafters.base import Drafter
 from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
 
-DRAFTER_NAMES = ("none", "lookup", "head", "head-chain", "head-multi", "head-ahead")
+HEAD_DRAFTERS = ("head", "head-chain", "head-multi", "head-ahead")
+DRAFTER_NAMES = ("none", "lookup", *HEAD_DRAFTERS)
 # The head trained for the bundled model (README says how it was made).
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parents[2] / "assets" / "draft-head-smollm2-135m"
 
@@ -23,7 +24,7 @@ def make_drafter(name: str, target=None, head_dir: Path | None = None,  # noqa: 
         return None
     if name == "lookup":
         return PromptLookupDrafter(LookupConfig())
-    if name in ("head", "head-chain", "head-multi", "head-ahead"):
+    if name in HEAD_DRAFTERS:
         if name == "head-ahead":
             head_options = {"mode": "chain", "draft_ahead": True, **head_options}
         elif name != "head":
@@ -41,5 +42,5 @@ def make_drafter(name: str, target=None, head_dir: Path | None = None,  # noqa: 
     raise ValueError(f"unknown drafter {name!r}; choose from {', '.join(DRAFTER_NAMES)}")
 
 
-__all__ = ["DEFAULT_HEAD_DIR", "DRAFTER_NAMES", "Drafter", "LookupConfig",
+__all__ = ["DEFAULT_HEAD_DIR", "DRAFTER_NAMES", "HEAD_DRAFTERS", "Drafter", "LookupConfig",
            "PromptLookupDrafter", "make_drafter"]

@@ -133,15 +133,14 @@ class HeadDrafter(Drafter):
         # tokens). Extended lazily at the next draft, in one batch, so steps where the
         # engine does not draft cost the head nothing.
         self._pending: list[tuple[int, np.ndarray, list[int]]] = []
-        # Draft ahead (DuoDecoding overlap): the last draft's working state, the tree
-        # served and its node ids, the draft made during verification and, once the
-        # target's tokens matched it, the one ready to serve.
+        # Draft ahead (DuoDecoding overlap): the last draft's working state, the node
+        # ids of the tree served (``_last_draft``), the draft made during verification
+        # and, once the target's tokens matched it, the one ready to serve.
         self._work: _DraftWork | None = None
-        self._served: tuple[DraftTree, list[int]] | None = None
+        self._served_nodes: list[int] = []
         self._ahead: _Ahead | None = None
         self._ready: _Ahead | None = None
         self.drafts_ahead = self.config.draft_ahead
-        self.n_ahead_served = 0
         self._ahead_run = 0  # drafts served ahead since the last ordinary draft
 
     # --- the head's committed cache --------------------------------------------------
@@ -198,7 +197,7 @@ class HeadDrafter(Drafter):
         self._pending = [(first, self._feats[first:prompt_len], context[first + 1:])]
         self._root_hidden = None
         self._last_draft = None
-        self._work = self._served = self._ahead = self._ready = None
+        self._work = self._ahead = self._ready = None
 
     def _flush(self) -> None:
         """Run the head over the accepted tokens it has not seen yet."""
@@ -255,7 +254,7 @@ class HeadDrafter(Drafter):
         if self._ready is not None:
             return self._serve_ahead(max_tokens)
         self._flush()
-        self._work = self._served = None
+        self._work = None
         self._ahead_run = 0
         if self._root_hidden is None:
             return DraftTree()
@@ -308,9 +307,8 @@ class HeadDrafter(Drafter):
         ahead, self._ready = self._ready, None
         tree = ahead.tree.truncated(max_tokens)
         self._last_draft, self._raw_scores = tree, ahead.raw_scores[:len(tree)]
-        self._served = (tree, ahead.node_ids[:len(tree)])
+        self._served_nodes = ahead.node_ids[:len(tree)]
         self.served_ahead = True
-        self.n_ahead_served += 1
         self._ahead_run += 1
         return tree
 
@@ -321,10 +319,10 @@ class HeadDrafter(Drafter):
         and a chain after it. Used by the next ``draft`` only if the target's new tokens
         are exactly that path and guess."""
         self._ahead = None
-        work, served = self._work, self._served
+        work, served = self._work, self._last_draft
         if work is None or served is None or not verifying.tokens or max_tokens <= 0:
             return
-        expected, cur = self._likeliest_path(verifying, *served)
+        expected, cur = self._likeliest_path(verifying, served, self._served_nodes)
         if cur < 0:
             return
         chain: list[int] = []
@@ -355,19 +353,19 @@ class HeadDrafter(Drafter):
                         ) -> tuple[list[int], int]:
         """Tokens of ``verifying``'s path of best-scored children, and the node id of its
         end (-1 when the tree is not part of the served one)."""
+        children = verifying.children()  # verification numbering: node i is i + 1
         tokens: list[int] = []
         v_parent = s_parent = -1
         node = -1
-        while True:
-            kids = [i for i, p in enumerate(verifying.parents) if p == v_parent]
-            if not kids:
-                return tokens, node
-            best = max(kids, key=lambda i: verifying.scores[i] if verifying.scores else 0.0)
+        while children[v_parent + 1]:
+            best = max(children[v_parent + 1],
+                       key=lambda k: verifying.scores[k - 1] if verifying.scores else 0.0) - 1
             s = served.child_with_token(s_parent, verifying.tokens[best])
             if s is None:
                 return tokens, -1
             tokens.append(verifying.tokens[best])
             node, v_parent, s_parent = node_ids[s], best, s
+        return tokens, node
 
     def _children(self, hidden: torch.Tensor, parents: list[int], parent_scores: list[float],
                   width: int, depth: int, nodes: list[_Node]) -> list[int]:
@@ -460,14 +458,12 @@ class HeadDrafter(Drafter):
             index[i] = tree.add(node.token, parent, score)
             raw.append(node.score)
             node_ids.append(i)
-        self._last_draft, self._raw_scores = tree, raw
-        self._served = (tree, node_ids)
+        self._last_draft, self._raw_scores, self._served_nodes = tree, raw, node_ids
         return tree
 
     def stats(self) -> dict[str, float]:
         calls = max(1, self._n_head_calls)
-        return {"head_ms_per_call": 1000 * self._t_head_s / calls,
-                "drafts_served_ahead": self.n_ahead_served}
+        return {"head_ms_per_call": 1000 * self._t_head_s / calls}
 
 
 def load_head_drafter(head_dir: Path, model_path: Path, pieces: list[bytes],
