@@ -28,7 +28,7 @@ run: $(STAMP)
 	$(PY) -m app.gui
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check app engine models tests
+	$(VENV)/bin/ruff check app engine models training tests
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

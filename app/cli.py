@@ -9,16 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-from engine.budget import VerifyCostModel
-from engine.drafters import DRAFTER_NAMES
 from engine.errors import TandemError
-from engine.generation import GenerationConfig, generate
-from engine.model_store import default_model_path, default_model_ready
-from engine.plan_runtime import EngineSetup, prepare_engine
+from engine.generation import GenerationConfig
 from engine.planner import LAYOUTS, Overrides
 from engine.sampling import SamplingParams
+from engine.session import ENGINE_DRAFTERS, Engine, EngineConfig
 from engine.stats import GenerationStats
-from engine.target import Target, TargetConfig
+from engine.target import Target
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -49,23 +46,29 @@ def _overrides(args: argparse.Namespace) -> Overrides:
                      depth=getattr(args, "depth", None))
 
 
-def _prepare(args: argparse.Namespace, target: Target) -> EngineSetup:
-    """The drafter as asked (``auto``: as planned), with its notes on stderr."""
-    def progress(what: str) -> None:
-        print(f"tandem: calibrating this machine once: {what}...", file=sys.stderr, flush=True)
+def _engine_config(args: argparse.Namespace, drafter: str | None = None) -> EngineConfig:
+    return EngineConfig(model_path=args.model, drafter=drafter or args.drafter,
+                        head_dir=getattr(args, "draft_head", None),
+                        head_device=getattr(args, "head_device", "cpu"),
+                        overrides=_overrides(args), n_ctx=args.ctx, n_threads=args.threads,
+                        recalibrate=getattr(args, "recalibrate", False))
 
-    setup = prepare_engine(target, args.drafter, args.draft_head, args.head_device,
-                           _overrides(args), getattr(args, "recalibrate", False),
-                           progress=progress)
-    if setup.planned is not None and args.verbose:
-        print(setup.planned.plan.describe(), file=sys.stderr)
-    for note in setup.notes:
+
+def _open_engine(args: argparse.Namespace, drafter: str | None = None) -> Engine:
+    """The engine as asked (``auto``: as planned), its notes on stderr."""
+    def progress(what: str) -> None:
+        print(f"tandem: {what}...", file=sys.stderr, flush=True)
+
+    engine = Engine(_engine_config(args, drafter), progress=progress)
+    if engine.plan is not None and args.verbose:
+        print(engine.plan.describe(), file=sys.stderr)
+    for note in engine.notes:
         print(f"tandem: {note}", file=sys.stderr)
-    return setup
+    return engine
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--drafter", choices=("auto", *DRAFTER_NAMES), default="auto",
+    p.add_argument("--drafter", choices=ENGINE_DRAFTERS, default="auto",
                    help="auto: the planner picks layout, drafter and budget (tandem plan)")
     _add_head_args(p)
     _add_plan_args(p)
@@ -76,37 +79,24 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=512)
 
 
-def _open_target(args: argparse.Namespace) -> Target:
-    path = args.model
-    if path is None:
-        if not default_model_ready():
-            print("tandem: preparing the bundled model (first start only)...",
-                  file=sys.stderr, flush=True)
-        path = default_model_path()
-    return Target(path, TargetConfig(n_ctx=args.ctx, n_threads=args.threads))
-
-
-def _gen_config(args: argparse.Namespace, setup: EngineSetup) -> GenerationConfig:
+def _gen_config(args: argparse.Namespace) -> GenerationConfig:
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, seed=args.seed)
-    return GenerationConfig(max_tokens=args.max_tokens, sampling=sampling,
-                            max_draft=setup.max_draft)
+    return GenerationConfig(max_tokens=args.max_tokens, sampling=sampling)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    with _open_target(args) as target:
-        setup = _prepare(args, target)
-        target = setup.target or target
-        config = _gen_config(args, setup)
-        prompt = (target.tokenize(args.prompt) if args.raw
-                  else target.chat_prompt([{"role": "user", "content": args.prompt}]))
+    config = _gen_config(args)
+    with _open_engine(args) as engine:
+        prompt = (engine.target.tokenize(args.prompt) if args.raw
+                  else engine.chat_prompt([{"role": "user", "content": args.prompt}]))
         stream = None if args.json else (lambda s: print(s, end="", flush=True))
-        result = generate(target, prompt, setup.drafter, config, on_text=stream,
-                          governor=setup.governor)
+        result = engine.generate(prompt, config, on_text=stream)
+        plan = engine.plan.to_json() if engine.plan is not None else None
     if args.json:
         print(json.dumps({"text": result.text, "tokens": result.tokens,
                           "finish_reason": result.finish_reason,
-                          "stats": result.stats.summary()}))
+                          "stats": result.stats.summary(), "plan": plan}))
     else:
         print()
         print(_stats_line(result.stats), file=sys.stderr)
@@ -122,20 +112,13 @@ def _stats_line(stats: GenerationStats) -> str:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    with _open_target(args) as target:
-        setup = _prepare(args, target)
-        target = setup.target or target
-        config = _gen_config(args, setup)
-        how = (setup.planned.plan.layout_text() if setup.planned is not None
-               else f"drafter: {args.drafter}")
-        print(f"Tandem chat on {target.path.name} ({target.n_threads} threads; {how}). "
-              "/reset clears, /quit or Ctrl-D leaves.")
+    config = _gen_config(args)
+    with _open_engine(args) as engine:
+        print(f"Tandem chat on {engine.describe()}. /reset clears, /quit or Ctrl-D leaves.")
         messages: list[dict[str, str]] = []
         if args.system:
             messages.append({"role": "system", "content": args.system})
         n_fixed = len(messages)
-        drafter, governor = setup.drafter, setup.governor
-        cost = VerifyCostModel()
         while True:
             try:
                 user = input("\nyou> ").strip()
@@ -153,9 +136,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
             messages.append({"role": "user", "content": user})
             print("tandem> ", end="", flush=True)
             try:
-                result = generate(target, target.chat_prompt(messages), drafter, config,
-                                  on_text=lambda s: print(s, end="", flush=True),
-                                  cost=cost, governor=governor)
+                result = engine.generate(engine.chat_prompt(messages), config,
+                                         on_text=lambda s: print(s, end="", flush=True))
             except KeyboardInterrupt:
                 print("\n(stopped)")
                 messages.pop()
@@ -171,15 +153,16 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from engine.bench import (
+    from app.bench import (
         engine_runner,
         format_table,
         load_prompts,
         parse_drafter_list,
         run_bench,
+        runner_engine_config,
         sweep_specs,
     )
-    from engine.bench_baselines import (
+    from app.bench_baselines import (
         BASELINE_NAMES,
         SERVER_NAMES,
         baseline_runner,
@@ -193,12 +176,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
         layouts = ["plain", "cpu"] + (["dovetail"] if hw.has_gpu else []) + (
             ["duodecoding"] if hw.has_gpu and hw.llama_gpu_offload else [])
         args.drafters = ",".join(sweep_specs(layouts))
-    names = parse_drafter_list(args.drafters, ("auto", *DRAFTER_NAMES, *BASELINE_NAMES,
+    names = parse_drafter_list(args.drafters, (*ENGINE_DRAFTERS, *BASELINE_NAMES,
                                                *SERVER_NAMES))
     if any(n in SERVER_NAMES for n in names) and not args.llama_server:
         raise ValueError("the server baselines need --llama-server PATH")
     prompts = load_prompts(args.prompts, args.per_category)
-    with _open_target(args) as target:
+    base = _engine_config(args, drafter="none")
+    engines: dict[str, Engine] = {}
+    try:
+        # One engine per Tandem runner (its own target where its plan puts it, drafter,
+        # governor and cost model); the baselines run the first one's model file.
+        for n in names:
+            if n not in BASELINE_NAMES and n not in SERVER_NAMES:
+                engines[n] = Engine(runner_engine_config(n, base))
+                for note in engines[n].notes:
+                    print(f"tandem: {n}: {note}", file=sys.stderr)
+        target = next(iter(engines.values())).target if engines else None
+        if target is None:
+            engines["none"] = Engine(base)
+            target = engines["none"].target
         runners = {}
         for n in names:
             if n in BASELINE_NAMES:
@@ -206,7 +202,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             elif n in SERVER_NAMES:
                 runners[n] = server_runner(n, target, args.llama_server)
             else:
-                runners[n] = engine_runner(target, n, args.draft_head, args.head_device)
+                runners[n] = engine_runner(engines[n])
         meta = {"model": str(target.path), "threads": target.n_threads,
                 "max_tokens": args.max_tokens, "prompts": str(args.prompts),
                 "per_category": args.per_category, "drafters": names, "repeat": args.repeat,
@@ -222,6 +218,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         payload = run_bench(target, prompts, runners, args.max_tokens, args.json,
                             meta, progress, resume=not args.fresh, repeat=args.repeat)
         bar.close()
+    finally:
+        for engine in engines.values():
+            engine.close()
     print(format_table(payload["summary"]))
     if args.json:
         print(f"results written to {args.json}", file=sys.stderr)
@@ -231,7 +230,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _measure_acceptance(args: argparse.Namespace, target: Target) -> int:
     """Write the head's acceptance by depth on real prompts next to its weights: the
     planner's prior (the governor corrects it online)."""
-    from engine.bench import load_prompts
+    from app.bench import load_prompts
     from engine.calibration import measure_acceptance
     from engine.drafters import DEFAULT_HEAD_DIR
 
@@ -249,27 +248,20 @@ def _measure_acceptance(args: argparse.Namespace, target: Target) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from engine.plan_runtime import plan_for
-
-    with _open_target(args) as target:
-        if args.measure_acceptance:
-            return _measure_acceptance(args, target)
-
-        def progress(what: str) -> None:
-            print(f"calibrating: {what}...", file=sys.stderr, flush=True)
-
-        setup = plan_for(target, args.draft_head, _overrides(args), args.recalibrate,
-                         progress=progress)
-    plan, costs = setup.plan, setup.costs
+    if args.measure_acceptance:
+        with _open_engine(args, drafter="none") as engine:
+            return _measure_acceptance(args, engine.target)
+    with _open_engine(args, drafter="auto") as engine:
+        plan, costs, hardware = engine.plan, engine.costs, engine.hardware
+        notes, calibrated_now = engine.notes, engine.calibrated_now
+    assert plan is not None and costs is not None
     if args.json:
         print(json.dumps({"plan": plan.to_json(), "costs": costs.to_json(),
-                          "hardware": setup.hardware.to_json(), "notes": setup.notes},
+                          "hardware": hardware.to_json(), "notes": notes},
                          indent=1))
         return 0
     print(plan.describe())
-    for note in setup.notes:
-        print(f"Note:     {note}")
-    cached = "measured now" if setup.calibrated_now else "cached; --recalibrate measures again"
+    cached = "measured now" if calibrated_now else "cached; --recalibrate measures again"
     t1 = costs.verify_s.get("cpu", {}).get(1)
     curve = ", ".join(f"{n}: {t / t1:.2f}x" for n, t in sorted(costs.verify_s["cpu"].items())
                       if n > 1) if t1 else ""

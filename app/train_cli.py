@@ -22,9 +22,9 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from engine.model_store import default_model_path
-    from models.distill_data import BuildConfig
-    from models.train_draft import HeadShape, Progress, TrainDraftJob, run
-    from models.train_head import TrainConfig
+    from training.distill_data import BuildConfig
+    from training.train_draft import HeadShape, Progress, TrainDraftJob, run
+    from training.train_head import TrainConfig
 
     target = args.target or default_model_path()
     job = TrainDraftJob(

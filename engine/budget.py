@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 
 from engine.draft_tree import DraftTree
 
+# Draft tokens verified per step at most, unless a plan or the user says otherwise; and
+# the most anyone may ask for (a tree needs a KV sequence per leaf).
+MAX_DRAFT = 8
+MAX_DRAFT_LIMIT = 16
+
 
 def context_bucket(n_past: int) -> int:
     """Context lengths 0-511, 512-1023, 1024-2047, ...: attention makes a batch's
@@ -25,56 +30,76 @@ class VerifyCostModel:
 
     Per context bucket it keeps the single-token time and each batch size's cost as a
     ratio to it (exponential moving averages), so a ratio learnt earlier still holds
-    when the context has grown. Unseen sizes use ``1 + slope * (n - 1)``.
+    when the context has grown. Unseen sizes use ``1 + slope * (n - 1)``. Ask it at a
+    context with ``at(n_past)``: every figure depends on the context, so the context is
+    an argument, never a state of the model.
     """
 
     slope: float = 0.35  # prior extra cost per extra token, relative to one token
     alpha: float = 0.2  # weight of a new measurement
     t1_by_bucket: dict[int, float] = field(default_factory=dict)
     ratio_by_bucket_n: dict[tuple[int, int], float] = field(default_factory=dict)
-    bucket: int = 0  # context bucket of the current step
     learn: bool = True  # False: keep the prior (tests that want every node verified)
 
-    def at_context(self, n_past: int) -> None:
-        self.bucket = context_bucket(n_past)
+    def at(self, n_past: int) -> VerifyCost:
+        """The costs at a context of ``n_past`` cached tokens."""
+        return VerifyCost(self, context_bucket(n_past))
 
     def _ema(self, table: dict, key: object, value: float) -> None:
         old = table.get(key)
         table[key] = value if old is None else (1 - self.alpha) * old + self.alpha * value
 
-    def observe(self, n_tokens: int, t_s: float) -> None:
+    def observe(self, n_past: int, n_tokens: int, t_s: float) -> None:
+        """A verification of ``n_tokens`` at ``n_past`` cached tokens took ``t_s``."""
         if not self.learn:
             return
+        bucket = context_bucket(n_past)
         if n_tokens == 1:
-            self._ema(self.t1_by_bucket, self.bucket, t_s)
+            self._ema(self.t1_by_bucket, bucket, t_s)
         else:
-            self._ema(self.ratio_by_bucket_n, (self.bucket, n_tokens), t_s / self.t1)
+            self._ema(self.ratio_by_bucket_n, (bucket, n_tokens),
+                      t_s / self.t1_in(bucket))
 
-    @property
-    def t1(self) -> float:
-        if self.bucket in self.t1_by_bucket:
-            return self.t1_by_bucket[self.bucket]
+    def t1_in(self, bucket: int) -> float:
+        if bucket in self.t1_by_bucket:
+            return self.t1_by_bucket[bucket]
         return max(self.t1_by_bucket.values(), default=0.012)
 
-    def ratio(self, n_tokens: int) -> float:
+    def ratio_in(self, bucket: int, n_tokens: int) -> float:
         if n_tokens == 1:
             return 1.0
-        known = self.ratio_by_bucket_n.get((self.bucket, n_tokens))
+        known = self.ratio_by_bucket_n.get((bucket, n_tokens))
         if known is not None:
             return known
         # An unseen size: the slope this context bucket has shown so far (long contexts
         # make batches much dearer than the prior says), else the prior.
         slopes = [(r - 1) / (n - 1) for (b, n), r in self.ratio_by_bucket_n.items()
-                  if b == self.bucket]
+                  if b == bucket]
         slope = sum(slopes) / len(slopes) if slopes else self.slope
         return 1 + max(0.0, slope) * (n_tokens - 1)
 
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """A cost model read at one context bucket (what the budget and governor use)."""
+
+    model: VerifyCostModel
+    bucket: int
+
+    @property
+    def t1(self) -> float:
+        """Seconds of a plain single-token step at this context."""
+        return self.model.t1_in(self.bucket)
+
+    def ratio(self, n_tokens: int) -> float:
+        return self.model.ratio_in(self.bucket, n_tokens)
+
     def cost(self, n_tokens: int) -> float:
-        """Expected seconds to verify a batch of ``n_tokens`` at the current context."""
+        """Expected seconds to verify a batch of ``n_tokens`` at this context."""
         return self.t1 * self.ratio(n_tokens)
 
 
-def best_node_count(values: list[float], cost: VerifyCostModel) -> int:
+def best_node_count(values: list[float], cost: VerifyCost) -> int:
     """How many of the nodes (sorted by value, highest first) to verify.
 
     Maximises (1 + sum of kept values) / cost(1 + kept); 0 means plain decoding.
@@ -89,7 +114,7 @@ def best_node_count(values: list[float], cost: VerifyCostModel) -> int:
     return best_m
 
 
-def trim_to_budget(tree: DraftTree, cost: VerifyCostModel) -> DraftTree:
+def trim_to_budget(tree: DraftTree, cost: VerifyCost) -> DraftTree:
     """Keep the most valuable nodes of a scored ``tree`` (a node's score is its estimated
     probability of being accepted, a path product, so a child never beats its parent).
     An unscored tree is returned as it is."""

@@ -82,11 +82,12 @@ def _file_key(path: Path | None) -> str:
 
 
 def cache_key(hardware_fingerprint: str, model_path: Path, head_dir: Path | None,
-              n_threads: int) -> str:
+              n_threads: int, target_placements: tuple[str, ...] = ("cpu",),
+              head_devices: tuple[str, ...] = ()) -> str:
     """Changes when the machine, the model file (path, size, modification time), the
-    head's files or the thread count change."""
+    head's files, the thread count, or where the target and head were measured change."""
     text = "\n".join([hardware_fingerprint, _file_key(model_path), _file_key(head_dir),
-                      str(n_threads)])
+                      str(n_threads), ",".join(target_placements), ",".join(head_devices)])
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -173,11 +174,11 @@ def measure_head(target: Target, head_dir: Path | None, device: str, repeats: in
     step_feats = np.zeros((3, d), np.float32)
 
     def level() -> None:
-        drafter.draft(1)  # the root's top-k alone: one level
+        drafter.draft(1, 0.01)  # the root's top-k alone: one level
 
     def update() -> None:
         drafter.accept(prompt[:3], step_feats)
-        drafter.draft(1)
+        drafter.draft(1, 0.01)
 
     def sync() -> None:
         if device.startswith("cuda"):

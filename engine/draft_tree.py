@@ -19,6 +19,7 @@ class DraftTree:
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
+    made_ahead: bool = False  # drafted while the previous step was being verified
 
     @classmethod
     def chain(cls, tokens: list[int]) -> DraftTree:
@@ -68,4 +69,5 @@ class DraftTree:
 
     def truncated(self, n_max: int) -> DraftTree:
         """The first ``n_max`` nodes (still a tree, since parents come first)."""
-        return DraftTree(self.tokens[:n_max], self.parents[:n_max], self.scores[:n_max])
+        return DraftTree(self.tokens[:n_max], self.parents[:n_max], self.scores[:n_max],
+                         self.made_ahead)

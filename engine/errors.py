@@ -38,8 +38,23 @@ class NativeError(TandemError):
         self.code = code
 
 
+class ClosedError(TandemError):
+    """A model, context or batch was used after ``close()``."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"the {what} has been closed; load the model again")
+
+
 class IncompatibleDraftError(TandemError):
-    """A draft does not fit the target it was paired with."""
+    """A draft (head or draft model) does not fit the target it was paired with.
+    ``mismatches`` holds (field, the draft's value, the target's value) per field."""
+
+    def __init__(self, draft: str, mismatches: list[tuple[str, object, object]]) -> None:
+        details = "; ".join(f"{name}: the draft has {mine}, the target {theirs}"
+                            for name, mine, theirs in mismatches)
+        super().__init__(f"{draft} does not fit this model ({details})")
+        self.draft = draft
+        self.mismatches = mismatches
 
 
 class DownloadError(TandemError):

@@ -1,7 +1,8 @@
 """One generation loop for every mode: plain decoding and speculative decoding.
 
-Phases: prefill (prompt -> first token), then steps. A step drafts (or not), verifies
-``[last, *draft]`` in one decode, accepts, commits the accepted path, and emits tokens.
+Phases: ``_prefill`` (prompt -> first token), ``_step`` until an end condition (draft or
+not, verify ``[last, *draft]`` in one decode, accept, commit the accepted path), then
+``_finish``. Values pass between phases as arguments and return values.
 With no drafter a step is exactly plain decoding, so both modes share every line that
 touches the target and the sampler.
 """
@@ -17,7 +18,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.acceptance import accept
-from engine.budget import SpeculationGovernor, VerifyCostModel, trim_to_budget
+from engine.budget import (
+    MAX_DRAFT,
+    SpeculationGovernor,
+    VerifyCost,
+    VerifyCostModel,
+    trim_to_budget,
+)
 from engine.draft_tree import DraftTree
 from engine.drafters.base import Drafter
 from engine.errors import InvalidSamplingError
@@ -26,7 +33,6 @@ from engine.stats import GenerationStats, StepStats
 from engine.target import Target
 from engine.text_stream import TextStream
 
-_EMPTY_DRAFT = DraftTree()
 log = logging.getLogger(__name__)
 
 
@@ -35,7 +41,7 @@ class GenerationConfig:
     max_tokens: int = 256
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
-    max_draft: int = 8  # draft tokens verified per step, on top of the root
+    max_draft: int = MAX_DRAFT  # draft tokens verified per step, on top of the root
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -111,112 +117,156 @@ def generate(
     the generation, which goes on as plain decoding; ``stats.fallback`` says why.
     """
     config = config or GenerationConfig()
-    cost = cost if cost is not None else VerifyCostModel()
-    params = config.sampling
-    rng = np.random.default_rng(params.seed)
-    stats = GenerationStats(n_prompt=len(prompt), drafter=drafter.name if drafter else "none")
-    emitter = _Emitter(target, config, on_text)
+    run = _Run(target, config, cost if cost is not None else VerifyCostModel(), governor,
+               _Emitter(target, config, on_text),
+               GenerationStats(n_prompt=len(prompt),
+                               drafter=drafter.name if drafter else "none"),
+               np.random.default_rng(config.sampling.seed), drafter)
     t0 = time.perf_counter()
-
-    target.set_features(bool(drafter and drafter.needs_features))
-    pre = target.prefill(prompt, drafter.prompt_features if drafter else None)
-    stats.n_prompt_reused = pre.n_reused
-    last = choose(pre.logits, params, rng)
-    stats.t_prefill_s = time.perf_counter() - t0
-    emitter.emit([last])
-    stats.ttft_s = time.perf_counter() - t0
-    if drafter is not None and emitter.finish_reason is None:
-        try:
-            drafter.begin(prompt + [last], pre.features)
-        except Exception as exc:  # noqa: BLE001 - any drafter failure
-            drafter = _drop_drafter(drafter, exc, stats)
-
+    last = _prefill(run, prompt, t0)
     ahead_pool = (ThreadPoolExecutor(1, thread_name_prefix="draft-ahead")
-                  if drafter is not None and drafter.drafts_ahead else None)
+                  if run.drafter is not None and run.drafter.drafts_ahead else None)
     try:
-        drafter = _steps(target, drafter, config, cost, governor, emitter, stats, rng,
-                         last, should_stop, on_step, ahead_pool)
+        while run.emitter.finish_reason is None:
+            if should_stop is not None and should_stop():
+                run.emitter.finish_reason = "cancelled"
+                break
+            step = _step(run, last, ahead_pool)
+            if step is None:
+                break
+            last, step_stats, new_tokens = step
+            if on_step is not None:
+                on_step(step_stats)
+            run.emitter.emit(new_tokens)
     finally:
         if ahead_pool is not None:
             ahead_pool.shutdown(wait=True)
-    reason = emitter.close()
-    stats.n_new = len(emitter.tokens)
-    stats.t_total_s = time.perf_counter() - t0
-    return GenerationResult(emitter.tokens, emitter.stream.text, reason, stats)
+    return _finish(run, prompt, t0)
 
 
-def _steps(target: Target, drafter: Drafter | None, config: GenerationConfig,
-           cost: VerifyCostModel, governor: SpeculationGovernor | None, emitter: _Emitter,
-           stats: GenerationStats, rng: np.random.Generator, last: int,
-           should_stop: Callable[[], bool] | None, on_step: Callable[[StepStats], None] | None,
-           ahead_pool: ThreadPoolExecutor | None) -> Drafter | None:
-    """Draft, verify, accept until the emitter says stop; the drafter still in use."""
-    params = config.sampling
-    while emitter.finish_reason is None:
-        if should_stop is not None and should_stop():
-            emitter.finish_reason = "cancelled"
-            break
-        room = target.n_ctx - target.n_used - 1  # cells left after the root
-        if room < config.max_draft and target.n_parked:
-            target.compact()
-            room = target.n_ctx - target.n_used - 1
-        if room < 0:
-            emitter.finish_reason = "context"
-            break
-        t_step = time.perf_counter()
-        cost.at_context(target.n_past)
-        draft = _EMPTY_DRAFT
-        drafting = drafter is not None and (governor is None or governor.should_draft())
-        if drafting:
-            budget = min(config.max_draft, room, config.max_tokens - len(emitter.tokens))
-            if budget > 0:
-                drafter.token_time_s = cost.t1
-                try:
-                    draft = trim_to_budget(drafter.draft(budget).truncated(budget), cost)
-                except Exception as exc:  # noqa: BLE001 - any drafter failure
-                    drafter = _drop_drafter(drafter, exc, stats)
-                    draft = _EMPTY_DRAFT
-        t_drafted = time.perf_counter()
-        served_ahead = bool(drafter is not None and draft and drafter.served_ahead)
-        ahead: Future | None = None
-        if ahead_pool is not None and drafter is not None and draft:
-            ahead = ahead_pool.submit(drafter.draft_ahead, draft, config.max_draft)
-        ver = target.verify(last, draft)
-        cost.observe(1 + len(draft), time.perf_counter() - t_drafted)
-        if ahead is not None:
-            try:
-                ahead.result()  # a draft ahead slower than the verification costs here
-            except Exception as exc:  # noqa: BLE001 - any drafter failure
-                drafter = _drop_drafter(drafter, exc, stats)
-        node_tokens = [last] + draft.tokens
-        acc = accept(draft.children(), node_tokens, ver.logits, params, rng)
-        path_tokens = [node_tokens[k] for k in acc.path]
-        target.commit(ver, acc.path, path_tokens)
-        t_verified = time.perf_counter()
-        new_tokens = path_tokens[1:] + [acc.next_token]
-        if drafter is not None:
-            feats = ver.features[acc.path] if ver.features is not None else None
-            try:
-                drafter.accept(new_tokens, feats)
-            except Exception as exc:  # noqa: BLE001 - any drafter failure
-                drafter = _drop_drafter(drafter, exc, stats)
-        if drafting and governor is not None:
-            governor.observe(len(acc.path) - 1, t_drafted - t_step, t_verified - t_drafted,
+@dataclass
+class _Run:
+    """What one generation carries from phase to phase."""
+
+    target: Target
+    config: GenerationConfig
+    cost: VerifyCostModel
+    governor: SpeculationGovernor | None
+    emitter: _Emitter
+    stats: GenerationStats
+    rng: np.random.Generator
+    drafter: Drafter | None  # None once it failed: the rest is plain decoding
+
+    def drop_drafter(self, exc: Exception) -> None:
+        """Go on without the drafter: the target alone decides every token anyway."""
+        assert self.drafter is not None
+        name = self.drafter.name
+        log.warning("drafter %s failed (%s); continuing with plain decoding", name, exc)
+        self.stats.fallback = f"the {name} drafter failed ({exc}); went on with plain decoding"
+        self.drafter = None
+
+
+def _prefill(run: _Run, prompt: list[int], t0: float) -> int:
+    """Evaluate the prompt and choose the first token (no drafting before it)."""
+    drafter, target = run.drafter, run.target
+    target.set_features(bool(drafter and drafter.needs_features))
+    pre = target.prefill(prompt, drafter.prompt_features if drafter else None)
+    run.stats.n_prompt_reused = pre.n_reused
+    last = choose(pre.logits, run.config.sampling, run.rng)
+    run.stats.t_prefill_s = time.perf_counter() - t0
+    run.emitter.emit([last])
+    run.stats.ttft_s = time.perf_counter() - t0
+    if drafter is not None and run.emitter.finish_reason is None:
+        try:
+            drafter.begin(prompt + [last], pre.features)
+        except Exception as exc:  # noqa: BLE001 - any drafter failure
+            run.drop_drafter(exc)
+    return last
+
+
+def _room(run: _Run) -> int:
+    """KV cells left after the root (compacting parked cells when they run short)."""
+    target = run.target
+    room = target.n_ctx - target.n_used - 1
+    if room < run.config.max_draft and target.n_parked:
+        target.compact()
+        room = target.n_ctx - target.n_used - 1
+    return room
+
+
+def _draft(run: _Run, room: int, cost: VerifyCost) -> tuple[DraftTree, bool]:
+    """The draft for this step, trimmed to what pays (empty: a plain step), and whether
+    the drafter was asked."""
+    drafter, governor = run.drafter, run.governor
+    if drafter is None or (governor is not None and not governor.should_draft()):
+        return DraftTree(), False
+    budget = min(run.config.max_draft, room, run.config.max_tokens - len(run.emitter.tokens))
+    if budget <= 0:
+        return DraftTree(), True
+    try:
+        proposed = drafter.draft(budget, cost.t1).truncated(budget)
+    except Exception as exc:  # noqa: BLE001 - any drafter failure
+        run.drop_drafter(exc)
+        return DraftTree(), True
+    return trim_to_budget(proposed, cost), True
+
+
+def _step(run: _Run, last: int, ahead_pool: ThreadPoolExecutor | None
+          ) -> tuple[int, StepStats, list[int]] | None:
+    """Draft, verify, accept, commit. Returns the new last token, the step's figures and
+    the tokens it added, or None when the context is full."""
+    target = run.target
+    room = _room(run)
+    if room < 0:
+        run.emitter.finish_reason = "context"
+        return None
+    t_step = time.perf_counter()
+    n_past = target.n_past
+    cost = run.cost.at(n_past)
+    draft, drafting = _draft(run, room, cost)
+    t_drafted = time.perf_counter()
+    ahead: Future | None = None
+    if ahead_pool is not None and run.drafter is not None and draft:
+        ahead = ahead_pool.submit(run.drafter.draft_ahead, draft, run.config.max_draft)
+    ver = target.verify(last, draft)
+    run.cost.observe(n_past, 1 + len(draft), time.perf_counter() - t_drafted)
+    if ahead is not None:
+        try:
+            ahead.result()  # a draft ahead slower than the verification costs here
+        except Exception as exc:  # noqa: BLE001 - any drafter failure
+            run.drop_drafter(exc)
+    node_tokens = [last] + draft.tokens
+    acc = accept(draft.children(), node_tokens, ver.logits, run.config.sampling, run.rng)
+    path_tokens = [node_tokens[k] for k in acc.path]
+    target.commit(ver, acc.path, path_tokens)
+    t_verified = time.perf_counter()
+    new_tokens = path_tokens[1:] + [acc.next_token]
+    if run.drafter is not None:
+        feats = ver.features[acc.path] if ver.features is not None else None
+        try:
+            run.drafter.accept(new_tokens, feats)
+        except Exception as exc:  # noqa: BLE001 - any drafter failure
+            run.drop_drafter(exc)
+    if drafting and run.governor is not None:
+        run.governor.observe(len(acc.path) - 1, t_drafted - t_step, t_verified - t_drafted,
                              cost.t1, len(draft))
-        step = StepStats(t_draft_s=t_drafted - t_step, t_verify_s=t_verified - t_drafted,
-                         n_proposed=len(draft), n_accepted=len(acc.path) - 1,
-                         accepted_depths=tuple(range(1, len(acc.path))),
-                         drafted_ahead=served_ahead)
-        stats.steps.append(step)
-        if on_step is not None:
-            on_step(step)
-        emitter.emit(new_tokens)
-        last = acc.next_token
-    return drafter
+    step = StepStats(t_draft_s=t_drafted - t_step, t_verify_s=t_verified - t_drafted,
+                     n_proposed=len(draft), n_accepted=len(acc.path) - 1,
+                     accepted_depths=tuple(range(1, len(acc.path))),
+                     drafted_ahead=draft.made_ahead)
+    run.stats.steps.append(step)
+    return acc.next_token, step, new_tokens
 
 
-def _drop_drafter(drafter: Drafter, exc: Exception, stats: GenerationStats) -> None:
-    """Go on without the drafter: the target alone decides every token anyway."""
-    log.warning("drafter %s failed (%s); continuing with plain decoding", drafter.name, exc)
-    stats.fallback = f"the {drafter.name} drafter failed ({exc}); went on with plain decoding"
-    return None
+def _finish(run: _Run, prompt: list[int], t0: float) -> GenerationResult:
+    """Close the text stream, let the drafter remember the answer, fill the figures."""
+    reason = run.emitter.close()
+    tokens = run.emitter.tokens
+    if run.drafter is not None:
+        try:
+            run.drafter.finish(prompt + tokens)
+        except Exception as exc:  # noqa: BLE001 - the answer is complete anyway
+            run.drop_drafter(exc)
+    run.stats.n_new = len(tokens)
+    run.stats.t_total_s = time.perf_counter() - t0
+    return GenerationResult(tokens, run.emitter.stream.text, reason, run.stats)

@@ -36,6 +36,29 @@ class GpuInfo:
     total_bytes: int
     free_bytes: int
 
+    @property
+    def device(self) -> str:
+        """The torch device name: "cuda:0", "xpu:1", "mps"."""
+        return device_name(self.backend, self.index)
+
+
+DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
+
+
+def device_name(backend: str, index: int = 0) -> str:
+    return backend if backend in ("cpu", "mps") else f"{backend}:{index}"
+
+
+def check_device(name: str) -> str:
+    """``name`` if it names a torch device kind Tandem can run a draft on ("cpu",
+    "cuda", "cuda:1", "mps", "xpu:0"); raises ValueError naming the choices."""
+    kind, _, index = name.partition(":")
+    if kind not in DEVICE_KINDS or (index and not index.isdigit()) or (
+            index and kind in ("cpu", "mps")):
+        raise ValueError(f"unknown device {name!r}; choose from cpu, cuda, cuda:N, mps, "
+                         "xpu, xpu:N")
+    return name
+
 
 @dataclass(frozen=True)
 class HardwareProfile:
@@ -177,9 +200,9 @@ def _probe_gpus() -> tuple[GpuInfo, ...]:
 
 def llama_can_offload() -> bool:
     try:
-        import llama_cpp
+        from engine.native import supports_gpu_offload
 
-        return bool(llama_cpp.llama_supports_gpu_offload())
+        return supports_gpu_offload()
     except Exception:  # noqa: BLE001 - no llama.cpp, or one without the symbol
         return False
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from engine.errors import ContextFullError, ModelLoadError, NativeError
+from engine.errors import ClosedError, ContextFullError, ModelLoadError, NativeError
+from engine.gguf_header import check_gguf_magic
 
 log = logging.getLogger(__name__)
 
-GGUF_MAGIC = b"GGUF"
 _DECODE_MEANINGS = {
     1: "no KV-cache slot for the batch (context full)",
     2: "aborted",
@@ -64,30 +64,19 @@ def supports_gpu_offload() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
-def check_gguf_file(path: Path) -> None:
-    """Raise ModelLoadError unless ``path`` is a readable file that starts like a GGUF."""
-    if not path.exists():
-        raise ModelLoadError(f"model file not found: {path}")
-    if not path.is_file():
-        raise ModelLoadError(f"model path is not a file: {path}")
-    with path.open("rb") as fh:
-        magic = fh.read(4)
-    if magic != GGUF_MAGIC:
-        raise ModelLoadError(
-            f"{path} is not a GGUF file (it starts with {magic!r}, a GGUF starts with b'GGUF')"
-        )
-
-
 class NativeModel:
     """A loaded GGUF: weights and vocabulary."""
 
-    def __init__(self, path: str | os.PathLike[str], n_gpu_layers: int = 0) -> None:
-        """Raises ModelLoadError for a missing, non-GGUF, truncated or unsupported file."""
+    def __init__(self, path: str | os.PathLike[str], n_gpu_layers: int = 0,
+                 vocab_only: bool = False) -> None:
+        """Raises ModelLoadError for a missing, non-GGUF, truncated or unsupported file.
+        ``vocab_only`` reads the header and vocabulary, no weights (fast)."""
         self.path = Path(path)
-        check_gguf_file(self.path)
+        check_gguf_magic(self.path)
         _ensure_backend()
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        params.vocab_only = vocab_only
         mark = len(_recent_native_log)
         handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not handle:
@@ -109,7 +98,7 @@ class NativeModel:
     @property
     def handle(self) -> llama_cpp.llama_model_p:
         if self._handle is None:
-            raise ModelLoadError("the model has been closed")
+            raise ClosedError("model")
         return self._handle
 
     def close(self) -> None:
@@ -123,11 +112,6 @@ class NativeModel:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def description(self) -> str:
-        buf = ctypes.create_string_buffer(256)
-        llama_cpp.llama_model_desc(self.handle, buf, len(buf))
-        return buf.value.decode("utf-8", errors="replace")
-
     def metadata(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(1 << 16)
         # Returns the length of the value, or -1 when the key is absent.
@@ -139,6 +123,7 @@ class NativeModel:
         return raw.decode("utf-8") if raw else None
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        self.handle  # noqa: B018 - raises ClosedError: the vocab dies with the model
         data = text.encode("utf-8")
         n_max = len(data) + 8
         buf = (llama_cpp.llama_token * n_max)()
@@ -157,6 +142,7 @@ class NativeModel:
     def pieces(self) -> list[bytes]:
         """The bytes each token id renders to (special tokens rendered), cached."""
         if self._pieces is None:
+            self.handle  # noqa: B018 - raises ClosedError: the vocab dies with the model
             buf = ctypes.create_string_buffer(256)
             out = []
             for t in range(self.n_vocab):
@@ -177,6 +163,8 @@ class NativeBatch:
 
     @property
     def raw(self) -> llama_cpp.llama_batch:
+        if not self._open:
+            raise ClosedError("batch")
         return self._batch
 
     def fill(
@@ -190,7 +178,7 @@ class NativeBatch:
         n = len(tokens)
         if n > self.n_tokens_max:
             raise ValueError(f"batch of {n} tokens exceeds its capacity {self.n_tokens_max}")
-        b = self._batch
+        b = self.raw
         tok, pos, nsq, sq, lg = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
         for i in range(n):
             tok[i] = tokens[i]
@@ -209,7 +197,7 @@ class NativeBatch:
 
     def fill_one(self, token: int, position: int) -> None:
         """The plain-decoding fast path: one token of sequence 0, with its output."""
-        b = self._batch
+        b = self.raw
         b.token[0] = token
         b.pos[0] = position
         b.n_seq_id[0] = 1
@@ -287,13 +275,20 @@ class NativeContext:
     @property
     def handle(self) -> llama_cpp.llama_context_p:
         if self._handle is None:
-            raise ModelLoadError("the context has been closed")
+            raise ClosedError("context")
         return self._handle
+
+    @property
+    def memory(self) -> llama_cpp.llama_memory_t:
+        if self._handle is None:
+            raise ClosedError("context")
+        return self._memory
 
     def close(self) -> None:
         if self._handle is not None:
             llama_cpp.llama_free(self._handle)
             self._handle = None
+            self._memory = None  # freed with the context
 
     def __enter__(self) -> NativeContext:
         return self
@@ -310,9 +305,6 @@ class NativeContext:
     @property
     def embeddings(self) -> bool:
         return self._embeddings
-
-    def set_threads(self, n_threads: int) -> None:
-        llama_cpp.llama_set_n_threads(self.handle, n_threads, n_threads)
 
     def decode(self, batch: NativeBatch) -> None:
         """Run the batch. Raises ContextFullError (KV full) or NativeError."""
@@ -346,20 +338,18 @@ class NativeContext:
 
     # KV cache. Positions: p0 inclusive, p1 exclusive, negative means open-ended.
     def kv_remove(self, seq_id: int, p0: int, p1: int = -1) -> None:
-        llama_cpp.llama_memory_seq_rm(self._memory, seq_id, p0, p1)
+        llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
 
     def kv_copy(self, seq_src: int, seq_dst: int, p0: int = -1, p1: int = -1) -> None:
-        llama_cpp.llama_memory_seq_cp(self._memory, seq_src, seq_dst, p0, p1)
+        llama_cpp.llama_memory_seq_cp(self.memory, seq_src, seq_dst, p0, p1)
 
     def kv_clear(self) -> None:
-        llama_cpp.llama_memory_clear(self._memory, True)
+        llama_cpp.llama_memory_clear(self.memory, True)
 
     def kv_pos_max(self, seq_id: int) -> int:
         """Largest position held by the sequence, -1 when it is empty."""
-        return int(llama_cpp.llama_memory_seq_pos_max(self._memory, seq_id))
+        return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id))
 
-    def kv_pos_min(self, seq_id: int) -> int:
-        return int(llama_cpp.llama_memory_seq_pos_min(self._memory, seq_id))
 
 
 def quantize(src: Path, dst: Path, ftype: int, n_threads: int) -> None:

@@ -28,12 +28,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from engine.budget import MAX_DRAFT, MAX_DRAFT_LIMIT
 from engine.calibration import CostProfile
-from engine.hardware import GpuInfo, HardwareProfile
+from engine.hardware import HardwareProfile
 
 LAYOUTS = ("dovetail", "duodecoding", "cpu", "plain")
 MIN_GAIN = 0.05  # below this predicted gain, drafting is not worth its risk
-MAX_DEPTH = 8
 # Estimates used only when a cost could not be measured here (no such device):
 GPU_VERIFY_SHARE = 0.15  # a GPU-resident small model decodes ~7x faster than 2-4 cores
 GPU_LEVEL_S = 0.0006  # one head level on a GPU: a few kernel launches
@@ -45,7 +45,7 @@ DEFAULT_ACCEPTANCE = (0.45, 0.4, 0.38, 0.36, 0.35, 0.34, 0.33, 0.32)
 class Budget:
     mode: str = "chain"  # "chain", "tree" (EAGLE-2), "multi" (DuoDecoding) or "lookup"
     depth: int = 4  # draft levels
-    max_draft: int = 8  # draft tokens verified per step at most
+    max_draft: int = MAX_DRAFT  # draft tokens verified per step at most
     top_k: int = 4
 
     def describe(self) -> str:
@@ -93,8 +93,9 @@ class Overrides:
     def __post_init__(self) -> None:
         if self.layout is not None and self.layout not in LAYOUTS:
             raise ValueError(f"unknown layout {self.layout!r}; choose from {', '.join(LAYOUTS)}")
-        if self.max_draft is not None and not 0 <= self.max_draft <= 16:
-            raise ValueError("the budget must be between 0 and 16 draft tokens")
+        if self.max_draft is not None and not 0 <= self.max_draft <= MAX_DRAFT_LIMIT:
+            raise ValueError(f"the budget must be between 0 and {MAX_DRAFT_LIMIT} draft "
+                             f"tokens, got {self.max_draft}")
 
 
 @dataclass(frozen=True)
@@ -159,10 +160,6 @@ def expected_tokens(acceptance: tuple[float, ...], depth: int) -> float:
     return total
 
 
-def _gpu_name(gpu: GpuInfo) -> str:
-    return "mps" if gpu.backend == "mps" else f"{gpu.backend}:{gpu.index}"
-
-
 def _verify_time(costs: CostProfile, on_gpu: float, n: int) -> tuple[float, bool]:
     """Verification seconds with a share ``on_gpu`` of the target's layers on the GPU."""
     cpu = costs.verify("cpu", n) if "cpu" in costs.verify_s else None
@@ -172,7 +169,10 @@ def _verify_time(costs: CostProfile, on_gpu: float, n: int) -> tuple[float, bool
         raise ValueError("no measured verification cost on the CPU")
     if on_gpu <= 0:
         return cpu, False
-    # Offloaded layers run at GPU speed, nearly flat in n; the rest at CPU speed.
+    # Offloaded layers run at GPU speed (measured with the whole target on the GPU when
+    # calibration could), the rest at CPU speed.
+    if "gpu" in costs.verify_s:
+        return (1 - on_gpu) * cpu + on_gpu * costs.verify("gpu", n), False
     gpu_part = costs.verify("cpu", 1) * GPU_VERIFY_SHARE
     return (1 - on_gpu) * cpu + on_gpu * gpu_part, True
 
@@ -231,7 +231,7 @@ def _layout_placements(hw: HardwareProfile, model: ModelFacts, head: HeadFacts |
             layers = min(model.n_layers, int(left // per_layer))
             share = layers / max(1, model.n_layers)
             layers = -1 if layers >= model.n_layers else layers
-        out.append(("dovetail", _gpu_name(gpu), layers, share))
+        out.append(("dovetail", gpu.device, layers, share))
     if hw.llama_gpu_offload and need_target < gpu.free_bytes:
         out.append(("duodecoding", "cpu", -1, 1.0))
     return out
@@ -241,8 +241,8 @@ def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
                 head: HeadFacts | None, overrides: Overrides | None = None) -> Plan:
     """The fastest predicted layout and budget, honouring ``overrides``."""
     ov = overrides or Overrides()
-    max_draft = 8 if ov.max_draft is None else ov.max_draft
-    depth_cap = ov.depth or MAX_DEPTH
+    max_draft = MAX_DRAFT if ov.max_draft is None else ov.max_draft
+    depth_cap = ov.depth or MAX_DRAFT
     placements = _layout_placements(hw, model, head)
     # Plain decoding on the best placement of the target alone.
     plain_options = [(0, 0.0)]

@@ -29,6 +29,14 @@ class GenerationStats:
     fallback: str = ""  # why drafting stopped mid-generation (empty: it did not)
     steps: list[StepStats] = field(default_factory=list)
 
+    @classmethod
+    def so_far(cls, steps: list[StepStats], drafter: str, ttft_s: float, t_elapsed_s: float
+               ) -> GenerationStats:
+        """The figures of a generation still running, from its steps so far (the first
+        token, then each step's accepted drafts and the target's own token)."""
+        return cls(n_new=1 + sum(s.n_accepted + 1 for s in steps), ttft_s=ttft_s,
+                   t_total_s=t_elapsed_s, drafter=drafter, steps=list(steps))
+
     @property
     def n_steps(self) -> int:
         return len(self.steps)

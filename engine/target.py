@@ -25,6 +25,7 @@ from engine.chat_template import ChatTemplate
 from engine.draft_tree import DraftTree
 from engine.errors import ContextFullError
 from engine.hardware import default_threads
+from engine.kv_cache import TYPE_K, TYPE_V
 from engine.native import NativeBatch, NativeContext, NativeModel
 
 log = logging.getLogger(__name__)
@@ -37,9 +38,12 @@ class TargetConfig:
     n_batch: int = 256  # prefill chunk; also the largest verification batch
     n_seq_max: int = 16  # sequences: a tree may have n_seq_max - 1 leaves (one parks)
     features: bool = False  # post-norm hidden states, for a draft head
-    type_k: str = "q8_0"  # KV-cache types; NativeContext says why K is not f16
-    type_v: str = "f16"
+    type_k: str = TYPE_K  # KV-cache types; NativeContext says why K is not f16
+    type_v: str = TYPE_V
     n_gpu_layers: int = 0  # layers offloaded to a GPU (llama.cpp builds that can)
+    # One KV buffer for all sequences (tree verification needs it); False gives each
+    # sequence its own stream, cheaper for independent sequences (training data).
+    unified_kv: bool = True
 
 
 @dataclass
@@ -78,7 +82,8 @@ class Target:
                                      n_threads=self.n_threads,
                                      embeddings=self.config.features,
                                      type_k=self.config.type_k,
-                                     type_v=self.config.type_v)
+                                     type_v=self.config.type_v,
+                                     unified_kv=self.config.unified_kv)
             self.batch = NativeBatch(self.config.n_batch, self.config.n_seq_max)
         except BaseException:
             self.model.close()
@@ -132,9 +137,11 @@ class Target:
         """Tokens of ``text``; ``special`` parses control tokens such as <|im_start|>."""
         return self.model.tokenize(text, add_special=self.model.add_bos, parse_special=special)
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        """Tokens of a conversation formatted with the GGUF's chat template."""
-        text = self.template.render(messages, add_generation_prompt=True)
+    def chat_prompt(self, messages: list[dict[str, str]],
+                    add_generation_prompt: bool = True) -> list[int]:
+        """Tokens of a conversation formatted with the GGUF's chat template (with the
+        assistant's opening when ``add_generation_prompt``)."""
+        text = self.template.render(messages, add_generation_prompt=add_generation_prompt)
         # The template writes BOS itself when the model wants one.
         return self.model.tokenize(text, add_special=False, parse_special=True)
 
@@ -240,6 +247,22 @@ class Target:
             raise
         assert logits is not None
         return logits, feats
+
+    # --- independent sequences (training data) ----------------------------------------
+    def decode_sequences(self, tokens: list[int], positions: list[int], seqs: list[int]
+                         ) -> tuple[np.ndarray, list[int]]:
+        """Decode tokens of independent sequences (one sequence id per token) outside
+        the sequence-0 bookkeeping. Returns their features and the target's argmax after
+        each. Needs features on; the caller owns the sequences it names."""
+        if not self.ctx.embeddings:
+            raise ValueError("decode_sequences needs a target opened with features=True")
+        self.batch.fill(tokens, positions, [(s,) for s in seqs], True)
+        self.ctx.decode(self.batch)
+        return self.ctx.hidden_states(len(tokens)), self.ctx.argmax_logits(len(tokens))
+
+    def forget_sequence(self, seq: int) -> None:
+        """Drop every cached cell of ``seq`` (independent sequences only)."""
+        self.ctx.kv_remove(seq, -1, -1)
 
     # --- verification ----------------------------------------------------------------
     def verify(self, root: int, draft: DraftTree) -> Verification:

@@ -77,16 +77,15 @@ def fingerprint(pieces: list[bytes], hidden_size: int) -> TargetFingerprint:
 
 @dataclass(frozen=True)
 class TargetForHead:
-    """Everything a head takes from its target: shapes, frozen matrices, fingerprint."""
+    """Everything a head takes from its target's GGUF: shapes and frozen matrices."""
 
     facts: TargetFacts
     embed: np.ndarray
     lm_head: np.ndarray
-    fingerprint: TargetFingerprint
 
 
-def target_for_head(path: Path, pieces: list[bytes]) -> TargetForHead:
-    """Read a GGUF for a head; ``pieces`` are the token bytes llama.cpp reports."""
+def target_for_head(path: Path) -> TargetForHead:
+    """Read a GGUF for a head."""
     facts = read_facts(path)
     embed, lm_head = read_embeddings(path)
-    return TargetForHead(facts, embed, lm_head, fingerprint(pieces, facts.hidden_size))
+    return TargetForHead(facts, embed, lm_head)

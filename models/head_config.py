@@ -16,13 +16,11 @@ class TargetFingerprint:
     hidden_size: int
     tokenizer_sha256: str  # hash of the target's token pieces, in id order
 
-    def mismatches(self, other: TargetFingerprint) -> list[str]:
-        out = []
-        for name in ("vocab_size", "hidden_size", "tokenizer_sha256"):
-            mine, theirs = getattr(self, name), getattr(other, name)
-            if mine != theirs:
-                out.append(f"{name}: head trained for {mine}, target has {theirs}")
-        return out
+    def differences(self, other: TargetFingerprint) -> list[tuple[str, object, object]]:
+        """(field, this value, the other's value) for each field that differs."""
+        return [(name, getattr(self, name), getattr(other, name))
+                for name in ("vocab_size", "hidden_size", "tokenizer_sha256")
+                if getattr(self, name) != getattr(other, name)]
 
 
 @dataclass(frozen=True)

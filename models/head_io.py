@@ -8,14 +8,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from models.draft_head import DraftHead
-from models.head_config import HeadConfig, TargetFingerprint
+from models.head_config import HeadConfig
 
 WEIGHTS = "head.safetensors"
 CONFIG = "head.json"
-
-
-class HeadMismatchError(ValueError):
-    """The head was trained for another target; the message names both values."""
 
 
 def save_head(head: DraftHead, directory: Path) -> None:
@@ -28,16 +24,13 @@ def save_head(head: DraftHead, directory: Path) -> None:
     head.cfg.save(directory / CONFIG)
 
 
-def load_head(directory: Path, target: TargetFingerprint, embed: torch.Tensor,
-              lm_head: torch.Tensor, device: str = "cpu") -> DraftHead:
-    """Load a head for ``target``. Raises HeadMismatchError when it does not fit and
-    FileNotFoundError when the files are missing."""
+def load_head(directory: Path, embed: torch.Tensor, lm_head: torch.Tensor,
+              device: str = "cpu") -> DraftHead:
+    """Load a head with its target's ``embed`` and ``lm_head`` matrices. The caller has
+    checked that the head fits the target (``HeadConfig.target``). Raises
+    FileNotFoundError when the files are missing, ValueError/RuntimeError when they are
+    not a head of the shapes its config names."""
     cfg = HeadConfig.load(directory / CONFIG)
-    if cfg.target is not None:
-        problems = cfg.target.mismatches(target)
-        if problems:
-            raise HeadMismatchError(f"draft head {directory} does not fit this target: "
-                                    + "; ".join(problems))
     state = {k: v.float() if v.is_floating_point() else v
              for k, v in load_file(str(directory / WEIGHTS), device=device).items()}
     head = DraftHead(cfg, embed.to(device), lm_head.to(device), state["d2t"].to(device))

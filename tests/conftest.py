@@ -10,6 +10,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DEV_PROMPTS = REPO.parent / "shared" / "data" / "spec_bench_dev.jsonl"
+# Recorded machines and cost curves; the ones named synthetic_* are invented, not measured.
+PROFILES = Path(__file__).resolve().parent / "profiles"
 
 
 @pytest.fixture(scope="session")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.drafters.head import check_head_fits
+from engine.errors import IncompatibleDraftError
 from models.draft_head import DraftHead
 from models.head_config import HeadConfig, TargetFingerprint
-from models.head_io import HeadMismatchError, load_head, save_head
+from models.head_io import load_head, save_head
 
 FP = TargetFingerprint(vocab_size=50, hidden_size=32, tokenizer_sha256="abc")
 
@@ -47,7 +49,7 @@ def test_reduced_vocabulary_logits_map_back_to_target_ids():
 def test_save_and_load_give_identical_outputs(tmp_path):
     head = _head(n_layers=1)
     save_head(head, tmp_path)
-    again = load_head(tmp_path, FP, head.embed, head.embed.clone())
+    again = load_head(tmp_path, head.embed, head.embed.clone())
     # Weights are stored in float16: the loaded head is the original rounded to it.
     head.load_state_dict({k: v.half().float() if v.is_floating_point() else v
                           for k, v in head.state_dict().items()})
@@ -59,8 +61,11 @@ def test_save_and_load_give_identical_outputs(tmp_path):
 def test_mismatched_target_is_refused_with_both_values(tmp_path):
     save_head(_head(), tmp_path)
     other = TargetFingerprint(vocab_size=51, hidden_size=32, tokenizer_sha256="abc")
-    with pytest.raises(HeadMismatchError, match="vocab_size: head trained for 50, target has 51"):
-        load_head(tmp_path, other, torch.zeros(51, 32), torch.zeros(51, 32))
+    with pytest.raises(IncompatibleDraftError,
+                       match="vocab_size: the draft has 50, the target 51") as err:
+        check_head_fits(tmp_path, other)
+    assert ("vocab_size", 50, 51) in err.value.mismatches
+    assert check_head_fits(tmp_path, FP).target == FP  # the matching target is accepted
 
 
 def test_target_facts_and_embeddings_come_from_the_real_gguf(target, model_path):

@@ -12,9 +12,9 @@ import pytest
 
 from engine.budget import VerifyCostModel
 from engine.drafters import DEFAULT_HEAD_DIR, make_drafter
+from engine.errors import IncompatibleDraftError
 from engine.generation import GenerationConfig, generate
 from engine.sampling import SamplingParams
-from models.head_io import HeadMismatchError
 from tests.stats_helpers import two_sample_z
 
 MAX_TOKENS = 48
@@ -151,10 +151,10 @@ def test_head_for_another_target_is_refused(target, tmp_path):
     cfg["target"]["vocab_size"] = 32000
     cfg["target"]["tokenizer_sha256"] = "0" * 64
     (bad / "head.json").write_text(json.dumps(cfg))
-    with pytest.raises(HeadMismatchError) as err:
+    with pytest.raises(IncompatibleDraftError) as err:
         make_drafter("head", target=target, head_dir=bad)
     message = str(err.value)
-    assert "vocab_size: head trained for 32000, target has 49152" in message
+    assert "vocab_size: the draft has 32000, the target 49152" in message
     assert "tokenizer_sha256" in message
 
 
@@ -174,7 +174,7 @@ def test_saved_and_reloaded_head_drafts_the_same(target, tmp_path):
         pre = target.prefill(prompt)
         first = int(np.argmax(pre.logits))
         drafter.begin(prompt + [first], pre.features)
-        tree = drafter.draft(8)
+        tree = drafter.draft(8, 0.01)
         return tree.tokens, tree.parents, tree.scores
 
     original = make_drafter("head", target=target)
@@ -186,13 +186,13 @@ def test_saved_and_reloaded_head_drafts_the_same(target, tmp_path):
 def test_short_training_run_on_real_data_lowers_the_loss(model_path, tmp_path):
     import torch
 
-    from engine.native import NativeModel
-    from models.distill_data import BuildConfig, build, load_samples
+    from engine.model_info import read_model_info
     from models.draft_head import DraftHead
     from models.gguf_weights import target_for_head
-    from models.sharegpt import iter_conversations
-    from models.train_draft import HeadShape, head_config_for
-    from models.train_head import TrainConfig, draft_vocabulary, evaluate, train
+    from training.distill_data import BuildConfig, build, load_samples
+    from training.sharegpt import iter_conversations
+    from training.train_draft import HeadShape, head_config_for
+    from training.train_head import TrainConfig, draft_vocabulary, evaluate, train
 
     data = BuildConfig(answers="dataset", max_prompt_tokens=96, max_answer_tokens=48,
                        shard_samples=4)
@@ -200,14 +200,10 @@ def test_short_training_run_on_real_data_lowers_the_loss(model_path, tmp_path):
     samples = load_samples(tmp_path / "data")
     assert n == 8 and len(samples) == 8
     assert all(s.features.shape == (len(s.tokens), 576) for s in samples)
-    model = NativeModel(model_path)
-    try:
-        tgt = target_for_head(model_path, model.pieces())
-        eog = set(model.eog_ids)
-    finally:
-        model.close()
-    d2t = draft_vocabulary(samples, 1024, eog)
-    cfg = head_config_for(model_path, HeadShape(draft_vocab_size=1024), tgt.fingerprint)
+    info = read_model_info(model_path)
+    tgt = target_for_head(model_path)
+    d2t = draft_vocabulary(samples, 1024, set(info.eog_ids))
+    cfg = head_config_for(model_path, HeadShape(draft_vocab_size=1024), info.fingerprint)
     torch.manual_seed(0)
     head = DraftHead(cfg, torch.from_numpy(tgt.embed), torch.from_numpy(tgt.lm_head), d2t)
     tcfg = TrainConfig(steps=30, seqs_per_step=2, warmup=5, lr=1e-3, bf16=False)

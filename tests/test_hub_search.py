@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from engine.errors import HubServerError, NetworkUnavailableError
+from engine.gguf_header import read_facts_prefix
 from engine.hub.catalog import HeadPair, matching_heads
 from engine.hub.fit import FITS_GPU, FITS_RAM, TOO_LARGE, MachineMemory, estimate_fit
-from engine.hub.gguf_header import read_facts_prefix
 from engine.hub.quant import group_shards, parse_quant
 from engine.hub.search import list_repo, read_remote_facts, search_gguf
 from tests.hub_server import HEAD_REPO, TARGET_REPO, FakeHub, standard_repos

@@ -59,8 +59,9 @@ def test_draft_tree_helpers():
 
 
 def test_budget_keeps_only_nodes_that_pay_for_their_verification():
-    cost = VerifyCostModel(slope=0.35)
-    cost.observe(1, 0.010)
+    model = VerifyCostModel(slope=0.35)
+    model.observe(100, 1, 0.010)
+    cost = model.at(100)
     assert best_node_count([0.9, 0.8, 0.05], cost) == 2
     assert best_node_count([0.2, 0.1], cost) == 0
     tree = DraftTree()
@@ -69,11 +70,9 @@ def test_budget_keeps_only_nodes_that_pay_for_their_verification():
     tree.add(7, -1, 0.05)
     kept = trim_to_budget(tree, cost)
     assert kept.tokens == [5, 6] and kept.parents == [-1, 0]
-    cost.observe(3, 0.040)  # verifying three turned out to be expensive
-    assert len(trim_to_budget(tree, cost)) < 2
-    cost.at_context(1500)  # a new context bucket: its own single-token time...
-    cost.observe(1, 0.020)
-    assert cost.t1 == 0.020
-    assert cost.ratio(3) == pytest.approx(1.7)  # ...and the prior until batches are seen
-    cost.at_context(100)
-    assert cost.t1 == 0.010 and cost.ratio(3) == pytest.approx(4.0)
+    model.observe(100, 3, 0.040)  # verifying three turned out to be expensive
+    assert len(trim_to_budget(tree, model.at(100))) < 2
+    model.observe(1500, 1, 0.020)  # a longer context: its own single-token time...
+    assert model.at(1500).t1 == 0.020
+    assert model.at(1500).ratio(3) == pytest.approx(1.7)  # ...and the prior until batches
+    assert model.at(100).t1 == 0.010 and model.at(100).ratio(3) == pytest.approx(4.0)

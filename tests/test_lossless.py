@@ -49,7 +49,7 @@ class NoisyDrafter(Drafter):
     def begin(self, context, features):
         self.n = 1  # the first token is already out
 
-    def draft(self, max_tokens):
+    def draft(self, max_tokens, token_time_s=0.0):
         truth = self.oracle[self.n:self.n + 4]
         r = int(self.rng.integers(1, 1000))
         tree = DraftTree()

@@ -1,14 +1,14 @@
 """Plan choices for recorded hardware profiles and cost curves, through the real planner.
 
-``*_2core`` files were recorded on this machine by ``tandem plan --json``; the others are
-what calibration records on those machines (representative curves: a memory-bound
-target costs little more for a batch of a few tokens)."""
+``*_2core`` files were recorded on this machine by ``tandem plan --json``. The
+``synthetic_*`` files are invented, not measured: machines and cost curves of the shape
+calibration would record there (a memory-bound target costs little more for a batch of a
+few tokens), to test that the plan follows from the costs given."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -21,14 +21,14 @@ from engine.planner import (
     choose_plan,
     expected_tokens,
 )
+from tests.conftest import PROFILES
 
-PROFILES = Path(__file__).parent / "profiles"
 GB = 1024**3
 HEAD = HeadFacts(size_bytes=200 * 1024**2, acceptance=(0.7, 0.65, 0.6, 0.6, 0.55, 0.55))
 
 
 def costs(name: str) -> CostProfile:
-    return CostProfile.from_json(json.loads((PROFILES / f"costs_{name}.json").read_text()))
+    return CostProfile.from_json(json.loads((PROFILES / f"{name}.json").read_text()))
 
 
 def test_expected_tokens_counts_the_bonus_and_chains_the_acceptance():
@@ -40,7 +40,7 @@ def test_this_machine_decodes_plainly_because_the_head_costs_more_than_it_saves(
     smollm = ModelFacts(size_bytes=int(0.09 * GB), n_layers=30)
     head = HeadFacts(size_bytes=230 * 1024**2, acceptance=(0.45, 0.4, 0.38))
     plan = choose_plan(load_profile(PROFILES / "this_machine_2core.json"),
-                       costs("this_machine_2core"), smollm, head)
+                       costs("costs_this_machine_2core"), smollm, head)
     assert plan.layout == "plain" and plan.drafter == "lookup"
     head_options = [c for c in plan.candidates if c.drafter == "head"]
     assert head_options and all(c.tok_per_s < plan.plain_tok_per_s for c in head_options)
@@ -49,8 +49,8 @@ def test_this_machine_decodes_plainly_because_the_head_costs_more_than_it_saves(
 
 def test_cpu_laptop_with_a_bigger_model_drafts_on_the_cpu():
     model = ModelFacts(size_bytes=int(1.0 * GB), n_layers=24)
-    plan = choose_plan(load_profile(PROFILES / "cpu_only_laptop.json"),
-                       costs("laptop_cpu_1p7b"), model, HEAD)
+    plan = choose_plan(load_profile(PROFILES / "synthetic_cpu_only_laptop.json"),
+                       costs("synthetic_costs_laptop_cpu_1p7b"), model, HEAD)
     assert (plan.layout, plan.drafter, plan.head_device) == ("cpu", "head", "cpu")
     assert plan.target_gpu_layers == 0
     assert plan.budget.depth >= 3  # verification is nearly flat: draft deep
@@ -60,8 +60,8 @@ def test_cpu_laptop_with_a_bigger_model_drafts_on_the_cpu():
 
 def test_laptop_with_4gb_gpu_runs_dovetail_with_spare_vram_for_target_layers():
     model = ModelFacts(size_bytes=int(4.1 * GB), n_layers=32, kv_bytes=int(0.5 * GB))
-    plan = choose_plan(load_profile(PROFILES / "laptop_4gb_gpu.json"),
-                       costs("laptop_gpu_7b"), model, HEAD)
+    plan = choose_plan(load_profile(PROFILES / "synthetic_laptop_4gb_gpu.json"),
+                       costs("synthetic_costs_laptop_gpu_7b"), model, HEAD)
     assert plan.layout == "dovetail" and plan.head_device == "cuda:0"
     # The target does not fit in 3.6 GB, but part of it does next to the head.
     assert 0 < plan.target_gpu_layers < 32
@@ -71,7 +71,8 @@ def test_laptop_with_4gb_gpu_runs_dovetail_with_spare_vram_for_target_layers():
 
 def test_large_gpu_takes_target_and_head_when_head_levels_are_cheap_there():
     model = ModelFacts(size_bytes=int(1.0 * GB), n_layers=24, kv_bytes=int(0.4 * GB))
-    plan = choose_plan(load_profile(PROFILES / "large_gpu.json"), costs("large_gpu_1p7b"),
+    plan = choose_plan(load_profile(PROFILES / "synthetic_large_gpu.json"),
+                       costs("synthetic_costs_large_gpu_1p7b"),
                        model, HEAD)
     layouts = {c.layout for c in plan.candidates}
     assert {"plain", "cpu", "dovetail", "duodecoding"} <= layouts
@@ -85,10 +86,11 @@ def test_large_gpu_takes_target_and_head_when_head_levels_are_cheap_there():
 
 def test_large_gpu_with_launch_bound_head_overlaps_a_cpu_draft():
     model = ModelFacts(size_bytes=int(1.0 * GB), n_layers=24, kv_bytes=int(0.4 * GB))
-    measured = costs("large_gpu_1p7b")
+    measured = costs("synthetic_costs_large_gpu_1p7b")
     slow_gpu_head = replace(measured, head_level_s={**measured.head_level_s, "cuda:0": 0.003},
                             head_update_s={**measured.head_update_s, "cuda:0": 0.004})
-    plan = choose_plan(load_profile(PROFILES / "large_gpu.json"), slow_gpu_head, model, HEAD)
+    plan = choose_plan(load_profile(PROFILES / "synthetic_large_gpu.json"), slow_gpu_head,
+                       model, HEAD)
     assert plan.layout == "duodecoding"
     assert plan.target_gpu_layers == -1 and plan.head_device == "cpu"
     assert plan.budget.mode == "multi"
@@ -97,17 +99,18 @@ def test_large_gpu_with_launch_bound_head_overlaps_a_cpu_draft():
 
 def test_llama_cpp_without_offload_keeps_the_target_on_the_cpu():
     model = ModelFacts(size_bytes=int(4.1 * GB), n_layers=32)
-    hw = load_profile(PROFILES / "gpu_no_offload.json")
-    plan = choose_plan(hw, costs("laptop_gpu_7b"), model, HEAD)
+    hw = load_profile(PROFILES / "synthetic_gpu_no_offload.json")
+    plan = choose_plan(hw, costs("synthetic_costs_laptop_gpu_7b"), model, HEAD)
     assert plan.layout == "dovetail" and plan.target_gpu_layers == 0
     with pytest.raises(ValueError, match="cannot offload"):
-        choose_plan(hw, costs("laptop_gpu_7b"), model, HEAD, Overrides(layout="duodecoding"))
+        choose_plan(hw, costs("synthetic_costs_laptop_gpu_7b"), model, HEAD,
+                    Overrides(layout="duodecoding"))
 
 
 def test_overrides_win_and_are_explained():
     model = ModelFacts(size_bytes=int(1.0 * GB), n_layers=24)
-    hw = load_profile(PROFILES / "cpu_only_laptop.json")
-    c = costs("laptop_cpu_1p7b")
+    hw = load_profile(PROFILES / "synthetic_cpu_only_laptop.json")
+    c = costs("synthetic_costs_laptop_cpu_1p7b")
     plain = choose_plan(hw, c, model, HEAD, Overrides(layout="plain"))
     assert plain.layout == "plain" and "as you asked" in plain.reason
     shallow = choose_plan(hw, c, model, HEAD, Overrides(max_draft=2, depth=2))
@@ -120,7 +123,8 @@ def test_overrides_win_and_are_explained():
 
 def test_no_head_means_plain_decoding_with_prompt_lookup():
     model = ModelFacts(size_bytes=int(1.0 * GB), n_layers=24)
-    plan = choose_plan(load_profile(PROFILES / "large_gpu.json"), costs("large_gpu_1p7b"),
+    plan = choose_plan(load_profile(PROFILES / "synthetic_large_gpu.json"),
+                       costs("synthetic_costs_large_gpu_1p7b"),
                        model, None)
     assert (plan.layout, plan.drafter) == ("plain", "lookup")
     assert plan.target_gpu_layers == -1  # plain decoding still uses the GPU
@@ -129,8 +133,8 @@ def test_no_head_means_plain_decoding_with_prompt_lookup():
 
 def test_plan_round_trips_to_json_for_the_gui():
     model = ModelFacts(size_bytes=int(1.0 * GB), n_layers=24)
-    plan = choose_plan(load_profile(PROFILES / "cpu_only_laptop.json"),
-                       costs("laptop_cpu_1p7b"), model, HEAD)
+    plan = choose_plan(load_profile(PROFILES / "synthetic_cpu_only_laptop.json"),
+                       costs("synthetic_costs_laptop_cpu_1p7b"), model, HEAD)
     data = json.loads(json.dumps(plan.to_json()))
     assert data["layout"] == "cpu" and data["budget"]["depth"] == plan.budget.depth
     assert "draft head on cpu" in data["layout_text"]

@@ -67,7 +67,7 @@ class GreedyOracleDrafter(Drafter):
     def begin(self, context, features):
         self.n = 1
 
-    def draft(self, max_tokens):
+    def draft(self, max_tokens, token_time_s=0.0):
         tree = DraftTree.chain(self.continuation[self.n:self.n + 3])
         alt = (self.continuation[self.n] + 1) % 49152 if self.n < len(self.continuation) else 5
         tree.add(alt, -1)

@@ -25,8 +25,8 @@ from app.gui.engine_worker import Comparison, EngineReady, GenerationOutcome, St
 from app.gui.loop_monitor import LoopLag
 from app.gui.resource_sampler import ResourceSampler
 from app.gui.token_view import TokenView
-
-MAX_DEPTH = 16
+from engine.budget import MAX_DRAFT_LIMIT
+from engine.stats import GenerationStats
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,7 @@ class DashboardWidget(QScrollArea):
         super().__init__(parent)
         self.sampler = sampler
         self.gpu = False
+        self._drafter = "none"  # the engine's drafter, for the live figures
         self._t_start = 0.0
         self._events: list[StepEvent] = []
         self._dirty = False
@@ -142,6 +143,7 @@ class DashboardWidget(QScrollArea):
         self.plan_reason.setText(info.reason)
 
     def on_engine_ready(self, ready: EngineReady) -> None:
+        self._drafter = ready.drafter
         self.gpu = ready.gpu is not None
         self.sampler.set_gpu_available(self.gpu)
         device = f"GPU {ready.gpu} available (unused)" if ready.gpu else "no GPU"
@@ -181,17 +183,21 @@ class DashboardWidget(QScrollArea):
     def on_finished(self, outcome: GenerationOutcome, lag: LoopLag) -> None:
         self._live = False
         self.compare_button.setEnabled(True)
-        s = outcome.stats
-        self.tok_s.value.setText(f"{s.tok_per_s:.1f}")
-        self.ttft.value.setText(f"{s.ttft_s * 1000:.0f} ms")
-        drafting = s.drafter != "none"
-        self.tau.value.setText(f"{s.mean_accepted:.2f}" if drafting else "1 (plain)")
-        self.accept.value.setText(f"{s.acceptance_rate:.0%}" if drafting else "–")
+        self._show_stats(outcome.stats)
         self.set_loop_lag(lag)
-        self.acceptance.set_counts(s.acceptance_by_depth(MAX_DEPTH))
         self.tokens.set_tokens(outcome.token_texts, outcome.token_kinds)
         self._dirty = True
         self._redraw()
+
+    def _show_stats(self, s: GenerationStats) -> None:
+        """The figures of an answer, live or final: the engine's own ``GenerationStats``."""
+        self.tok_s.value.setText(f"{s.tok_per_s:.1f}" if s.n_new > 1 else "…")
+        self.ttft.value.setText(f"{s.ttft_s * 1000:.0f} ms")
+        drafting = s.drafter != "none"
+        self.tau.value.setText(f"{s.mean_accepted:.2f}" if drafting else "1 (plain)")
+        self.accept.value.setText(f"{s.acceptance_rate:.0%}" if drafting and any(
+            st.n_proposed for st in s.steps) else "–")
+        self.acceptance.set_counts(s.acceptance_by_depth(MAX_DRAFT_LIMIT))
 
     def on_failed(self) -> None:
         self._live = False
@@ -217,21 +223,9 @@ class DashboardWidget(QScrollArea):
         self._dirty = self._live  # keep the timeline moving while an answer streams
         ev = self._events
         if self._live and ev:
-            n_tokens = 1 + sum(e.step.n_accepted + 1 for e in ev)
-            t = ev[-1].t_end - ev[0].t_draft_start
-            self.tok_s.value.setText(f"{(n_tokens - 1) / t:.1f}" if t > 0 else "…")
-            self.ttft.value.setText(f"{(ev[0].t_draft_start - self._t_start) * 1000:.0f} ms")
-            n_steps = len(ev)
-            self.tau.value.setText(f"{n_tokens / n_steps:.2f}")
-            proposed = sum(e.step.n_proposed for e in ev)
-            accepted = sum(e.step.n_accepted for e in ev)
-            self.accept.value.setText(f"{accepted / proposed:.0%}" if proposed else "–")
-            counts = [0] * MAX_DEPTH
-            for e in ev:
-                for d in e.step.accepted_depths:
-                    if 1 <= d <= MAX_DEPTH:
-                        counts[d - 1] += 1
-            self.acceptance.set_counts(counts)
+            self._show_stats(GenerationStats.so_far([e.step for e in ev], self._drafter,
+                                                    ev[0].t_draft_start - self._t_start,
+                                                    ev[-1].t_end - self._t_start))
         if self._t_start:
             t_last = ev[-1].t_end if ev else time.perf_counter()
             samples = [s for s in self.sampler.samples

@@ -10,7 +10,6 @@ generation it means to stop.
 from __future__ import annotations
 
 import codecs
-import importlib.util
 import logging
 import threading
 import time
@@ -19,17 +18,14 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-from engine.budget import SpeculationGovernor, VerifyCostModel
-from engine.drafters import DEFAULT_HEAD_DIR, make_drafter
-from engine.drafters.base import Drafter
+from engine.budget import MAX_DRAFT
 from engine.errors import ContextFullError, InvalidSamplingError, TandemError
-from engine.generation import GenerationConfig, GenerationResult, generate
-from engine.model_store import default_model_path, default_model_ready
-from engine.plan_runtime import prepare_engine
+from engine.generation import GenerationConfig, GenerationResult
 from engine.planner import Overrides
 from engine.sampling import SamplingParams
+from engine.session import Engine, EngineConfig
 from engine.stats import GenerationStats, StepStats
-from engine.target import Target, TargetConfig
+from engine.target import Target
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +40,7 @@ class EngineChoice:
     model_path: Path | None = None
     drafter: str = "auto"
     head_dir: Path | None = None
-    max_draft: int = 8
+    max_draft: int = MAX_DRAFT
     n_ctx: int = 4096
     n_threads: int | None = None
 
@@ -127,13 +123,7 @@ class EngineWorker(QObject):
 
     def __init__(self) -> None:
         super().__init__()
-        self._target: Target | None = None
-        self._drafter: Drafter | None = None
-        self._drafter_name = "none"
-        self._max_draft = 8
-        self._governor: SpeculationGovernor | None = None
-        self._plan: dict | None = None
-        self._cost = VerifyCostModel()
+        self._engine: Engine | None = None
         self._lock = threading.Lock()
         self._cancelled: set[int] = set()
         self._stop_all = False
@@ -156,80 +146,42 @@ class EngineWorker(QObject):
     def load(self, choice: EngineChoice) -> None:
         """Open the model and drafter (closing what was open); emits ready or failed."""
         try:
-            self._close_target()
-            path = choice.model_path
-            if path is None:
-                if not default_model_ready():
-                    self.status.emit("Preparing the bundled model (first start only)…")
-                path = default_model_path()
-            self.status.emit(f"Loading {Path(path).name}…")
-            self._target = Target(path, TargetConfig(n_ctx=choice.n_ctx,
-                                                     n_threads=choice.n_threads))
-            self._cost = VerifyCostModel()
-            self._max_draft = choice.max_draft
-            note = self._open_drafter(choice)
-            target = self._target
-            self.ready.emit(EngineReady(str(target.path), self._drafter_name, choice.drafter,
+            self._close_engine()
+            if choice.drafter not in DRAFTER_CHOICES:
+                raise ValueError(f"unknown drafter {choice.drafter!r}")
+            name = Path(choice.model_path).name if choice.model_path else "the bundled model"
+            self.status.emit(f"Loading {name}…")
+            if choice.drafter == "auto":
+                # The planner measures this machine once (cached) and picks layout,
+                # drafter and budget; the governor stops drafting that does not pay.
+                self.status.emit("Measuring this machine (first start with this model only)…")
+            overrides = Overrides(max_draft=choice.max_draft)
+            engine = Engine(EngineConfig(model_path=choice.model_path, drafter=choice.drafter,
+                                         head_dir=choice.head_dir, overrides=overrides,
+                                         n_ctx=choice.n_ctx, n_threads=choice.n_threads),
+                            progress=lambda what: self.status.emit(what[:1].upper() + what[1:]
+                                                                   + "…"))
+            self._engine = engine
+            target = engine.target
+            gpu = engine.hardware.best_gpu
+            note = " ".join(n[:1].upper() + n[1:] + "." for n in engine.notes)
+            self.ready.emit(EngineReady(str(target.path), engine.drafter_name, choice.drafter,
                                         note, target.n_ctx, target.n_threads,
-                                        self._max_draft, _gpu_name(), self._plan))
+                                        engine.max_draft, gpu.name if gpu else None,
+                                        engine.plan.to_json() if engine.plan else None))
         except (TandemError, OSError, ValueError) as exc:
-            self._close_target()
+            self._close_engine()
             self.failed.emit(EngineFailure(-1, "load", str(exc)))
         except Exception as exc:  # a bug must reach the UI as data, not kill the thread
             log.exception("loading failed")
-            self._close_target()
+            self._close_engine()
             self.failed.emit(EngineFailure(-1, "internal", f"{type(exc).__name__}: {exc}"))
-
-    def _open_drafter(self, choice: EngineChoice) -> str:
-        """Set the drafter; returns a note for the UI when the choice fell back."""
-        from models.head_io import HeadMismatchError
-
-        self._drafter = None
-        self._drafter_name = "none"
-        self._governor = None
-        self._plan = None
-        name = choice.drafter
-        if name not in DRAFTER_CHOICES:
-            raise ValueError(f"unknown drafter {name!r}")
-        note = ""
-        if name == "auto":
-            # The planner measures this machine once (cached) and picks layout,
-            # drafter and budget; the governor stops drafting that does not pay.
-            self.status.emit("Measuring this machine (first start with this model only)…")
-            setup = prepare_engine(self._target, "auto", choice.head_dir,
-                                   overrides=Overrides(max_draft=choice.max_draft))
-            self._target = setup.target or self._target
-            self._drafter, self._governor = setup.drafter, setup.governor
-            self._drafter_name = setup.drafter.name if setup.drafter else "none"
-            self._max_draft = setup.max_draft
-            self._plan = setup.planned.plan.to_json() if setup.planned else None
-            return " ".join(n[:1].upper() + n[1:] + "." for n in setup.notes)
-        if name == "head":
-            head_dir = choice.head_dir or DEFAULT_HEAD_DIR
-            try:
-                self._drafter = make_drafter("head", target=self._target, head_dir=head_dir)
-                self._drafter_name = "head"
-                return ""
-            except (HeadMismatchError, FileNotFoundError) as exc:
-                log.info("draft head not used: %s", exc)
-                if name == "head":
-                    note = f"Draft head not used: {exc}. Falling back to prompt lookup."
-                elif isinstance(exc, FileNotFoundError):
-                    note = "No draft head is installed for this model; using prompt lookup."
-                else:
-                    note = ("The draft head was trained for another model; using prompt "
-                            "lookup.")
-            name = "lookup"
-        if name == "lookup":
-            self._drafter = make_drafter("lookup")
-            self._drafter_name = "lookup"
-        return note
 
     @Slot(object)
     def generate(self, request: GenerationRequest) -> None:
         """Answer ``request``: emits text deltas and steps, then finished or failed."""
         try:
-            outcome = self._run(request, self._drafter, stream=True)
+            outcome = self._run(request, plain=False, stream=True)
         except Exception as exc:
             self.failed.emit(_failure(request.request_id, exc))
             return
@@ -241,47 +193,46 @@ class EngineWorker(QObject):
     def compare(self, request: GenerationRequest) -> None:
         """Run ``request`` with the drafter, then plain; emits compared or failed."""
         try:
-            with_dft = self._run(request, self._drafter, stream=False)
-            plain = self._run(request, None, stream=False)
+            with_dft = self._run(request, plain=False, stream=False)
+            plain = self._run(request, plain=True, stream=False)
         except Exception as exc:
             self.failed.emit(_failure(request.request_id, exc))
             return
         finally:
             self._forget(request.request_id)
-        self.compared.emit(Comparison(request.request_id, self._drafter_name,
+        drafter = self._engine.drafter_name if self._engine else "none"
+        self.compared.emit(Comparison(request.request_id, drafter,
                                       with_dft.stats, plain.stats,
                                       with_dft.text == plain.text))
 
     @Slot()
     def shutdown(self) -> None:
         """Close the model; emits stopped. Queue it after ``request_stop()``."""
-        self._close_target()
+        self._close_engine()
         self.stopped.emit()
 
     # --- internals -------------------------------------------------------------------
-    def _run(self, request: GenerationRequest, drafter: Drafter | None, stream: bool
+    def _run(self, request: GenerationRequest, plain: bool, stream: bool
              ) -> GenerationOutcome:
-        if self._target is None:
+        engine = self._engine
+        if engine is None:
             raise TandemError("no model is loaded")
-        target = self._target
         rid = request.request_id
         t_start = time.perf_counter()
         messages = [{"role": r, "content": c} for r, c in request.messages]
-        prompt = target.chat_prompt(messages)
-        config = GenerationConfig(max_tokens=request.max_tokens, sampling=request.sampling,
-                                  max_draft=self._max_draft)
+        prompt = engine.chat_prompt(messages)
+        config = GenerationConfig(max_tokens=request.max_tokens, sampling=request.sampling)
 
         def on_step(step: StepStats) -> None:
             t_end = time.perf_counter()
             t_verify = t_end - step.t_verify_s
             self.step.emit(StepEvent(rid, t_verify - step.t_draft_s, t_verify, t_end, step))
 
-        result = generate(target, prompt, drafter, config,
-                          on_text=(lambda s: self.text.emit(rid, s)) if stream else None,
-                          on_step=on_step if stream else None,
-                          should_stop=lambda: self._should_stop(rid), cost=self._cost,
-                          governor=self._governor if drafter is not None else None)
-        texts, kinds = _token_kinds(target, result)
+        result = engine.generate(prompt, config,
+                                 on_text=(lambda s: self.text.emit(rid, s)) if stream else None,
+                                 on_step=on_step if stream else None,
+                                 should_stop=lambda: self._should_stop(rid), plain=plain)
+        texts, kinds = _token_kinds(engine.target, result)
         return GenerationOutcome(rid, result.text, result.finish_reason, result.stats,
                                  t_start, texts, kinds)
 
@@ -289,11 +240,10 @@ class EngineWorker(QObject):
         with self._lock:
             self._cancelled.discard(request_id)
 
-    def _close_target(self) -> None:
-        self._drafter = None
-        if self._target is not None:
-            self._target.close()
-            self._target = None
+    def _close_engine(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
 
 
 def _token_kinds(target: Target, result: GenerationResult
@@ -317,12 +267,3 @@ def _failure(request_id: int, exc: Exception) -> EngineFailure:
         return EngineFailure(request_id, "engine", str(exc))
     log.exception("generation failed")
     return EngineFailure(request_id, "internal", f"{type(exc).__name__}: {exc}")
-
-
-def _gpu_name() -> str | None:
-    """The CUDA device torch sees, if any; torch is imported here, off the GUI thread."""
-    if importlib.util.find_spec("torch") is None:
-        return None
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None

@@ -39,6 +39,7 @@ class MainWindow(QMainWindow):
     def __init__(self, db_path: Path | str | None = None,
                  default_model: Path | None = None, n_threads: int | None = None) -> None:
         super().__init__()
+        self.engine_info: EngineReady | None = None
         self.setWindowTitle("Tandem")
         self.resize(1440, 900)
         self.default_model = default_model
@@ -200,6 +201,7 @@ class MainWindow(QMainWindow):
 
     @Slot(object)
     def _on_ready(self, ready: EngineReady) -> None:
+        self.engine_info = ready  # the engine as loaded (what the widgets show)
         self.controller.engine_ready = True
         self.engine_panel.show_ready(ready)
         self.dashboard.on_engine_ready(ready)

@@ -1,11 +1,25 @@
-"""Drafters by name, as the CLI, the bench and the app choose them."""
+"""The one drafter factory: every entry point (CLI, bench, app, calibration) asks here.
+
+``open_drafter`` builds what was asked and falls back with one policy, each step's
+reason kept as a note: the head on its GPU, then on the CPU, then prompt lookup; a
+drafter that cannot be built at all means plain decoding.
+"""
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.drafters.base import Drafter
 from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
+
+if TYPE_CHECKING:
+    from engine.target import Target
+    from models.head_config import TargetFingerprint
+
+log = logging.getLogger(__name__)
 
 HEAD_DRAFTERS = ("head", "head-chain", "head-multi", "head-ahead")
 DRAFTER_NAMES = ("none", "lookup", *HEAD_DRAFTERS)
@@ -13,34 +27,99 @@ DRAFTER_NAMES = ("none", "lookup", *HEAD_DRAFTERS)
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parents[2] / "assets" / "draft-head-smollm2-135m"
 
 
-def make_drafter(name: str, target=None, head_dir: Path | None = None,  # noqa: ANN001
-                 device: str = "cpu", **head_options: object) -> Drafter | None:
-    """A fresh drafter for ``name``; None means plain decoding. ``head`` (an EAGLE-2
-    tree), ``head-chain`` and ``head-multi`` (DuoDecoding's multi-sequence) need the
-    ``target`` (an engine.target.Target) whose features they read; ``device`` is where
-    the head runs. Raises ValueError, or HeadMismatchError / FileNotFoundError for an
-    unusable head."""
-    if name == "none":
+@dataclass(frozen=True)
+class DrafterSpec:
+    """What to draft with. ``head_options`` go to the head drafter's config (mode,
+    depth, top_k, draft_ahead, dynamic_depth)."""
+
+    name: str = "lookup"
+    head_dir: Path | None = None  # None: the head shipped for the bundled model
+    device: str = "cpu"
+    head_options: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.name not in DRAFTER_NAMES:
+            raise ValueError(f"unknown drafter {self.name!r}; choose from "
+                             f"{', '.join(DRAFTER_NAMES)}")
+
+    @property
+    def head_path(self) -> Path:
+        return Path(self.head_dir) if self.head_dir else DEFAULT_HEAD_DIR
+
+
+def build_drafter(spec: DrafterSpec, target: Target | None = None,
+                  fingerprint: TargetFingerprint | None = None) -> Drafter | None:
+    """The drafter ``spec`` names, no fallback; None means plain decoding. Head drafters
+    need the ``target`` (its features and GGUF); ``fingerprint`` (the target's, computed
+    from it when not given) decides whether the head fits. Raises FileNotFoundError,
+    IncompatibleDraftError, ValueError, or whatever the device raises (out of memory)."""
+    if spec.name == "none":
         return None
-    if name == "lookup":
+    if spec.name == "lookup":
         return PromptLookupDrafter(LookupConfig())
-    if name in HEAD_DRAFTERS:
-        if name == "head-ahead":
-            head_options = {"mode": "chain", "draft_ahead": True, **head_options}
-        elif name != "head":
-            head_options = {**head_options, "mode": name.removeprefix("head-")}
-        if target is None:
-            raise ValueError("the head drafter needs the target model")
-        from engine.drafters.head import HeadDrafterConfig, load_head_drafter
+    if target is None:
+        raise ValueError("the head drafter needs the target model")
+    from engine.drafters.head import HeadDrafterConfig, load_head_drafter
 
-        directory = Path(head_dir) if head_dir else DEFAULT_HEAD_DIR
-        if not (directory / "head.json").is_file():
-            raise FileNotFoundError(f"no draft head in {directory} (head.json missing)")
-        return load_head_drafter(directory, target.path, target.model.pieces(),
-                                 HeadDrafterConfig(**head_options),  # type: ignore[arg-type]
-                                 device=device)
-    raise ValueError(f"unknown drafter {name!r}; choose from {', '.join(DRAFTER_NAMES)}")
+    options = dict(spec.head_options)
+    if spec.name == "head-ahead":
+        options = {"mode": "chain", "draft_ahead": True, **options}
+    elif spec.name != "head":
+        options = {**options, "mode": spec.name.removeprefix("head-")}
+    return load_head_drafter(spec.head_path, target.path,
+                             fingerprint or target_fingerprint(target),
+                             HeadDrafterConfig(**options),  # type: ignore[arg-type]
+                             device=spec.device)
 
 
-__all__ = ["DEFAULT_HEAD_DIR", "DRAFTER_NAMES", "HEAD_DRAFTERS", "Drafter", "LookupConfig",
-           "PromptLookupDrafter", "make_drafter"]
+def open_drafter(spec: DrafterSpec, target: Target | None = None,
+                 fingerprint: TargetFingerprint | None = None
+                 ) -> tuple[Drafter | None, list[str]]:
+    """The drafter ``spec`` names, or the next one down the fallback chain (head on its
+    device, head on the CPU, prompt lookup, plain), with a note for each fallback that
+    names the file or device and the reason."""
+    notes: list[str] = []
+    if spec.name in HEAD_DRAFTERS:
+        devices = [spec.device] + (["cpu"] if spec.device != "cpu" else [])
+        for device in devices:
+            try:
+                return build_drafter(DrafterSpec(spec.name, spec.head_dir, device,
+                                                 spec.head_options), target, fingerprint), notes
+            except Exception as exc:  # noqa: BLE001 - bad file, no device, out of memory
+                log.warning("draft head on %s failed: %s", device, exc)
+                notes.append(f"the draft head could not run on {device}: {exc}")
+                if not _device_problem(exc):
+                    break  # the files themselves are wrong: another device will not help
+        notes.append("using prompt lookup instead")
+        spec = DrafterSpec("lookup")
+    try:
+        return build_drafter(spec, target, fingerprint), notes
+    except Exception as exc:  # noqa: BLE001 - nothing left to try but plain decoding
+        notes.append(f"the {spec.name} drafter could not start ({exc}); plain decoding")
+        return None, notes
+
+
+def _device_problem(exc: Exception) -> bool:
+    """Whether another device might succeed (out of memory, no such device, driver)."""
+    from engine.errors import IncompatibleDraftError
+
+    return not isinstance(exc, IncompatibleDraftError | FileNotFoundError | ValueError) or (
+        "out of memory" in str(exc).lower())
+
+
+def target_fingerprint(target: Target) -> TargetFingerprint:
+    """What a draft must match in ``target`` (vocabulary, hidden size, token pieces)."""
+    from models.gguf_weights import fingerprint
+
+    return fingerprint(target.model.pieces(), target.n_embd)
+
+
+def make_drafter(name: str, target: Target | None = None, head_dir: Path | None = None,
+                 device: str = "cpu", **head_options: object) -> Drafter | None:
+    """Shorthand for ``build_drafter(DrafterSpec(...), target)`` (tests, calibration)."""
+    return build_drafter(DrafterSpec(name, head_dir, device, dict(head_options)), target)
+
+
+__all__ = ["DEFAULT_HEAD_DIR", "DRAFTER_NAMES", "HEAD_DRAFTERS", "Drafter", "DrafterSpec",
+           "LookupConfig", "PromptLookupDrafter", "build_drafter", "make_drafter",
+           "open_drafter", "target_fingerprint"]

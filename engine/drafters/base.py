@@ -20,9 +20,8 @@ class Drafter(ABC):
     name: str = "drafter"
     needs_features: bool = False  # whether accept() wants the target's hidden states
     prompt_features: int | None = None  # features wanted for the last N prompt tokens
-    token_time_s: float = 0.01  # the target's time per plain token (the engine updates it)
     drafts_ahead: bool = False  # whether the engine should call draft_ahead (overlap)
-    served_ahead: bool = False  # whether the last draft() was made by draft_ahead
+    is_draft_model: bool = False  # drafting costs real time (a head or a draft LM)
 
     @abstractmethod
     def begin(self, context: list[int], features: np.ndarray | None) -> None:
@@ -31,8 +30,11 @@ class Drafter(ABC):
         prompt tokens."""
 
     @abstractmethod
-    def draft(self, max_tokens: int) -> DraftTree:
-        """Propose at most ``max_tokens`` tokens to follow the context."""
+    def draft(self, max_tokens: int, token_time_s: float) -> DraftTree:
+        """Propose at most ``max_tokens`` tokens to follow the context. ``token_time_s``
+        is the target's time for one plain token at this context: what an accepted draft
+        token saves, against what drafting it costs. A tree made by ``draft_ahead`` comes
+        back with ``made_ahead`` set."""
 
     @abstractmethod
     def accept(self, new_tokens: list[int], features: np.ndarray | None) -> None:
@@ -44,6 +46,10 @@ class Drafter(ABC):
         """Called in a worker thread while the target verifies ``verifying`` (and before
         ``accept``): prepare the next draft, to be served by ``draft`` if the target's
         new tokens turn out as guessed. It must touch only the drafter's own state."""
+
+    def finish(self, tokens: list[int]) -> None:  # noqa: B027
+        """The generation ended; ``tokens`` are its prompt and answer (a drafter with
+        memory keeps them for later generations)."""
 
     def stats(self) -> dict[str, float]:
         """Drafter-specific counters for the dashboard."""

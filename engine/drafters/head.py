@@ -24,7 +24,10 @@ import torch
 
 from engine.draft_tree import DraftTree
 from engine.drafters.base import Drafter
+from engine.errors import IncompatibleDraftError
 from models.draft_head import DraftHead, KVCache
+from models.gguf_weights import TargetForHead, target_for_head
+from models.head_config import HeadConfig, TargetFingerprint
 
 # Drafts served ahead in a row before an ordinary draft brings the head's cache up to
 # date with the target's true features (drafts ahead build on predicted ones).
@@ -109,6 +112,7 @@ class DepthCalibration:
 class HeadDrafter(Drafter):
     name = "head"
     needs_features = True
+    is_draft_model = True
 
     def __init__(self, head: DraftHead, config: HeadDrafterConfig | None = None) -> None:
         self.head = head.eval()
@@ -247,8 +251,7 @@ class HeadDrafter(Drafter):
         self._last_draft = None
 
     @torch.no_grad()
-    def draft(self, max_tokens: int) -> DraftTree:
-        self.served_ahead = False
+    def draft(self, max_tokens: int, token_time_s: float) -> DraftTree:
         if max_tokens <= 0:
             return DraftTree()
         if self._ready is not None:
@@ -274,7 +277,7 @@ class HeadDrafter(Drafter):
             expand = sorted(level, key=lambda i: -nodes[i].score)[:width]
             # Dynamic depth: stop when even the likeliest next token could not repay the
             # time a level of drafting takes (in target-token time it would save).
-            if not self._level_pays(nodes[expand[0]].score, depth):
+            if not self._level_pays(nodes[expand[0]].score, depth, token_time_s):
                 break
             t_level = time.perf_counter()
             hidden = self._expand(expand, work)
@@ -295,20 +298,21 @@ class HeadDrafter(Drafter):
         self._n_head_calls += 1
         return tree
 
-    def _level_pays(self, score: float, depth: int) -> bool:
-        """Whether a node this likely is worth a level of drafting (dynamic depth)."""
+    def _level_pays(self, score: float, depth: int, token_time_s: float) -> bool:
+        """Whether a node this likely is worth a level of drafting (dynamic depth): the
+        target-token time it would save against the time a level takes."""
         best = score * self.calibration.factor(depth)
         return not (self.config.dynamic_depth and self._level_s > 0
-                    and best * self.token_time_s < self._level_s)
+                    and best * token_time_s < self._level_s)
 
     def _serve_ahead(self, max_tokens: int) -> DraftTree:
         """The draft made during the last verification; the head's cache catches up
         with the accepted tokens at the next ordinary draft."""
         ahead, self._ready = self._ready, None
         tree = ahead.tree.truncated(max_tokens)
+        tree.made_ahead = True
         self._last_draft, self._raw_scores = tree, ahead.raw_scores[:len(tree)]
         self._served_nodes = ahead.node_ids[:len(tree)]
-        self.served_ahead = True
         self._ahead_run += 1
         return tree
 
@@ -466,28 +470,56 @@ class HeadDrafter(Drafter):
         return {"head_ms_per_call": 1000 * self._t_head_s / calls}
 
 
-def load_head_drafter(head_dir: Path, model_path: Path, pieces: list[bytes],
+def check_head_fits(head_dir: Path, target: TargetFingerprint) -> HeadConfig:
+    """The head's config if it was trained for ``target``. Raises FileNotFoundError (no
+    head there), IncompatibleDraftError naming each field that differs, ValueError for
+    an unreadable ``head.json`` (the message names the file)."""
+    path = Path(head_dir) / "head.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no draft head in {head_dir} (head.json missing)")
+    try:
+        cfg = HeadConfig.load(path)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"{path} is not a draft head config ({exc})") from exc
+    if cfg.target is not None:
+        differences = cfg.target.differences(target)
+        if differences:
+            raise IncompatibleDraftError(f"the draft head in {head_dir}", differences)
+    return cfg
+
+
+def load_head_drafter(head_dir: Path, model_path: Path, target: TargetFingerprint,
                       config: HeadDrafterConfig | None = None, device: str = "cpu"
                       ) -> HeadDrafter:
-    """A drafter for the target at ``model_path`` from the head saved in ``head_dir``.
-    Raises HeadMismatchError (trained for another target) or FileNotFoundError."""
-    from models.head_io import load_head
+    """A drafter for the target at ``model_path`` (whose fingerprint is ``target``) from
+    the head saved in ``head_dir``. Raises what ``check_head_fits`` raises, and
+    ValueError naming the file when the weights are not this head's."""
+    from models.head_io import WEIGHTS, load_head
 
-    target = _target_for_head(model_path, pieces)
-    head = load_head(head_dir, target.fingerprint, torch.from_numpy(target.embed),
-                     torch.from_numpy(target.lm_head), device=device)
+    check_head_fits(head_dir, target)
+    weights = _target_for_head(model_path)
+    try:
+        head = load_head(Path(head_dir), torch.from_numpy(weights.embed),
+                         torch.from_numpy(weights.lm_head), device=device)
+    except Exception as exc:  # noqa: BLE001 - torch and safetensors raise many kinds
+        # On a GPU a failure may be the device's (none, out of memory): let it through
+        # so the caller can try the CPU. On the CPU it is the files'.
+        if device != "cpu" or isinstance(exc, FileNotFoundError | MemoryError) or (
+                "out of memory" in str(exc).lower()):
+            raise
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{Path(head_dir) / WEIGHTS} does not hold this head's weights "
+                         f"({first_line})") from exc
     return HeadDrafter(head, config)
 
 
-_TARGETS: dict[Path, object] = {}
+_TARGETS: dict[Path, TargetForHead] = {}
 
 
-def _target_for_head(model_path: Path, pieces: list[bytes]):  # noqa: ANN202
+def _target_for_head(model_path: Path) -> TargetForHead:
     """Dequantized embeddings are ~200 MB of float32: read once per model per process."""
-    from models.gguf_weights import target_for_head
-
     key = Path(model_path).resolve()
     if key not in _TARGETS:
         _TARGETS.clear()
-        _TARGETS[key] = target_for_head(key, pieces)
+        _TARGETS[key] = target_for_head(key)
     return _TARGETS[key]

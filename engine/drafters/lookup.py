@@ -107,7 +107,7 @@ class PromptLookupDrafter(Drafter):
                 if end >= n:
                     table[tuple(ctx[end - n:end])].append(end)
 
-    def draft(self, max_tokens: int) -> DraftTree:
+    def draft(self, max_tokens: int, token_time_s: float = 0.0) -> DraftTree:
         cfg = self.config
         ctx = self.context
         end = len(ctx)

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from engine.errors import ModelLoadError
-from engine.hub.gguf_header import GGUF_MAGIC
+from engine.gguf_header import check_gguf_magic
 from engine.hub.quant import parse_quant
 
 log = logging.getLogger(__name__)
@@ -111,13 +111,7 @@ def check_gguf(path: Path) -> dict[str, object]:
     """Validate a local GGUF: the magic bytes, then a full header read with the ``gguf``
     package. Returns a few header facts (architecture, tensor count). Raises
     ModelLoadError naming what is wrong."""
-    if not path.is_file():
-        raise ModelLoadError(f"{path} does not exist or is not a file")
-    with path.open("rb") as f:
-        magic = f.read(4)
-    if magic != GGUF_MAGIC:
-        raise ModelLoadError(f"{path} is not a GGUF file (it starts with {magic!r}, "
-                             f"not {GGUF_MAGIC!r})")
+    check_gguf_magic(path)
     try:
         import gguf
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from engine.bench import Runner
+from app.bench import Runner
 from engine.target import Target
 
 BASELINE_NAMES = ("lcp", "lcp-lookup")

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.chat_template import ChatTemplate
-from engine.native import NativeBatch, NativeContext, NativeModel
-from models.sharegpt import Conversation
+from engine.target import Target, TargetConfig
+from training.sharegpt import Conversation
 
+_CHUNK = 512  # tokens per decode
 MANIFEST = "manifest.json"
 
 
@@ -71,45 +71,37 @@ class _Slot:
 
 
 class FeatureExtractor:
-    """A llama.cpp context in embeddings mode over the target GGUF."""
+    """The target in features mode, one independent KV sequence per conversation."""
 
     def __init__(self, model_path: Path, config: BuildConfig) -> None:
         self.config = config
-        self.model = NativeModel(model_path)
         n_seq = max(1, config.n_parallel)
         per_seq = config.max_prompt_tokens + config.max_answer_tokens + 8
         # Features need no bit-exactness: F16 K keeps llama.cpp's fast prefill kernel.
-        self.ctx = NativeContext(self.model, n_ctx=per_seq * n_seq, n_batch=512,
-                                 n_seq_max=n_seq, n_threads=config.n_threads,
-                                 embeddings=True, type_k="f16", type_v="f16",
-                                 unified_kv=False)
-        self.batch = NativeBatch(512, n_seq)
-        self.template = ChatTemplate.from_model(self.model)
-        self.eog = self.model.eog_ids
+        self.target = Target(model_path, TargetConfig(
+            n_ctx=per_seq * n_seq, n_threads=config.n_threads, n_batch=_CHUNK,
+            n_seq_max=n_seq, features=True, type_k="f16", type_v="f16", unified_kv=False))
+        self.eog = self.target.model.eog_ids
 
     def close(self) -> None:
-        self.batch.close()
-        self.ctx.close()
-        self.model.close()
+        self.target.close()
 
     def prompt_tokens(self, user: str, answer: str | None = None) -> list[int]:
         messages = [{"role": "user", "content": user}]
         if answer is not None:
             messages.append({"role": "assistant", "content": answer})
-        text = self.template.render(messages, add_generation_prompt=answer is None)
-        return self.model.tokenize(text, add_special=False, parse_special=True)
+        return self.target.chat_prompt(messages, add_generation_prompt=answer is None)
 
     def _eval(self, tokens: list[int], seq: int, pos0: int
               ) -> tuple[list[np.ndarray], list[int]]:
         """Append ``tokens`` to ``seq``: their features and the target's argmax after each."""
         feats, nexts = [], []
-        for start in range(0, len(tokens), 512):
-            chunk = tokens[start:start + 512]
+        for start in range(0, len(tokens), _CHUNK):
+            chunk = tokens[start:start + _CHUNK]
             positions = list(range(pos0 + start, pos0 + start + len(chunk)))
-            self.batch.fill(chunk, positions, [(seq,)] * len(chunk), True)
-            self.ctx.decode(self.batch)
-            feats.append(self.ctx.hidden_states(len(chunk)))
-            nexts.extend(self.ctx.argmax_logits(len(chunk)))
+            f, n = self.target.decode_sequences(chunk, positions, [seq] * len(chunk))
+            feats.append(f)
+            nexts.extend(n)
         return feats, nexts
 
     def dataset_sample(self, user: str, answer: str) -> Sample | None:
@@ -119,7 +111,7 @@ class FeatureExtractor:
         if len(prompt) > self.config.max_prompt_tokens or full[:len(prompt)] != prompt:
             return None
         full = full[:len(prompt) + self.config.max_answer_tokens]
-        self.ctx.kv_remove(0, -1, -1)
+        self.target.forget_sequence(0)
         feats, nexts = self._eval(full, 0, 0)
         answer_mask = np.zeros(len(full), bool)
         answer_mask[len(prompt):] = True
@@ -142,7 +134,7 @@ class FeatureExtractor:
                 toks = self.prompt_tokens(user)
                 if len(toks) > self.config.max_prompt_tokens:
                     continue
-                self.ctx.kv_remove(slot.seq, -1, -1)
+                self.target.forget_sequence(slot.seq)
                 feats, nexts = self._eval(toks, slot.seq, 0)
                 slot.prompt_len, slot.tokens = len(toks), list(toks)
                 slot.feats, slot.nexts, slot.active = feats, nexts, True
@@ -155,11 +147,8 @@ class FeatureExtractor:
             active = [s for s in slots if s.active]
             # Feed each conversation the target's own next token.
             toks = [s.nexts[-1] for s in active]
-            self.batch.fill(toks, [len(s.tokens) for s in active],
-                            [(s.seq,) for s in active], True)
-            self.ctx.decode(self.batch)
-            feats = self.ctx.hidden_states(len(active))
-            nexts = self.ctx.argmax_logits(len(active))
+            feats, nexts = self.target.decode_sequences(
+                toks, [len(s.tokens) for s in active], [s.seq for s in active])
             for i, s in enumerate(active):
                 s.tokens.append(toks[i])
                 s.feats.append(feats[i:i + 1])

@@ -1,4 +1,4 @@
-"""Training a draft head on feature shards (``models.distill_data``).
+"""Training a draft head on feature shards (``training.distill_data``).
 
 Loss (method-notes section 1, Dovetail/EAGLE): ``1.0 * SmoothL1(f_hat, f) + 0.1 *
 CE(p_target, p_draft)`` on answer positions; AdamW, betas (0.9, 0.95), gradient clip 0.5,
@@ -28,9 +28,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from models.distill_data import Sample
 from models.draft_head import DraftHead
 from models.head_config import HeadConfig
+from training.distill_data import Sample
 
 CHECKPOINT = "checkpoint.pt"
 

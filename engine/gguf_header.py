@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import ModelLoadError
 
 GGUF_MAGIC = b"GGUF"
 
@@ -39,14 +42,10 @@ class GGUFFacts:
     vocab_size: int | None
     name: str | None = None
 
-    def kv_bytes_per_token(self, bytes_per_elem: float) -> float | None:
-        """K and V cache bytes one token takes in every layer, or None when the header
-        lacks the numbers. Sliding-window and latent-attention models need less; this
-        is the plain full-attention upper bound."""
-        if None in (self.n_layers, self.n_kv_heads, self.head_dim_k, self.head_dim_v):
-            return None
-        n_per_layer = self.n_kv_heads * (self.head_dim_k + self.head_dim_v)  # type: ignore[operator]
-        return self.n_layers * n_per_layer * bytes_per_elem  # type: ignore[operator]
+    @property
+    def has_kv_shape(self) -> bool:
+        """Whether the header gave the numbers the KV cache's size follows from."""
+        return None not in (self.n_layers, self.n_kv_heads, self.head_dim_k, self.head_dim_v)
 
 
 class _Reader:
@@ -90,6 +89,30 @@ class _Reader:
                 return ("array", count, None)
             return ("array", count, [self.value(etype) for _ in range(count)])
         raise ValueError(f"unknown GGUF value type {vtype}")
+
+
+def check_gguf_magic(path: Path) -> None:
+    """Raise ModelLoadError unless ``path`` is a readable file that starts like a GGUF."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelLoadError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelLoadError(f"model path is not a file: {path}")
+    with path.open("rb") as fh:
+        magic = fh.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(f"{path} is not a GGUF file (it starts with {magic!r}, a GGUF "
+                             f"starts with {GGUF_MAGIC!r})")
+
+
+def read_file_facts(path: Path, n_bytes: int = 1 << 20) -> GGUFFacts:
+    """Shape facts of a local GGUF from its first ``n_bytes``. Raises ModelLoadError."""
+    check_gguf_magic(path)
+    with Path(path).open("rb") as fh:
+        try:
+            return read_facts_prefix(fh.read(n_bytes))
+        except ValueError as exc:
+            raise ModelLoadError(f"{path}: {exc}") from exc
 
 
 def is_gguf_prefix(data: bytes) -> bool:

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
-from models.distill_data import BuildConfig, Sample, build, load_samples
 from models.draft_head import DraftHead
 from models.head_config import HeadConfig
 from models.head_io import save_head
-from models.sharegpt import Conversation, iter_conversations
-from models.train_head import (
+from training.distill_data import BuildConfig, Sample, build, load_samples
+from training.sharegpt import Conversation, iter_conversations
+from training.train_head import (
     TrainConfig,
     draft_vocabulary,
     evaluate,
@@ -79,7 +79,7 @@ def conversations_from(path: Path | None) -> Iterator[Conversation]:
         if first == "[":
             yield from iter_conversations(f)
             return
-        from models.sharegpt import convert_record
+        from training.sharegpt import convert_record
 
         for line in f:
             if line.strip():
@@ -103,7 +103,7 @@ def head_config_for(target: Path, shape: HeadShape, fingerprint) -> HeadConfig: 
 def run(job: TrainDraftJob, progress: Progress | None = None) -> dict:
     """Build data, train, evaluate and save the head in ``job.out_dir``; returns the
     report (also written there as ``train_report.json``)."""
-    from engine.native import NativeModel
+    from engine.model_info import read_model_info
     from models.gguf_weights import target_for_head
 
     progress = progress or Progress()
@@ -123,16 +123,12 @@ def run(job: TrainDraftJob, progress: Progress | None = None) -> dict:
     train_samples, eval_samples = samples[:-job.n_eval], samples[-job.n_eval:]
 
     phase("model")
-    model = NativeModel(job.target)
-    try:
-        pieces, eog = model.pieces(), set(model.eog_ids)
-    finally:
-        model.close()
-    tgt = target_for_head(job.target, pieces)
+    info = read_model_info(job.target)
+    tgt = target_for_head(job.target)
     d2t = None
     if job.shape.draft_vocab_size:
-        d2t = draft_vocabulary(train_samples, job.shape.draft_vocab_size, eog)
-    cfg = head_config_for(job.target, job.shape, tgt.fingerprint)
+        d2t = draft_vocabulary(train_samples, job.shape.draft_vocab_size, set(info.eog_ids))
+    cfg = head_config_for(job.target, job.shape, info.fingerprint)
     torch.manual_seed(job.train.seed)
     device = torch.device(job.device)
     head = DraftHead(cfg, torch.from_numpy(tgt.embed), torch.from_numpy(tgt.lm_head),

@@ -15,12 +15,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from engine.budget import VerifyCostModel
 from engine.drafters import HEAD_DRAFTERS
 from engine.errors import ContextFullError
-from engine.generation import GenerationConfig, generate
-from engine.plan_runtime import prepare_engine
+from engine.generation import GenerationConfig
 from engine.planner import Overrides
+from engine.session import Engine, EngineConfig
 from engine.target import Target
 
 Runner = Callable[[list[int], int], dict[str, Any]]
@@ -75,20 +74,18 @@ def sweep_specs(plannable_layouts: list[str]) -> list[str]:
     return ["none", "auto", *fixed, *(f"auto@{lay}" for lay in plannable_layouts)]
 
 
-def engine_runner(target: Target, spec: str, head_dir: Any = None, device: str = "cpu"
-                  ) -> Runner:
+def runner_engine_config(spec: str, base: EngineConfig) -> EngineConfig:
+    """The engine a runner spec asks for, on ``base``'s model, threads and context."""
+    name, overrides = parse_runner_spec(spec)
+    return replace(base, drafter=name, overrides=overrides)
+
+
+def engine_runner(engine: Engine) -> Runner:
     """Runs one greedy generation with Tandem's engine from an empty cache. The drafter,
     the governor and the cost model live across prompts, as across a chat's turns."""
-    name, overrides = parse_runner_spec(spec)
-    setup = prepare_engine(target, name, head_dir, device, overrides, move_target=False)
-    cost = VerifyCostModel()
-    config = GenerationConfig(max_tokens=1, max_draft=setup.max_draft)
-
     def run(prompt: list[int], max_tokens: int) -> dict[str, Any]:
-        target.reset()
-        result = generate(target, prompt, setup.drafter,
-                          replace(config, max_tokens=max_tokens), cost=cost,
-                          governor=setup.governor)
+        engine.target.reset()
+        result = engine.generate(prompt, GenerationConfig(max_tokens=max_tokens))
         s = result.stats
         return {"new_tokens": s.n_new, "seconds": s.t_total_s, "ttft_s": s.ttft_s,
                 "decode_seconds": s.t_total_s - s.ttft_s, "mean_accepted": s.mean_accepted,

@@ -1,0 +1,51 @@
+"""What the engine knows about a model file before it loads the weights: the header's
+shape numbers and the vocabulary's fingerprint (a vocab-only load, milliseconds)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import ModelLoadError
+from engine.gguf_header import GGUFFacts, read_file_facts
+from engine.kv_cache import kv_cache_bytes
+from engine.native import NativeModel
+from engine.planner import ModelFacts
+from models.gguf_weights import fingerprint
+from models.head_config import TargetFingerprint
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: Path
+    size_bytes: int
+    header: GGUFFacts
+    n_layer: int
+    n_embd: int
+    n_vocab: int
+    n_ctx_train: int
+    fingerprint: TargetFingerprint  # what a draft must match
+    eog_ids: frozenset[int]  # tokens that end a generation
+
+    def kv_bytes(self, n_ctx: int) -> int:
+        return kv_cache_bytes(self.header, n_ctx, self.size_bytes)
+
+    def planner_facts(self, n_ctx: int) -> ModelFacts:
+        return ModelFacts(self.size_bytes, self.n_layer, self.kv_bytes(n_ctx))
+
+
+def read_model_info(path: Path) -> ModelInfo:
+    """Raises ModelLoadError (missing, not a GGUF, a header llama.cpp refuses)."""
+    path = Path(path)
+    header = read_file_facts(path)
+    if not header.hidden_size or not header.n_layers:
+        raise ModelLoadError(f"{path}: the GGUF header names no embedding length or block "
+                             "count for its architecture")
+    # A vocab-only load reads the tokenizer, not the shape numbers: those come from the
+    # header.
+    with NativeModel(path, vocab_only=True) as vocab:
+        return ModelInfo(path=path, size_bytes=path.stat().st_size, header=header,
+                         n_layer=header.n_layers, n_embd=header.hidden_size,
+                         n_vocab=vocab.n_vocab, n_ctx_train=header.context_length or 0,
+                         fingerprint=fingerprint(vocab.pieces(), header.hidden_size),
+                         eog_ids=vocab.eog_ids)

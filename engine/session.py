@@ -1,0 +1,258 @@
+"""The engine: one object that owns the target, the drafter, the cost model, the
+governor and the plan, built once in a fixed order.
+
+1. probe the hardware;
+2. read the model's facts from its GGUF header (no weights loaded);
+3. (``auto``) calibrate if the cache has no costs for this machine, model, head,
+   threads and target placements, measuring the target where plans may put it; plan;
+4. open the target once, where the plan puts it (the CPU, with a note, if the GPU
+   refuses);
+5. build the drafter with one fallback policy (``engine.drafters.open_drafter``).
+
+The CLI, the bench and the GUI's worker construct an ``Engine`` and nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from engine.budget import MAX_DRAFT, SpeculationGovernor, VerifyCostModel
+from engine.calibration import (
+    CalibrationCache,
+    CostProfile,
+    cache_key,
+    calibrate,
+    measure_verify_curve,
+)
+from engine.drafters import DRAFTER_NAMES, DrafterSpec, open_drafter
+from engine.drafters.base import Drafter
+from engine.drafters.head import check_head_fits
+from engine.errors import TandemError
+from engine.generation import GenerationConfig, GenerationResult, generate
+from engine.hardware import HardwareProfile, check_device, default_threads, probe_hardware
+from engine.model_info import ModelInfo, read_model_info
+from engine.model_store import data_dir, default_model_path, default_model_ready
+from engine.planner import HeadFacts, Overrides, Plan, choose_plan
+from engine.stats import StepStats
+from engine.target import Target, TargetConfig
+
+log = logging.getLogger(__name__)
+
+ENGINE_DRAFTERS = ("auto", *DRAFTER_NAMES)
+GPU_FIT_MARGIN = 1.1  # weights + KV must fit the free VRAM with this margin
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What to load. ``model_path`` None: the bundled model (prepared on first use);
+    ``head_dir`` None: the head shipped for the bundled model (used when it fits)."""
+
+    model_path: Path | None = None
+    drafter: str = "auto"  # "auto" (the planner decides) or a name in DRAFTER_NAMES
+    head_dir: Path | None = None
+    head_device: str = "cpu"  # where a head asked for by name runs
+    overrides: Overrides = field(default_factory=Overrides)
+    n_ctx: int = 4096
+    n_threads: int | None = None  # None: one per physical core
+    recalibrate: bool = False
+    cache_dir: Path | None = None  # calibration cache; None: the data directory's
+
+    def __post_init__(self) -> None:
+        if self.drafter not in ENGINE_DRAFTERS:
+            raise ValueError(f"unknown drafter {self.drafter!r}; choose from "
+                             f"{', '.join(ENGINE_DRAFTERS)}")
+        check_device(self.head_device)
+
+
+class Engine:
+    """A loaded model ready to generate. A context manager; ``close()`` is idempotent."""
+
+    def __init__(self, config: EngineConfig | None = None,
+                 progress: Callable[[str], None] | None = None,
+                 hardware: HardwareProfile | None = None) -> None:
+        """Raises ModelLoadError (the model cannot load), ValueError (bad settings)."""
+        self.config = config = config or EngineConfig()
+        say = progress or (lambda _msg: None)
+        self.notes: list[str] = []
+        self.plan: Plan | None = None
+        self.costs: CostProfile | None = None
+        self.calibrated_now = False
+        path = config.model_path
+        if path is None:
+            if not default_model_ready():
+                say("preparing the bundled model (first start only)")
+            path = default_model_path()
+        self.hardware = hardware or probe_hardware()
+        self.model: ModelInfo = read_model_info(path)
+        self.n_threads = config.n_threads or default_threads()
+        target_config = TargetConfig(n_ctx=config.n_ctx, n_threads=self.n_threads)
+        target: Target | None = None
+        try:
+            if config.drafter == "auto":
+                head_dir = self._usable_head()
+                target = self._calibrate_and_plan(target_config, head_dir, say)
+                assert self.plan is not None
+                target = self._open_target(target_config, self.plan.target_gpu_layers, target)
+                spec = self._planned_spec(head_dir)
+                self.max_draft = self.plan.budget.max_draft
+            else:
+                target = self._open_target(target_config, 0, None)
+                spec = self._asked_spec()
+                ov = config.overrides
+                self.max_draft = MAX_DRAFT if ov.max_draft is None else ov.max_draft
+            self.drafter: Drafter | None
+            self.drafter, notes = open_drafter(spec, target, self.model.fingerprint)
+            self.notes += notes
+        except BaseException:
+            if target is not None:
+                target.close()
+            raise
+        self.target = target
+        # The governor guards a draft model, whose every draft costs time. Prompt lookup
+        # costs ~nothing when it has no match and its hits come in bursts a pause would
+        # miss: the per-step budget is the right judge there. A drafter asked for by
+        # name runs as asked.
+        self.governor = (SpeculationGovernor() if config.drafter == "auto" and self.drafter
+                         is not None and self.drafter.is_draft_model else None)
+        self.cost = VerifyCostModel()
+
+    # --- building, in order ------------------------------------------------------------
+    def _usable_head(self) -> Path | None:
+        """The head directory when it fits the model, else None with a note (silent for
+        the bundled head, which simply is not for other models)."""
+        asked = self.config.head_dir
+        spec = DrafterSpec("head", asked)
+        try:
+            check_head_fits(spec.head_path, self.model.fingerprint)
+        except FileNotFoundError as exc:
+            if asked is not None:
+                self.notes.append(str(exc))
+            return None
+        except (TandemError, ValueError) as exc:
+            if asked is not None:
+                self.notes.append(f"{exc}; the planner leaves it out")
+            return None
+        return spec.head_path
+
+    def _calibrate_and_plan(self, target_config: TargetConfig, head_dir: Path | None,
+                            say: Callable[[str], None]) -> Target | None:
+        """Costs from the cache or measured now, then the plan. Returns the target opened
+        for measuring (on the CPU), for reuse when the plan keeps it there."""
+        hw, model = self.hardware, self.model
+        gpu_target = self._gpu_can_hold_target(target_config.n_ctx)
+        placements = ("cpu", "gpu") if gpu_target else ("cpu",)
+        head_devices = ["cpu"] + [g.device for g in hw.gpus]
+        cache = CalibrationCache(self.config.cache_dir or data_dir() / "cache")
+        key = cache_key(hw.fingerprint(), model.path, head_dir, self.n_threads,
+                        placements, tuple(head_devices) if head_dir else ())
+        costs = None if self.config.recalibrate else cache.get(key)
+        target = None
+        if costs is None:
+            self.calibrated_now = True
+            target = Target(model.path, target_config)
+            costs = calibrate(target, head_dir, head_devices, progress=say)
+            if gpu_target:
+                self._measure_gpu_target(costs, target_config, say)
+            cache.put(key, costs)
+        self.costs = costs
+        head = None
+        if head_dir is not None:
+            matrices = 2 * model.n_vocab * model.n_embd * 4  # embeddings + LM head, float32
+            head = HeadFacts.from_dir(head_dir, matrices)
+        self.plan = choose_plan(hw, costs, model.planner_facts(target_config.n_ctx), head,
+                                self.config.overrides)
+        return target
+
+    def _gpu_can_hold_target(self, n_ctx: int) -> bool:
+        gpu = self.hardware.best_gpu
+        need = self.model.size_bytes * GPU_FIT_MARGIN + self.model.kv_bytes(n_ctx)
+        return bool(gpu and self.hardware.llama_gpu_offload and need < gpu.free_bytes)
+
+    def _measure_gpu_target(self, costs: CostProfile, target_config: TargetConfig,
+                            say: Callable[[str], None]) -> None:
+        """The verification curve with every layer on the GPU, as the plan would run it."""
+        say("target verification cost on the GPU")
+        try:
+            with Target(self.model.path, replace(target_config, n_gpu_layers=-1)) as target:
+                costs.verify_s["gpu"] = measure_verify_curve(target, costs.context)
+        except TandemError as exc:
+            self.notes.append(f"the GPU could not take the model to measure it ({exc})")
+
+    def _open_target(self, target_config: TargetConfig, gpu_layers: int,
+                     opened: Target | None) -> Target:
+        """The target with ``gpu_layers`` offloaded: ``opened`` when it already is, else
+        a new one (and the CPU with a note when the GPU refuses)."""
+        if opened is not None and opened.n_gpu_layers == gpu_layers:
+            return opened
+        if opened is not None:
+            opened.close()
+        try:
+            return Target(self.model.path, replace(target_config, n_gpu_layers=gpu_layers))
+        except TandemError as exc:
+            if gpu_layers == 0:
+                raise
+            self.notes.append(f"the GPU could not take the model ({exc}); it runs on the CPU")
+            return Target(self.model.path, target_config)
+
+    def _planned_spec(self, head_dir: Path | None) -> DrafterSpec:
+        plan = self.plan
+        assert plan is not None
+        if plan.drafter == "head" and head_dir is not None:
+            budget = plan.budget
+            return DrafterSpec("head", head_dir, plan.head_device,
+                               {"mode": budget.mode, "depth": budget.depth,
+                                "top_k": budget.top_k,
+                                "draft_ahead": plan.layout == "duodecoding"})
+        return DrafterSpec("lookup" if plan.drafter != "none" else "none")
+
+    def _asked_spec(self) -> DrafterSpec:
+        config = self.config
+        options: dict[str, object] = {}
+        if config.overrides.depth:
+            options["depth"] = config.overrides.depth
+        return DrafterSpec(config.drafter, config.head_dir, config.head_device, options)
+
+    # --- use ---------------------------------------------------------------------------
+    @property
+    def drafter_name(self) -> str:
+        """The drafter in use: "head", "lookup" or "none"."""
+        return self.drafter.name if self.drafter is not None else "none"
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        return self.target.chat_prompt(messages)
+
+    def generate(self, prompt: list[int], config: GenerationConfig | None = None, *,
+                 on_text: Callable[[str], None] | None = None,
+                 on_step: Callable[[StepStats], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None,
+                 plain: bool = False) -> GenerationResult:
+        """Generate after ``prompt`` (tokens) with the engine's drafter and budget, or
+        with none when ``plain``; the cost model learns across generations. Raises what
+        ``engine.generation.generate`` raises."""
+        config = replace(config or GenerationConfig(),
+                         max_draft=0 if plain else self.max_draft)
+        return generate(self.target, prompt, None if plain else self.drafter, config,
+                        on_text=on_text, on_step=on_step, should_stop=should_stop,
+                        cost=self.cost, governor=None if plain else self.governor)
+
+    def describe(self) -> str:
+        """One line: model, threads, and what drafts."""
+        how = self.plan.layout_text() if self.plan is not None else \
+            f"drafter: {self.drafter_name}"
+        return f"{self.model.path.name} ({self.n_threads} threads; {how})"
+
+    # --- lifecycle ---------------------------------------------------------------------
+    def close(self) -> None:
+        self.drafter = None
+        target = getattr(self, "target", None)
+        if target is not None:
+            target.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,159 @@
+"""The Engine on the real model: built once in order (probe, header, calibration and its
+cache, plan, target, drafter), fallbacks when the GPU is missing or fails mid-generation
+(the answer is still exactly the target's), and a clear error after close."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from engine.budget import VerifyCostModel
+from engine.calibration import CalibrationCache, CostProfile, cache_key
+from engine.drafters import DEFAULT_HEAD_DIR, make_drafter
+from engine.errors import ClosedError
+from engine.generation import GenerationConfig, generate
+from engine.hardware import load_profile, probe_hardware
+from engine.planner import LAYOUTS, Overrides
+from engine.session import Engine, EngineConfig
+from tests.conftest import PROFILES
+
+PROMPT = [{"role": "user", "content": "List three uses of a paperclip, one line each."}]
+
+
+@pytest.fixture(scope="module")
+def plain_answer(target):
+    target.reset()
+    target.set_features(False)
+    prompt = target.chat_prompt(PROMPT)
+    return prompt, generate(target, prompt, None, GenerationConfig(48)).tokens
+
+
+def _engine(model_path, tmp_path, **options) -> Engine:
+    hardware = options.pop("hardware", None)
+    config = EngineConfig(model_path=model_path, n_ctx=2048, n_threads=2, cache_dir=tmp_path,
+                          **options)
+    return Engine(config, hardware=hardware)
+
+
+def test_calibration_is_measured_once_then_cached(model_path, tmp_path):
+    with _engine(model_path, tmp_path) as first:
+        assert first.calibrated_now
+        curve = first.costs.verify_s["cpu"]
+        assert set(curve) >= {1, 2, 4, 8} and all(t > 0 for t in curve.values())
+        assert first.costs.head_level_s["cpu"] > 0  # the bundled head was measured
+    with _engine(model_path, tmp_path) as again:
+        assert not again.calibrated_now and again.costs == first.costs
+        assert again.plan.layout in LAYOUTS and again.plan.reason
+    with _engine(model_path, tmp_path, recalibrate=True) as fresh:
+        assert fresh.calibrated_now
+
+
+def test_the_cache_key_follows_the_model_file_and_the_head(tmp_path):
+    hw = probe_hardware().fingerprint()
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + b"\0" * 64)
+    head = tmp_path / "head"
+    shutil.copytree(DEFAULT_HEAD_DIR, head)
+    key = cache_key(hw, model, head, 2)
+    assert cache_key(hw, model, head, 2) == key
+    assert cache_key(hw, model, head, 4) != key
+    with model.open("ab") as fh:
+        fh.write(b"more")  # a re-downloaded or re-quantized model
+    changed = cache_key(hw, model, head, 2)
+    assert changed != key
+    (head / "head.json").write_text((head / "head.json").read_text() + "\n")
+    assert cache_key(hw, model, head, 2) != changed
+    # Where the target and head were measured is part of the key.
+    assert cache_key(hw, model, head, 2, ("cpu", "gpu")) != cache_key(hw, model, head, 2)
+    assert cache_key(hw, model, head, 2, head_devices=("cpu", "cuda:0")) != cache_key(
+        hw, model, head, 2, head_devices=("cpu",))
+    cache = CalibrationCache(tmp_path)
+    profile = CostProfile(verify_s={"cpu": {1: 0.01, 2: 0.015}})
+    cache.put(changed, profile)
+    assert cache.get(changed) == profile and cache.get(key) is None
+
+
+def test_a_missing_gpu_moves_the_head_to_the_cpu(model_path, plain_answer, tmp_path):
+    # A recorded laptop with a CUDA GPU, on this machine where torch has none.
+    with _engine(model_path, tmp_path, overrides=Overrides(layout="dovetail"),
+                 hardware=load_profile(PROFILES / "synthetic_gpu_no_offload.json")) as engine:
+        assert engine.plan.head_device == "cuda:0"
+        assert engine.drafter is not None and engine.drafter.name == "head"
+        assert engine.drafter.device.type == "cpu"
+        assert any("could not run on cuda:0" in n for n in engine.notes)
+        prompt, ref = plain_answer
+        assert engine.generate(prompt, GenerationConfig(48)).tokens == ref
+
+
+def test_a_duodecoding_plan_drafts_ahead_on_the_cpu(model_path, plain_answer, tmp_path):
+    with _engine(model_path, tmp_path, overrides=Overrides(layout="duodecoding"),
+                 hardware=load_profile(PROFILES / "synthetic_large_gpu.json")) as engine:
+        assert engine.plan.layout == "duodecoding" and engine.plan.target_gpu_layers == -1
+        assert "gpu" in engine.costs.verify_s  # the target was measured where it would run
+        drafter = engine.drafter
+        assert drafter is not None and drafter.drafts_ahead and drafter.device.type == "cpu"
+        engine.cost = VerifyCostModel(slope=0.0, learn=False)  # verify every drafted node
+        engine.governor = None
+        prompt, ref = plain_answer
+        assert engine.generate(prompt, GenerationConfig(48)).tokens == ref
+
+
+@pytest.mark.parametrize("failure", [torch.OutOfMemoryError("CUDA out of memory"),
+                                     RuntimeError("CUDA error: device lost")])
+@pytest.mark.parametrize("name", ["head-chain", "head-ahead"])
+def test_a_drafter_failing_mid_answer_falls_back_to_plain(target, plain_answer, failure, name):
+    # head-ahead also fails inside the worker thread that drafts during verification.
+    drafter = make_drafter(name, target=target)
+    calls = {"n": 0}
+    forward = drafter.head.forward
+
+    def failing_forward(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 4:  # the GPU goes away after a few steps
+            raise failure
+        return forward(*args, **kwargs)
+
+    drafter.head.forward = failing_forward
+    prompt, ref = plain_answer
+    target.reset()
+    out = generate(target, prompt, drafter, GenerationConfig(48),
+                   cost=VerifyCostModel(slope=0.0, learn=False))
+    assert out.tokens == ref  # the conversation goes on, unchanged
+    assert "went on with plain decoding" in out.stats.fallback
+    assert sum(s.n_proposed for s in out.stats.steps) > 0  # it did draft before failing
+
+
+def test_auto_gives_a_working_engine_and_explains_itself(model_path, plain_answer, tmp_path):
+    with _engine(model_path, tmp_path) as engine:
+        text = engine.plan.describe()
+        assert "Layout:" in text and "Why:" in text
+        # The drafter follows from the plan: a head exactly when the plan says "head".
+        assert engine.drafter_name == ("head" if engine.plan.drafter == "head" else "lookup")
+        prompt, ref = plain_answer
+        assert engine.generate(prompt, GenerationConfig(48)).tokens == ref
+        assert engine.generate(prompt, GenerationConfig(48), plain=True).tokens == ref
+
+
+def test_a_head_that_does_not_fit_falls_back_with_a_note(model_path, tmp_path):
+    bad = tmp_path / "head"
+    shutil.copytree(DEFAULT_HEAD_DIR, bad)
+    (bad / "head.safetensors").write_bytes(b"not safetensors at all")
+    with _engine(model_path, tmp_path, drafter="head", head_dir=bad) as engine:
+        assert engine.drafter_name == "lookup"
+        assert any(str(bad) in n and "weights" in n for n in engine.notes), engine.notes
+        assert "using prompt lookup instead" in engine.notes
+
+
+def test_a_closed_engine_raises_a_clear_error(model_path, tmp_path):
+    engine = _engine(model_path, tmp_path, drafter="none")
+    prompt = engine.chat_prompt([{"role": "user", "content": "Hi"}])
+    engine.close()
+    engine.close()  # idempotent
+    with pytest.raises(ClosedError, match="has been closed"):
+        engine.generate(prompt, GenerationConfig(4))
+    with pytest.raises(ClosedError):
+        engine.target.tokenize("hello")
+    with pytest.raises(ClosedError):
+        engine.target.ctx.kv_clear()
