@@ -22,7 +22,8 @@ from engine.planner import Overrides
 from engine.session import Engine, EngineConfig
 from engine.target import Target
 
-Runner = Callable[[list[int], int], dict[str, Any]]
+# (prompt tokens, max new tokens, remember the answer) -> one result row
+Runner = Callable[[list[int], int, bool], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -83,9 +84,10 @@ def runner_engine_config(spec: str, base: EngineConfig) -> EngineConfig:
 def engine_runner(engine: Engine) -> Runner:
     """Runs one greedy generation with Tandem's engine from an empty cache. The drafter,
     the governor and the cost model live across prompts, as across a chat's turns."""
-    def run(prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    def run(prompt: list[int], max_tokens: int, remember: bool = True) -> dict[str, Any]:
         engine.target.reset()
-        result = engine.generate(prompt, GenerationConfig(max_tokens=max_tokens))
+        result = engine.generate(prompt, GenerationConfig(max_tokens=max_tokens),
+                                 remember=remember)
         s = result.stats
         return {"new_tokens": s.n_new, "seconds": s.t_total_s, "ttft_s": s.ttft_s,
                 "decode_seconds": s.t_total_s - s.ttft_s, "mean_accepted": s.mean_accepted,
@@ -233,7 +235,7 @@ def run_bench(
         order = names[i % len(names):] + names[:i % len(names)]
         best: dict[str, dict[str, Any]] = {}
         times: dict[str, list[float]] = defaultdict(list)
-        for _ in range(repeat):
+        for rep in range(repeat):
             for name in order:
                 count += 1
                 if on_progress:
@@ -241,7 +243,9 @@ def run_bench(
                 if (prompt.question_id, name) in done or "skipped" in best.get(name, {}):
                     continue
                 try:
-                    row = runners[name](tokens, max_tokens)
+                    # Only the first run of a prompt may enter a drafter's memory: a
+                    # repeat must not draft from its own earlier answer.
+                    row = runners[name](tokens, max_tokens, rep == 0)
                 except ContextFullError as exc:
                     row = {"skipped": str(exc)}
                 old = best.get(name)
@@ -273,7 +277,7 @@ def _warm_up(target: Target, runners: dict[str, Runner]) -> None:
     """One short generation per runner so first-call costs do not land on a prompt."""
     warm = target.chat_prompt([{"role": "user", "content": "Say hello."}])
     for run in runners.values():
-        run(warm, 8)
+        run(warm, 8, False)
 
 
 def parse_drafter_list(text: str, known: Iterable[str]) -> list[str]:

@@ -28,7 +28,7 @@ def baseline_runner(name: str, target: Target) -> Runner:
                 draft_model=draft, verbose=False)
     eog = target.model.eog_ids
 
-    def run(prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    def run(prompt: list[int], max_tokens: int, remember: bool = True) -> dict[str, Any]:
         try:
             return generate_once(prompt, max_tokens)
         except Exception as exc:  # a baseline's crash is a result, not the bench's end
@@ -123,7 +123,8 @@ def server_runner(name: str, target: Target, binary: str) -> Runner:
 
     atexit.register(server.close)
 
-    def run(prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    def run(prompt: list[int], max_tokens: int, remember: bool = True) -> dict[str, Any]:
+        # llama-server cannot forget: its n-gram pool keeps every request (never repeat it)
         out = server.complete(prompt, max_tokens)
         timing = out["timings"]
         tokens = list(out.get("tokens", []))

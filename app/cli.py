@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
+import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from engine.errors import TandemError
@@ -181,7 +184,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if any(n in SERVER_NAMES for n in names) and not args.llama_server:
         raise ValueError("the server baselines need --llama-server PATH")
     prompts = load_prompts(args.prompts, args.per_category)
-    base = _engine_config(args, drafter="none")
+    # Tandem's memory starts empty and fills as the run goes (as llama-server's n-gram
+    # pool does); it lives beside the results so a resumed run keeps it.
+    memory_dir = (args.json.with_name(args.json.name + ".memory") if args.json
+                  else Path(tempfile.mkdtemp(prefix="tandem-bench-memory-")))
+    if args.fresh or not (args.json and args.json.exists()):
+        shutil.rmtree(memory_dir, ignore_errors=True)
+    base = replace(_engine_config(args, drafter="none"), memory_dir=memory_dir)
     engines: dict[str, Engine] = {}
     try:
         # One engine per Tandem runner (its own target where its plan puts it, drafter,

@@ -123,7 +123,7 @@ def trim_to_budget(tree: DraftTree, cost: VerifyCost) -> DraftTree:
     scores = tree.scores
     order = sorted(range(len(tree)), key=lambda i: (-scores[i], i))
     m = best_node_count([scores[i] for i in order], cost)
-    out = DraftTree()
+    out = DraftTree(made_ahead=tree.made_ahead)
     index: dict[int, int] = {}
     for old in sorted(order[:m]):  # parents before children
         parent = tree.parents[old]

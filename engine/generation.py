@@ -105,6 +105,7 @@ def generate(
     should_stop: Callable[[], bool] | None = None,
     cost: VerifyCostModel | None = None,
     governor: SpeculationGovernor | None = None,
+    remember: bool = True,
 ) -> GenerationResult:
     """Generate after ``prompt``; output equals plain decoding whatever the drafter.
 
@@ -115,6 +116,7 @@ def generate(
     decode. ``governor`` (optional) turns drafting off while it does not pay. A
     drafter that fails (a GPU that vanishes, out of memory) is dropped for the rest of
     the generation, which goes on as plain decoding; ``stats.fallback`` says why.
+    ``remember`` False keeps the answer out of a drafter's memory (a benchmark's repeat).
     """
     config = config or GenerationConfig()
     run = _Run(target, config, cost if cost is not None else VerifyCostModel(), governor,
@@ -141,7 +143,7 @@ def generate(
     finally:
         if ahead_pool is not None:
             ahead_pool.shutdown(wait=True)
-    return _finish(run, prompt, t0)
+    return _finish(run, prompt, t0, remember)
 
 
 @dataclass
@@ -227,7 +229,8 @@ def _step(run: _Run, last: int, ahead_pool: ThreadPoolExecutor | None
     t_drafted = time.perf_counter()
     ahead: Future | None = None
     if ahead_pool is not None and run.drafter is not None and draft:
-        ahead = ahead_pool.submit(run.drafter.draft_ahead, draft, run.config.max_draft)
+        ahead = ahead_pool.submit(run.drafter.draft_ahead, draft, run.config.max_draft,
+                                  cost.t1)
     ver = target.verify(last, draft)
     run.cost.observe(n_past, 1 + len(draft), time.perf_counter() - t_drafted)
     if ahead is not None:
@@ -258,11 +261,11 @@ def _step(run: _Run, last: int, ahead_pool: ThreadPoolExecutor | None
     return acc.next_token, step, new_tokens
 
 
-def _finish(run: _Run, prompt: list[int], t0: float) -> GenerationResult:
+def _finish(run: _Run, prompt: list[int], t0: float, remember: bool) -> GenerationResult:
     """Close the text stream, let the drafter remember the answer, fill the figures."""
     reason = run.emitter.close()
     tokens = run.emitter.tokens
-    if run.drafter is not None:
+    if run.drafter is not None and remember:
         try:
             run.drafter.finish(prompt + tokens)
         except Exception as exc:  # noqa: BLE001 - the answer is complete anyway

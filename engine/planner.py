@@ -9,9 +9,9 @@ It predicts tokens per second for every layout the machine allows, from measured
   block while the GPU verifies (in a worker thread; that draft is used when the target
   takes the whole block, so its time is saved in proportion).
 - ``cpu``: both on the CPU, in turn, each with all cores.
-- ``plain``: no draft model when none is predicted to gain 5% (prompt lookup stays on:
-  it costs nothing when the prompt has nothing to copy, and the governor stops it when
-  it does not pay).
+- ``plain``: no draft model when none is predicted to gain 5%. Drafts from memory stay
+  on (the prompt, the conversation and earlier answers): they cost microseconds when
+  nothing matches, and the per-step budget verifies only what pays.
 
 A chain of depth d is worth E(d) = 1 + sum_k prod_{j<=k} a_j tokens per step, where a_j
 is the acceptance at depth j; its step costs the draft (update + d levels + feature
@@ -43,7 +43,7 @@ DEFAULT_ACCEPTANCE = (0.45, 0.4, 0.38, 0.36, 0.35, 0.34, 0.33, 0.32)
 
 @dataclass(frozen=True)
 class Budget:
-    mode: str = "chain"  # "chain", "tree" (EAGLE-2), "multi" (DuoDecoding) or "lookup"
+    mode: str = "chain"  # "chain", "tree" (EAGLE-2), "multi" (DuoDecoding) or "memory"
     depth: int = 4  # draft levels
     max_draft: int = MAX_DRAFT  # draft tokens verified per step at most
     top_k: int = 4
@@ -51,8 +51,9 @@ class Budget:
     def describe(self) -> str:
         if self.max_draft == 0:
             return "no drafting"
-        if self.mode == "lookup":
-            return f"prompt lookup: up to {self.max_draft} tokens per step when the text repeats"
+        if self.mode == "memory":
+            return (f"drafts from memory: up to {self.max_draft} tokens per step when the "
+                    "text repeats the prompt or an earlier answer")
         shape = {"chain": "a chain", "tree": "a tree", "multi": "a chain plus likely "
                  "alternatives"}[self.mode]
         return f"{shape} of depth up to {self.depth}, at most {self.max_draft} tokens per step"
@@ -88,7 +89,7 @@ class Overrides:
     layout: str | None = None
     max_draft: int | None = None
     depth: int | None = None
-    drafter: str | None = None  # "head", "lookup", "none"
+    drafter: str | None = None  # "head", "memory", "none"
 
     def __post_init__(self) -> None:
         if self.layout is not None and self.layout not in LAYOUTS:
@@ -112,7 +113,7 @@ class Candidate:
 @dataclass(frozen=True)
 class Plan:
     layout: str
-    drafter: str  # "head", "lookup" or "none"
+    drafter: str  # "head", "memory" or "none"
     head_device: str  # "cpu", "cuda:0", "mps", "xpu:0"; "" without a head
     target_gpu_layers: int
     budget: Budget
@@ -132,7 +133,7 @@ class Plan:
                   f"target on the CPU with {self.target_gpu_layers} layers on the GPU")
         if self.drafter == "head":
             return f"{self.layout}: {target}, draft head on {self.head_device}"
-        extra = " with prompt lookup" if self.drafter == "lookup" else ""
+        extra = " with drafts from memory" if self.drafter == "memory" else ""
         return f"{self.layout}: {target}{extra}"
 
     def to_json(self) -> dict:
@@ -253,8 +254,8 @@ def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
         plain_options, key=lambda o: _verify_time(costs, o[1], 1)[0])
     t1, plain_est = _verify_time(costs, plain_share, 1)
     plain_rate = 1.0 / t1
-    candidates = [Candidate("plain", "lookup", "", plain_layers,
-                            Budget(mode="lookup", max_draft=max_draft),
+    candidates = [Candidate("plain", "memory", "", plain_layers,
+                            Budget(mode="memory", max_draft=max_draft),
                             plain_rate, plain_est)]
     if head is not None and max_draft > 0 and ov.drafter in (None, "head"):
         for layout, device, layers, share in placements:
@@ -290,7 +291,7 @@ def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
             best.tok_per_s < (1 + MIN_GAIN) * plain_rate):
         best = candidates[0]
     reason = _reason(best, candidates, plain_rate, speculative, ov, head)
-    drafter = ov.drafter if ov.drafter in ("none", "lookup") else best.drafter
+    drafter = ov.drafter if ov.drafter in ("none", "memory") else best.drafter
     return Plan(layout=best.layout, drafter=drafter, head_device=best.head_device,
                 target_gpu_layers=best.target_gpu_layers,
                 budget=best.budget if drafter != "none" else Budget(max_draft=0),
@@ -319,11 +320,11 @@ def _reason(best: Candidate, candidates: list[Candidate], plain_rate: float,
                 f"decoding with a chain of depth {best.budget.depth}, the best of "
                 f"{len(speculative)} layout(s){est}.")
     if head is None:
-        return "no draft head matches this model: plain decoding with prompt lookup."
+        return "no draft head matches this model: plain decoding with drafts from memory."
     if not speculative:
         return "the draft head cannot run on any device here: plain decoding."
     top = max(speculative, key=lambda c: c.tok_per_s)
     return (f"the best draft-head layout ({top.layout}, depth {top.budget.depth}) is "
             f"predicted {top.tok_per_s / plain_rate:.2f}x plain decoding, under the "
             f"{1 + MIN_GAIN:.2f}x it takes to pay: drafting costs more than it saves on "
-            f"this machine. Plain decoding, with free prompt lookup{est}.")
+            f"this machine. Plain decoding, with drafts from memory{est}.")

@@ -30,6 +30,7 @@ from engine.calibration import (
 from engine.drafters import DRAFTER_NAMES, DrafterSpec, open_drafter
 from engine.drafters.base import Drafter
 from engine.drafters.head import check_head_fits
+from engine.drafters.memory import MemoryDrafter
 from engine.errors import TandemError
 from engine.generation import GenerationConfig, GenerationResult, generate
 from engine.hardware import HardwareProfile, check_device, default_threads, probe_hardware
@@ -37,6 +38,7 @@ from engine.model_info import ModelInfo, read_model_info
 from engine.model_store import data_dir, default_model_path, default_model_ready
 from engine.planner import HeadFacts, Overrides, Plan, choose_plan
 from engine.stats import StepStats
+from engine.suffix_index import SuffixIndex, open_memory
 from engine.target import Target, TargetConfig
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ class EngineConfig:
     n_threads: int | None = None  # None: one per physical core
     recalibrate: bool = False
     cache_dir: Path | None = None  # calibration cache; None: the data directory's
+    memory_dir: Path | None = None  # drafts' memory per model; None: the data directory's
 
     def __post_init__(self) -> None:
         if self.drafter not in ENGINE_DRAFTERS:
@@ -80,6 +83,8 @@ class Engine:
         self.plan: Plan | None = None
         self.costs: CostProfile | None = None
         self.calibrated_now = False
+        self.memory: SuffixIndex | None = None
+        self._memory_path: Path | None = None
         path = config.model_path
         if path is None:
             if not default_model_ready():
@@ -103,8 +108,10 @@ class Engine:
                 spec = self._asked_spec()
                 ov = config.overrides
                 self.max_draft = MAX_DRAFT if ov.max_draft is None else ov.max_draft
+            self.memory = self._open_memory() if spec.name not in ("none", "lookup") else None
             self.drafter: Drafter | None
-            self.drafter, notes = open_drafter(spec, target, self.model.fingerprint)
+            self.drafter, notes = open_drafter(spec, target, self.model.fingerprint,
+                                               self.memory)
             self.notes += notes
         except BaseException:
             if target is not None:
@@ -197,6 +204,27 @@ class Engine:
             self.notes.append(f"the GPU could not take the model ({exc}); it runs on the CPU")
             return Target(self.model.path, target_config)
 
+    def _open_memory(self) -> SuffixIndex:
+        """This model's memory of what it wrote before (a missing or unusable file means
+        an empty memory, and a note when the file was unusable)."""
+        fp = self.model.fingerprint
+        directory = self.config.memory_dir or data_dir() / "memory"
+        self._memory_path = directory / f"{self.model.path.stem}-{fp.tokenizer_sha256[:12]}.idx"
+        memory, note = open_memory(self._memory_path, tag=fp.tokenizer_sha256)
+        if note:
+            self.notes.append(note)
+        return memory
+
+    def _save_memory(self) -> None:
+        if self.memory is None or self._memory_path is None or not isinstance(
+                self.drafter, MemoryDrafter):
+            return
+        try:
+            self._memory_path.parent.mkdir(parents=True, exist_ok=True)
+            self.memory.save(self._memory_path)
+        except OSError as exc:  # a full or read-only disk must not stop the chat
+            log.warning("could not save the draft memory to %s: %s", self._memory_path, exc)
+
     def _planned_spec(self, head_dir: Path | None) -> DrafterSpec:
         plan = self.plan
         assert plan is not None
@@ -206,7 +234,7 @@ class Engine:
                                {"mode": budget.mode, "depth": budget.depth,
                                 "top_k": budget.top_k,
                                 "draft_ahead": plan.layout == "duodecoding"})
-        return DrafterSpec("lookup" if plan.drafter != "none" else "none")
+        return DrafterSpec("memory" if plan.drafter != "none" else "none")
 
     def _asked_spec(self) -> DrafterSpec:
         config = self.config
@@ -228,15 +256,20 @@ class Engine:
                  on_text: Callable[[str], None] | None = None,
                  on_step: Callable[[StepStats], None] | None = None,
                  should_stop: Callable[[], bool] | None = None,
-                 plain: bool = False) -> GenerationResult:
+                 plain: bool = False, remember: bool = True) -> GenerationResult:
         """Generate after ``prompt`` (tokens) with the engine's drafter and budget, or
-        with none when ``plain``; the cost model learns across generations. Raises what
-        ``engine.generation.generate`` raises."""
+        with none when ``plain``; the cost model learns across generations, and a drafter
+        with memory keeps the answer (saved at once) unless ``remember`` is False.
+        Raises what ``engine.generation.generate`` raises."""
         config = replace(config or GenerationConfig(),
                          max_draft=0 if plain else self.max_draft)
-        return generate(self.target, prompt, None if plain else self.drafter, config,
-                        on_text=on_text, on_step=on_step, should_stop=should_stop,
-                        cost=self.cost, governor=None if plain else self.governor)
+        result = generate(self.target, prompt, None if plain else self.drafter, config,
+                          on_text=on_text, on_step=on_step, should_stop=should_stop,
+                          cost=self.cost, governor=None if plain else self.governor,
+                          remember=remember)
+        if not plain and remember:
+            self._save_memory()
+        return result
 
     def describe(self) -> str:
         """One line: model, threads, and what drafts."""

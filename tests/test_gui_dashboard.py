@@ -35,7 +35,7 @@ def test_live_steps_and_comparison_with_plain(qtbot, db: Path, model_path: Path)
     # What runs follows from the plan this machine's costs gave (a head only when the
     # planner chose one), and the dashboard shows the plan's layout.
     ready = w.engine_info
-    assert ready.drafter == ("head" if ready.plan["drafter"] == "head" else "lookup")
+    assert ready.drafter == ("head" if ready.plan["drafter"] == "head" else "memory")
     assert ready.plan["layout_text"] in w.dashboard.plan_layout.text()
     with qtbot.waitSignal(w.controller.comparison_finished, timeout=ANSWER_TIMEOUT_MS) as blocker:
         w.dashboard.compare_button.click()
@@ -66,10 +66,10 @@ def test_mismatched_head_falls_back_and_says_so(qtbot, db: Path, model_path: Pat
     with qtbot.waitSignal(w.engine_ready, timeout=ANSWER_TIMEOUT_MS) as blocker:
         w.engine_panel.add_head(head)
     ready = blocker.args[0]
-    assert (ready.requested, ready.drafter) == ("head", "lookup")
-    assert "does not fit" in ready.note and "Using prompt lookup instead" in ready.note
+    assert (ready.requested, ready.drafter) == ("head", "memory")
+    assert "does not fit" in ready.note and "Using drafts from memory instead" in ready.note
     assert w.engine_panel.note.isVisibleTo(w) and "vocab_size" in w.engine_panel.note.text()
-    assert "Using prompt lookup instead" in w.dashboard.plan_reason.text()
+    assert "Using drafts from memory instead" in w.dashboard.plan_reason.text()
     send_and_wait(qtbot, w, "Hi!")  # still answers, with the fallback drafter
     assert w.store.get_setting("head") == str(head)
 

@@ -41,7 +41,7 @@ def test_this_machine_decodes_plainly_because_the_head_costs_more_than_it_saves(
     head = HeadFacts(size_bytes=230 * 1024**2, acceptance=(0.45, 0.4, 0.38))
     plan = choose_plan(load_profile(PROFILES / "this_machine_2core.json"),
                        costs("costs_this_machine_2core"), smollm, head)
-    assert plan.layout == "plain" and plan.drafter == "lookup"
+    assert plan.layout == "plain" and plan.drafter == "memory"
     head_options = [c for c in plan.candidates if c.drafter == "head"]
     assert head_options and all(c.tok_per_s < plan.plain_tok_per_s for c in head_options)
     assert "costs more than it saves" in plan.reason
@@ -121,12 +121,12 @@ def test_overrides_win_and_are_explained():
         Overrides(layout="sideways")
 
 
-def test_no_head_means_plain_decoding_with_prompt_lookup():
+def test_no_head_means_plain_decoding_with_drafts_from_memory():
     model = ModelFacts(size_bytes=int(1.0 * GB), n_layers=24)
     plan = choose_plan(load_profile(PROFILES / "synthetic_large_gpu.json"),
                        costs("synthetic_costs_large_gpu_1p7b"),
                        model, None)
-    assert (plan.layout, plan.drafter) == ("plain", "lookup")
+    assert (plan.layout, plan.drafter) == ("plain", "memory")
     assert plan.target_gpu_layers == -1  # plain decoding still uses the GPU
     assert "no draft head" in plan.reason
 

@@ -130,7 +130,7 @@ def test_auto_gives_a_working_engine_and_explains_itself(model_path, plain_answe
         text = engine.plan.describe()
         assert "Layout:" in text and "Why:" in text
         # The drafter follows from the plan: a head exactly when the plan says "head".
-        assert engine.drafter_name == ("head" if engine.plan.drafter == "head" else "lookup")
+        assert engine.drafter_name == ("head" if engine.plan.drafter == "head" else "memory")
         prompt, ref = plain_answer
         assert engine.generate(prompt, GenerationConfig(48)).tokens == ref
         assert engine.generate(prompt, GenerationConfig(48), plain=True).tokens == ref
@@ -141,9 +141,9 @@ def test_a_head_that_does_not_fit_falls_back_with_a_note(model_path, tmp_path):
     shutil.copytree(DEFAULT_HEAD_DIR, bad)
     (bad / "head.safetensors").write_bytes(b"not safetensors at all")
     with _engine(model_path, tmp_path, drafter="head", head_dir=bad) as engine:
-        assert engine.drafter_name == "lookup"
+        assert engine.drafter_name == "memory"
         assert any(str(bad) in n and "weights" in n for n in engine.notes), engine.notes
-        assert "using prompt lookup instead" in engine.notes
+        assert "using drafts from memory instead" in engine.notes
 
 
 def test_a_closed_engine_raises_a_clear_error(model_path, tmp_path):

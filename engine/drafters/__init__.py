@@ -1,7 +1,7 @@
 """The one drafter factory: every entry point (CLI, bench, app, calibration) asks here.
 
 ``open_drafter`` builds what was asked and falls back with one policy, each step's
-reason kept as a note: the head on its GPU, then on the CPU, then prompt lookup; a
+reason kept as a note: the head on its GPU, then on the CPU, then drafts from memory; a
 drafter that cannot be built at all means plain decoding.
 """
 
@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 from engine.drafters.base import Drafter
 from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
+from engine.drafters.memory import MemoryDrafter
+from engine.suffix_index import SuffixIndex
 
 if TYPE_CHECKING:
     from engine.target import Target
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HEAD_DRAFTERS = ("head", "head-chain", "head-multi", "head-ahead")
-DRAFTER_NAMES = ("none", "lookup", *HEAD_DRAFTERS)
+DRAFTER_NAMES = ("none", "memory", "lookup", *HEAD_DRAFTERS)
 # The head trained for the bundled model (README says how it was made).
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parents[2] / "assets" / "draft-head-smollm2-135m"
 
@@ -32,7 +34,7 @@ class DrafterSpec:
     """What to draft with. ``head_options`` go to the head drafter's config (mode,
     depth, top_k, draft_ahead, dynamic_depth)."""
 
-    name: str = "lookup"
+    name: str = "memory"
     head_dir: Path | None = None  # None: the head shipped for the bundled model
     device: str = "cpu"
     head_options: dict[str, object] = field(default_factory=dict)
@@ -48,13 +50,18 @@ class DrafterSpec:
 
 
 def build_drafter(spec: DrafterSpec, target: Target | None = None,
-                  fingerprint: TargetFingerprint | None = None) -> Drafter | None:
+                  fingerprint: TargetFingerprint | None = None,
+                  memory: SuffixIndex | None = None) -> Drafter | None:
     """The drafter ``spec`` names, no fallback; None means plain decoding. Head drafters
     need the ``target`` (its features and GGUF); ``fingerprint`` (the target's, computed
-    from it when not given) decides whether the head fits. Raises FileNotFoundError,
-    IncompatibleDraftError, ValueError, or whatever the device raises (out of memory)."""
+    from it when not given) decides whether the head fits. ``memory`` is the model's
+    memory of earlier answers for the memory drafter (empty when None). Raises
+    FileNotFoundError, IncompatibleDraftError, ValueError, or whatever the device raises
+    (out of memory)."""
     if spec.name == "none":
         return None
+    if spec.name == "memory":
+        return MemoryDrafter(memory)
     if spec.name == "lookup":
         return PromptLookupDrafter(LookupConfig())
     if target is None:
@@ -73,27 +80,28 @@ def build_drafter(spec: DrafterSpec, target: Target | None = None,
 
 
 def open_drafter(spec: DrafterSpec, target: Target | None = None,
-                 fingerprint: TargetFingerprint | None = None
-                 ) -> tuple[Drafter | None, list[str]]:
+                 fingerprint: TargetFingerprint | None = None,
+                 memory: SuffixIndex | None = None) -> tuple[Drafter | None, list[str]]:
     """The drafter ``spec`` names, or the next one down the fallback chain (head on its
-    device, head on the CPU, prompt lookup, plain), with a note for each fallback that
-    names the file or device and the reason."""
+    device, head on the CPU, drafts from memory, plain), with a note for each fallback
+    that names the file or device and the reason."""
     notes: list[str] = []
     if spec.name in HEAD_DRAFTERS:
         devices = [spec.device] + (["cpu"] if spec.device != "cpu" else [])
         for device in devices:
             try:
                 return build_drafter(DrafterSpec(spec.name, spec.head_dir, device,
-                                                 spec.head_options), target, fingerprint), notes
+                                                 spec.head_options), target,
+                                     fingerprint), notes
             except Exception as exc:  # noqa: BLE001 - bad file, no device, out of memory
                 log.warning("draft head on %s failed: %s", device, exc)
                 notes.append(f"the draft head could not run on {device}: {exc}")
                 if not _device_problem(exc):
                     break  # the files themselves are wrong: another device will not help
-        notes.append("using prompt lookup instead")
-        spec = DrafterSpec("lookup")
+        notes.append("using drafts from memory instead")
+        spec = DrafterSpec("memory")
     try:
-        return build_drafter(spec, target, fingerprint), notes
+        return build_drafter(spec, target, fingerprint, memory), notes
     except Exception as exc:  # noqa: BLE001 - nothing left to try but plain decoding
         notes.append(f"the {spec.name} drafter could not start ({exc}); plain decoding")
         return None, notes
@@ -121,5 +129,5 @@ def make_drafter(name: str, target: Target | None = None, head_dir: Path | None 
 
 
 __all__ = ["DEFAULT_HEAD_DIR", "DRAFTER_NAMES", "HEAD_DRAFTERS", "Drafter", "DrafterSpec",
-           "LookupConfig", "PromptLookupDrafter", "build_drafter", "make_drafter",
-           "open_drafter", "target_fingerprint"]
+           "LookupConfig", "MemoryDrafter", "PromptLookupDrafter", "build_drafter",
+           "make_drafter", "open_drafter", "target_fingerprint"]

@@ -42,7 +42,8 @@ class Drafter(ABC):
         drafts, then the target's own next token); ``features`` are the target's hidden
         states of the tokens just evaluated and kept (root and accepted drafts)."""
 
-    def draft_ahead(self, verifying: DraftTree, max_tokens: int) -> None:  # noqa: B027
+    def draft_ahead(self, verifying: DraftTree, max_tokens: int,  # noqa: B027
+                    token_time_s: float) -> None:
         """Called in a worker thread while the target verifies ``verifying`` (and before
         ``accept``): prepare the next draft, to be served by ``draft`` if the target's
         new tokens turn out as guessed. It must touch only the drafter's own state."""

@@ -317,7 +317,7 @@ class HeadDrafter(Drafter):
         return tree
 
     @torch.no_grad()
-    def draft_ahead(self, verifying: DraftTree, max_tokens: int) -> None:
+    def draft_ahead(self, verifying: DraftTree, max_tokens: int, token_time_s: float) -> None:
         """Run while the target verifies ``verifying`` (the last draft, maybe trimmed):
         extend its likeliest full path by the head's guess of the target's next token
         and a chain after it. Used by the next ``draft`` only if the target's new tokens
@@ -332,7 +332,7 @@ class HeadDrafter(Drafter):
         chain: list[int] = []
         for level in range(max_tokens + 1):
             node = work.nodes[cur]
-            if level >= 2 and not self._level_pays(node.score, level):
+            if level >= 2 and not self._level_pays(node.score, level, token_time_s):
                 break
             if node.entry < 0:
                 self._expand([cur], work)
