@@ -8,6 +8,7 @@ import pytest
 from engine.draft_tree import DraftTree
 from engine.drafters.base import Drafter
 from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
+from engine.drafters.memory import MemoryDrafter
 from engine.generation import GenerationConfig, generate
 
 MAX_TOKENS = 40
@@ -106,3 +107,52 @@ def test_multi_turn_prefix_reuse_equals_cold_start(target, prompts_and_plain):
     warm = generate(target, second_prompt, PromptLookupDrafter(), GenerationConfig(MAX_TOKENS))
     assert warm.stats.n_prompt_reused > len(prompt) // 2
     assert warm.tokens == cold
+
+
+def test_memory_drafter_greedy_equals_plain_across_conversations(target, prompts_and_plain):
+    """One memory for the whole run, as in the app: later prompts draft from the answers
+    to earlier ones, every budget-kept node is verified, and the output stays the
+    target's own."""
+    rows, plain = prompts_and_plain
+    assert len(rows) >= 20 and len({r["category"] for r in rows}) == 13
+    drafter = MemoryDrafter()
+    n_accepted = 0
+    for row in rows:
+        prompt, ref = plain[row["question_id"]]
+        target.reset()
+        out = generate(target, prompt, drafter, GenerationConfig(MAX_TOKENS))
+        assert out.tokens == ref, f"question {row['question_id']} ({row['category']})"
+        n_accepted += sum(s.n_accepted for s in out.stats.steps)
+    assert n_accepted > 0
+    assert drafter.memory.n_sequences == len(rows)  # every answer was remembered
+
+
+def test_memory_drafts_a_repeated_question_from_the_earlier_answer(target, prompts_and_plain):
+    """Asked again in a new conversation, the model's earlier answer is drafted whole."""
+    rows, plain = prompts_and_plain
+    prompt, ref = plain[rows[0]["question_id"]]
+    drafter = MemoryDrafter()
+    target.reset()
+    first = generate(target, prompt, drafter, GenerationConfig(MAX_TOKENS))
+    target.reset()
+    again = generate(target, prompt, drafter, GenerationConfig(MAX_TOKENS))
+    assert first.tokens == again.tokens == ref
+    assert again.stats.mean_accepted > max(2.0, first.stats.mean_accepted)
+
+
+def test_memory_multi_turn_equals_plain(target, prompts_and_plain):
+    """A second turn drafts from the first answer (in the prompt and in memory)."""
+    rows, plain = prompts_and_plain
+    drafter = MemoryDrafter()
+    for row in [r for r in rows if len(r["turns"]) == 2][:4]:
+        prompt, first = plain[row["question_id"]]
+        messages = [{"role": "user", "content": row["turns"][0]},
+                    {"role": "assistant", "content": target.detokenize(first)},
+                    {"role": "user", "content": row["turns"][1]}]
+        second_prompt = target.chat_prompt(messages)
+        target.reset()
+        cold = generate(target, second_prompt, None, GenerationConfig(MAX_TOKENS)).tokens
+        target.reset()
+        generate(target, prompt, drafter, GenerationConfig(MAX_TOKENS))
+        warm = generate(target, second_prompt, drafter, GenerationConfig(MAX_TOKENS))
+        assert warm.tokens == cold, f"question {row['question_id']}"

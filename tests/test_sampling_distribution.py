@@ -97,3 +97,34 @@ def test_end_to_end_sampling_matches_plain_sampling(fresh_target):
             spec[out_s[1]] += 1
     assert plain.sum() > 0.9 * n_runs and spec.sum() > 0.9 * n_runs
     assert two_sample_z(plain, spec) < 4.0
+
+
+def test_memory_drafter_sampling_matches_plain_sampling(fresh_target):
+    """The memory remembers the greedy answer, so it drafts it at every step; sampled
+    output must still follow the target's distribution (second token compared)."""
+    from engine.drafters.memory import MemoryDrafter
+
+    t = fresh_target
+    prompt = t.chat_prompt(PROMPT)
+    greedy = generate(t, prompt, None, GenerationConfig(max_tokens=8)).tokens
+    drafter = MemoryDrafter()
+    drafter.memory.insert(prompt[-16:] + greedy)
+    n_runs = 300
+    plain = np.zeros(t.n_vocab)
+    spec = np.zeros(t.n_vocab)
+    n_drafted = 0
+    params = dict(temperature=1.0, top_k=50)
+    for seed in range(n_runs):
+        cfg = GenerationConfig(max_tokens=3, sampling=SamplingParams(seed=seed, **params))
+        out_p = generate(t, prompt, None, cfg).tokens
+        cfg = GenerationConfig(max_tokens=3,
+                               sampling=SamplingParams(seed=10_000 + seed, **params))
+        out_s = generate(t, prompt, drafter, cfg, remember=False)
+        n_drafted += sum(s.n_proposed for s in out_s.stats.steps)
+        if len(out_p) > 1:
+            plain[out_p[1]] += 1
+        if len(out_s.tokens) > 1:
+            spec[out_s.tokens[1]] += 1
+    assert n_drafted > n_runs // 2  # the memory's drafts really were verified
+    assert plain.sum() > 0.9 * n_runs and spec.sum() > 0.9 * n_runs
+    assert two_sample_z(plain, spec) < 4.0

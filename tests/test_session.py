@@ -157,3 +157,23 @@ def test_a_closed_engine_raises_a_clear_error(model_path, tmp_path):
         engine.target.tokenize("hello")
     with pytest.raises(ClosedError):
         engine.target.ctx.kv_clear()
+
+
+def test_memory_is_kept_per_model_and_a_corrupt_file_is_rebuilt(model_path, tmp_path):
+    memory_dir = tmp_path / "memory"
+    prompt_msgs = [{"role": "user", "content": "Name three colours."}]
+    with _engine(model_path, tmp_path, drafter="memory", memory_dir=memory_dir) as engine:
+        assert engine.drafter_name == "memory" and not engine.notes
+        engine.generate(engine.chat_prompt(prompt_msgs), GenerationConfig(24))
+        saved = list(memory_dir.iterdir())
+        assert len(saved) == 1 and saved[0].stat().st_size > 0
+    with _engine(model_path, tmp_path, drafter="memory", memory_dir=memory_dir) as engine:
+        assert engine.memory.n_sequences == 1  # what the model wrote last time is back
+    saved[0].write_bytes(saved[0].read_bytes()[:40] + b"\xff" * 8)  # damaged on disk
+    with _engine(model_path, tmp_path, drafter="memory", memory_dir=memory_dir) as engine:
+        assert any(str(saved[0]) in n for n in engine.notes), engine.notes
+        assert engine.memory.n_sequences == 0
+        out = engine.generate(engine.chat_prompt(prompt_msgs), GenerationConfig(24))
+        assert out.tokens  # still answers; the next save replaces the damaged file
+    with _engine(model_path, tmp_path, drafter="memory", memory_dir=memory_dir) as engine:
+        assert not engine.notes and engine.memory.n_sequences == 1
