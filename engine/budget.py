@@ -8,6 +8,8 @@ path probabilities; divide by the measured cost of verifying them).
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from engine.draft_tree import DraftTree
@@ -24,59 +26,97 @@ def context_bucket(n_past: int) -> int:
     return max(0, min(6, (max(n_past, 1) // 256).bit_length() - 1))
 
 
+class _Recent:
+    """The last few measurements of one quantity; its value is their median, so one
+    decode slowed by the scheduler cannot move it."""
+
+    def __init__(self, size: int) -> None:
+        self.values: deque[float] = deque(maxlen=size)
+        self.stamp = 0  # the bucket's decode count at the last measurement
+
+    def add(self, value: float, stamp: int) -> None:
+        self.values.append(value)
+        self.stamp = stamp
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self.values)
+
+
 @dataclass
 class VerifyCostModel:
     """Verification time by batch size and context length, learnt from the decodes.
 
     Per context bucket it keeps the single-token time and each batch size's cost as a
-    ratio to it (exponential moving averages), so a ratio learnt earlier still holds
-    when the context has grown. Unseen sizes use ``1 + slope * (n - 1)``. Ask it at a
-    context with ``at(n_past)``: every figure depends on the context, so the context is
-    an argument, never a state of the model.
+    ratio to it (medians of the last few decodes), so a ratio learnt earlier still holds
+    when the context has grown. A ratio not measured again within ``max_age`` decodes of
+    its bucket is forgotten: a cost overestimated once (a decode the OS slowed down) would
+    otherwise stop drafting for good, since nothing of that size is verified again to
+    correct it. Unseen sizes use the calibrated curve (``prior``) or
+    ``1 + slope * (n - 1)``. Ask it at a context with ``at(n_past)``: every figure depends
+    on the context, so the context is an argument, never a state of the model.
     """
 
     slope: float = 0.35  # prior extra cost per extra token, relative to one token
-    alpha: float = 0.2  # weight of a new measurement
-    t1_by_bucket: dict[int, float] = field(default_factory=dict)
-    ratio_by_bucket_n: dict[tuple[int, int], float] = field(default_factory=dict)
+    prior: dict[int, float] = field(default_factory=dict)  # n -> calibrated ratio
+    window: int = 5  # decodes per median
+    max_age: int = 64  # decodes of a bucket after which an unrefreshed ratio is forgotten
     learn: bool = True  # False: keep the prior (tests that want every node verified)
+    _t1: dict[int, _Recent] = field(default_factory=dict)
+    _ratios: dict[tuple[int, int], _Recent] = field(default_factory=dict)
+    _clock: dict[int, int] = field(default_factory=dict)  # decodes seen per bucket
+
+    @classmethod
+    def from_curve(cls, curve: dict[int, float]) -> VerifyCostModel:
+        """Seeded with a calibrated curve (n -> seconds): its ratios are the prior."""
+        t1 = curve.get(1)
+        prior = {n: t / t1 for n, t in curve.items() if t1 and n > 1}
+        return cls(prior=prior)
 
     def at(self, n_past: int) -> VerifyCost:
         """The costs at a context of ``n_past`` cached tokens."""
         return VerifyCost(self, context_bucket(n_past))
-
-    def _ema(self, table: dict, key: object, value: float) -> None:
-        old = table.get(key)
-        table[key] = value if old is None else (1 - self.alpha) * old + self.alpha * value
 
     def observe(self, n_past: int, n_tokens: int, t_s: float) -> None:
         """A verification of ``n_tokens`` at ``n_past`` cached tokens took ``t_s``."""
         if not self.learn:
             return
         bucket = context_bucket(n_past)
+        clock = self._clock[bucket] = self._clock.get(bucket, 0) + 1
         if n_tokens == 1:
-            self._ema(self.t1_by_bucket, bucket, t_s)
+            self._t1.setdefault(bucket, _Recent(self.window)).add(t_s, clock)
         else:
-            self._ema(self.ratio_by_bucket_n, (bucket, n_tokens),
-                      t_s / self.t1_in(bucket))
+            ratio = t_s / self.t1_in(bucket)
+            self._ratios.setdefault((bucket, n_tokens), _Recent(self.window)).add(ratio, clock)
 
     def t1_in(self, bucket: int) -> float:
-        if bucket in self.t1_by_bucket:
-            return self.t1_by_bucket[bucket]
-        return max(self.t1_by_bucket.values(), default=0.012)
+        if bucket in self._t1:
+            return self._t1[bucket].value
+        return max((r.value for r in self._t1.values()), default=0.012)
+
+    def _fresh(self, bucket: int) -> dict[int, float]:
+        """The ratios this bucket measured recently enough, by batch size."""
+        clock = self._clock.get(bucket, 0)
+        return {n: r.value for (b, n), r in self._ratios.items()
+                if b == bucket and clock - r.stamp <= self.max_age}
 
     def ratio_in(self, bucket: int, n_tokens: int) -> float:
         if n_tokens == 1:
             return 1.0
-        known = self.ratio_by_bucket_n.get((bucket, n_tokens))
-        if known is not None:
-            return known
-        # An unseen size: the slope this context bucket has shown so far (long contexts
-        # make batches much dearer than the prior says), else the prior.
-        slopes = [(r - 1) / (n - 1) for (b, n), r in self.ratio_by_bucket_n.items()
-                  if b == bucket]
-        slope = sum(slopes) / len(slopes) if slopes else self.slope
-        return 1 + max(0.0, slope) * (n_tokens - 1)
+        fresh = self._fresh(bucket)
+        if n_tokens in fresh:
+            return fresh[n_tokens]
+        # An unseen size: the slope this context bucket has shown lately (long contexts
+        # make batches much dearer than calibration's), else the calibrated curve.
+        if fresh:
+            slope = statistics.median((r - 1) / (n - 1) for n, r in fresh.items())
+            return 1 + max(0.0, slope) * (n_tokens - 1)
+        if n_tokens in self.prior:
+            return self.prior[n_tokens]
+        if self.prior:
+            slope = statistics.median((r - 1) / (n - 1) for n, r in self.prior.items())
+            return 1 + max(0.0, slope) * (n_tokens - 1)
+        return 1 + self.slope * (n_tokens - 1)
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,15 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.draft_tree import DraftTree
 from engine.target import Target
+
+if TYPE_CHECKING:
+    from models.head_config import TargetFingerprint
 
 CACHE_FILE = "calibration.json"
 VERIFY_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9)
@@ -152,15 +156,16 @@ def measure_verify_curve(target: Target, context: int = 256,
     return curve
 
 
-def measure_head(target: Target, head_dir: Path | None, device: str, repeats: int = 5
+def measure_head(target: Target, head_dir: Path | None, device: str, repeats: int = 5,
+                 fingerprint: TargetFingerprint | None = None
                  ) -> tuple[float, float, float]:
     """(seconds per drafting level, per accepted-token update, per feature transfer) of
     the head on ``device``."""
     import torch
 
-    from engine.drafters import make_drafter
+    from engine.drafters import DrafterSpec, build_drafter
 
-    drafter = make_drafter("head-chain", target=target, head_dir=head_dir, device=device)
+    drafter = build_drafter(DrafterSpec("head-chain", head_dir, device), target, fingerprint)
     prompt = target.tokenize(_FILLER * 4, special=False)[:64]
     target.reset()
     target.set_features(True)
@@ -196,8 +201,8 @@ def measure_head(target: Target, head_dir: Path | None, device: str, repeats: in
 
 
 def calibrate(target: Target, head_dir: Path | None, head_devices: list[str],
-              context: int = 256, progress: Callable[[str], None] | None = None
-              ) -> CostProfile:
+              context: int = 256, progress: Callable[[str], None] | None = None,
+              fingerprint: TargetFingerprint | None = None) -> CostProfile:
     """Measure everything the planner needs for ``target`` as it is loaded."""
     t0 = time.perf_counter()
     note = progress or (lambda _msg: None)
@@ -217,7 +222,7 @@ def calibrate(target: Target, head_dir: Path | None, head_devices: list[str],
         for dev in head_devices:
             note(f"draft head on {dev}")
             try:
-                lvl, upd, tr = measure_head(target, head_dir, dev)
+                lvl, upd, tr = measure_head(target, head_dir, dev, fingerprint=fingerprint)
             except Exception:  # noqa: BLE001 - a device that cannot run the head is skipped
                 continue
             profile.head_level_s[dev] = lvl

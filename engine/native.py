@@ -231,6 +231,7 @@ class NativeContext:
         type_k: str = "q8_0",
         type_v: str = "f16",
         unified_kv: bool = True,
+        flash_attn: bool = True,
     ) -> None:
         """Raises ModelLoadError when llama.cpp cannot create the context (memory)."""
         _ensure_backend()
@@ -255,7 +256,8 @@ class NativeContext:
         # K in Q8_0, V in F16 keeps every batch size on one kernel (bit-identical
         # logits here) at F16's decode speed (llama-bench, 2 threads, depth 600/1500:
         # 56.6/43.5 tok/s vs 59.6/42.1 for F16/F16; Q8_0 V would cost ~15%).
-        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                                  else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         params.type_k = _KV_TYPES[type_k]
         params.type_v = _KV_TYPES[type_v]
         mark = len(_recent_native_log)

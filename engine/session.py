@@ -124,7 +124,10 @@ class Engine:
         # name runs as asked.
         self.governor = (SpeculationGovernor() if config.drafter == "auto" and self.drafter
                          is not None and self.drafter.is_draft_model else None)
-        self.cost = VerifyCostModel()
+        # The budget starts from the calibrated curve where there is one and learns on.
+        curve = self.costs.verify_s.get("gpu" if target.n_gpu_layers else "cpu") \
+            if self.costs is not None else None
+        self.cost = VerifyCostModel.from_curve(curve) if curve else VerifyCostModel()
 
     # --- building, in order ------------------------------------------------------------
     def _usable_head(self) -> Path | None:
@@ -160,7 +163,8 @@ class Engine:
         if costs is None:
             self.calibrated_now = True
             target = Target(model.path, target_config)
-            costs = calibrate(target, head_dir, head_devices, progress=say)
+            costs = calibrate(target, head_dir, head_devices, progress=say,
+                              fingerprint=model.fingerprint)
             if gpu_target:
                 self._measure_gpu_target(costs, target_config, say)
             cache.put(key, costs)

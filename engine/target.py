@@ -44,6 +44,7 @@ class TargetConfig:
     # One KV buffer for all sequences (tree verification needs it); False gives each
     # sequence its own stream, cheaper for independent sequences (training data).
     unified_kv: bool = True
+    flash_attn: bool = True
 
 
 @dataclass
@@ -83,7 +84,8 @@ class Target:
                                      embeddings=self.config.features,
                                      type_k=self.config.type_k,
                                      type_v=self.config.type_v,
-                                     unified_kv=self.config.unified_kv)
+                                     unified_kv=self.config.unified_kv,
+                                     flash_attn=self.config.flash_attn)
             self.batch = NativeBatch(self.config.n_batch, self.config.n_seq_max)
         except BaseException:
             self.model.close()

@@ -49,3 +49,28 @@ def dev_prompts() -> list[dict]:
     if not DEV_PROMPTS.is_file():
         pytest.fail(f"benchmark prompts not found at {DEV_PROMPTS}")
     return [json.loads(line) for line in DEV_PROMPTS.read_text().splitlines() if line.strip()]
+
+
+def pick_per_category(dev_prompts: list[dict], per_category: int) -> list[dict]:
+    """The first ``per_category`` prompts of each category, in file order."""
+    seen: dict[str, int] = {}
+    out = []
+    for row in dev_prompts:
+        if seen.get(row["category"], 0) < per_category:
+            seen[row["category"]] = seen.get(row["category"], 0) + 1
+            out.append(row)
+    return out
+
+
+def plain_answers(target, rows: list[dict], max_tokens: int) -> dict:  # noqa: ANN001
+    """question id -> (first-turn prompt tokens, plain greedy answer tokens)."""
+    from engine.generation import GenerationConfig, generate
+
+    plain = {}
+    for row in rows:
+        target.reset()
+        target.set_features(False)
+        prompt = target.chat_prompt([{"role": "user", "content": row["turns"][0]}])
+        plain[row["question_id"]] = (prompt, generate(target, prompt, None,
+                                                      GenerationConfig(max_tokens)).tokens)
+    return plain

@@ -15,32 +15,16 @@ from engine.drafters import DEFAULT_HEAD_DIR, make_drafter
 from engine.errors import IncompatibleDraftError
 from engine.generation import GenerationConfig, generate
 from engine.sampling import SamplingParams
+from tests.conftest import pick_per_category, plain_answers
 from tests.stats_helpers import two_sample_z
 
 MAX_TOKENS = 48
 
 
-def _pick(dev_prompts, per_category: int) -> list[dict]:
-    seen: dict[str, int] = {}
-    out = []
-    for row in dev_prompts:
-        if seen.get(row["category"], 0) < per_category:
-            seen[row["category"]] = seen.get(row["category"], 0) + 1
-            out.append(row)
-    return out
-
-
 @pytest.fixture(scope="module")
 def prompts_and_plain(target, dev_prompts):
-    rows = _pick(dev_prompts, 1)  # one per category: 13 prompts
-    plain = {}
-    for row in rows:
-        target.reset()
-        target.set_features(False)
-        prompt = target.chat_prompt([{"role": "user", "content": row["turns"][0]}])
-        plain[row["question_id"]] = (prompt, generate(target, prompt, None,
-                                                      GenerationConfig(MAX_TOKENS)).tokens)
-    return rows, plain
+    rows = pick_per_category(dev_prompts, 1)  # one per category: 13 prompts
+    return rows, plain_answers(target, rows, MAX_TOKENS)
 
 
 @pytest.mark.parametrize("mode", ["chain", "tree", "ahead"])

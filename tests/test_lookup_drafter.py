@@ -76,3 +76,22 @@ def test_budget_keeps_only_nodes_that_pay_for_their_verification():
     assert model.at(1500).t1 == 0.020
     assert model.at(1500).ratio(3) == pytest.approx(1.7)  # ...and the prior until batches
     assert model.at(100).t1 == 0.010 and model.at(100).ratio(3) == pytest.approx(4.0)
+
+
+def test_one_slow_decode_cannot_stop_drafting_for_good():
+    """A verification the OS slowed 6x once must not price drafts out forever: sizes
+    verified again are judged on a median, and a ratio nobody re-measures is forgotten."""
+    model = VerifyCostModel.from_curve({1: 0.010, 2: 0.0134, 3: 0.017, 4: 0.020})
+    for _ in range(5):
+        model.observe(100, 1, 0.010)
+    assert best_node_count([0.8, 0.6], model.at(100)) == 2
+    model.observe(100, 2, 0.080)  # one hiccup while verifying two tokens
+    model.observe(100, 3, 0.017)
+    model.observe(100, 3, 0.017)
+    assert best_node_count([0.8], model.at(100)) == 0  # priced out for now...
+    for _ in range(model.max_age):
+        model.observe(100, 1, 0.010)  # ...while plain steps go on
+    assert best_node_count([0.8], model.at(100)) == 1  # ...but not for good
+    for _ in range(3):  # and re-measured, the median forgets the hiccup
+        model.observe(100, 2, 0.0134)
+    assert model.at(100).ratio(2) == pytest.approx(1.34)

@@ -10,30 +10,15 @@ from engine.drafters.base import Drafter
 from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
 from engine.drafters.memory import MemoryDrafter
 from engine.generation import GenerationConfig, generate
+from tests.conftest import pick_per_category, plain_answers
 
 MAX_TOKENS = 40
 
 
-def _pick(dev_prompts, per_category: int) -> list[dict]:
-    seen: dict[str, int] = {}
-    out = []
-    for row in dev_prompts:
-        if seen.get(row["category"], 0) < per_category:
-            seen[row["category"]] = seen.get(row["category"], 0) + 1
-            out.append(row)
-    return out
-
-
 @pytest.fixture(scope="module")
 def prompts_and_plain(target, dev_prompts):
-    rows = _pick(dev_prompts, 2)  # 2 per category, 13 categories: 26 prompts
-    plain = {}
-    for row in rows:
-        target.reset()
-        prompt = target.chat_prompt([{"role": "user", "content": row["turns"][0]}])
-        plain[row["question_id"]] = (prompt, generate(target, prompt, None,
-                                                      GenerationConfig(MAX_TOKENS)).tokens)
-    return rows, plain
+    rows = pick_per_category(dev_prompts, 2)  # 2 per category, 13 categories: 26 prompts
+    return rows, plain_answers(target, rows, MAX_TOKENS)
 
 
 class NoisyDrafter(Drafter):
@@ -92,16 +77,23 @@ def test_noisy_tree_drafts_equal_plain(target, prompts_and_plain):
         assert any(s.n_accepted < s.n_proposed for s in out.stats.steps)
 
 
-def test_multi_turn_prefix_reuse_equals_cold_start(target, prompts_and_plain):
-    rows, plain = prompts_and_plain
-    row = next(r for r in rows if len(r["turns"]) == 2)
-    prompt, first = plain[row["question_id"]]
+def _second_turn(target, row, first):  # noqa: ANN001, ANN202
+    """The second turn's prompt after the model's first answer, and its plain answer
+    from a cold cache."""
     messages = [{"role": "user", "content": row["turns"][0]},
                 {"role": "assistant", "content": target.detokenize(first)},
                 {"role": "user", "content": row["turns"][1]}]
     second_prompt = target.chat_prompt(messages)
     target.reset()
-    cold = generate(target, second_prompt, None, GenerationConfig(MAX_TOKENS)).tokens
+    return second_prompt, generate(target, second_prompt, None,
+                                   GenerationConfig(MAX_TOKENS)).tokens
+
+
+def test_multi_turn_prefix_reuse_equals_cold_start(target, prompts_and_plain):
+    rows, plain = prompts_and_plain
+    row = next(r for r in rows if len(r["turns"]) == 2)
+    prompt, first = plain[row["question_id"]]
+    second_prompt, cold = _second_turn(target, row, first)
     target.reset()
     generate(target, prompt, PromptLookupDrafter(), GenerationConfig(MAX_TOKENS))
     warm = generate(target, second_prompt, PromptLookupDrafter(), GenerationConfig(MAX_TOKENS))
@@ -146,12 +138,7 @@ def test_memory_multi_turn_equals_plain(target, prompts_and_plain):
     drafter = MemoryDrafter()
     for row in [r for r in rows if len(r["turns"]) == 2][:4]:
         prompt, first = plain[row["question_id"]]
-        messages = [{"role": "user", "content": row["turns"][0]},
-                    {"role": "assistant", "content": target.detokenize(first)},
-                    {"role": "user", "content": row["turns"][1]}]
-        second_prompt = target.chat_prompt(messages)
-        target.reset()
-        cold = generate(target, second_prompt, None, GenerationConfig(MAX_TOKENS)).tokens
+        second_prompt, cold = _second_turn(target, row, first)
         target.reset()
         generate(target, prompt, drafter, GenerationConfig(MAX_TOKENS))
         warm = generate(target, second_prompt, drafter, GenerationConfig(MAX_TOKENS))
