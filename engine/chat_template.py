@@ -44,6 +44,24 @@ class ChatTemplate:
         eos = min(model.eog_ids) if model.eog_ids else -1
         return cls(model.chat_template() or CHATML, text(model.bos_id), text(eos))
 
+    def render_parts(self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+                     ) -> list[tuple[str, bool]] | None:
+        """The prompt as (text, is_markup) parts: the template's own markup, whose control
+        tokens are real, and each message's text, which must be tokenized as plain text
+        (a user typing ``<|im_end|>`` must not end their turn). None when the template
+        transforms message texts beyond recognition (then only ``render`` is possible)."""
+        marks = [f"\x00\x01{i}\x01\x00" for i in range(len(messages))]
+        stand_ins = [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)]
+        text = self.render(stand_ins, add_generation_prompt)
+        parts: list[tuple[str, bool]] = []
+        for message, mark in zip(messages, marks, strict=True):
+            before, found, text = text.partition(mark)
+            if not found or mark in text:
+                return None
+            parts += [(before, True), (message["content"], False)]
+        parts.append((text, True))
+        return [(t, markup) for t, markup in parts if t]
+
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """The prompt text for ``messages`` (dicts with ``role`` and ``content``)."""
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)

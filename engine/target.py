@@ -143,9 +143,17 @@ class Target:
                     add_generation_prompt: bool = True) -> list[int]:
         """Tokens of a conversation formatted with the GGUF's chat template (with the
         assistant's opening when ``add_generation_prompt``)."""
-        text = self.template.render(messages, add_generation_prompt=add_generation_prompt)
-        # The template writes BOS itself when the model wants one.
-        return self.model.tokenize(text, add_special=False, parse_special=True)
+        # The template writes BOS itself when the model wants one. Only its markup may
+        # become control tokens: the messages' own text is tokenized as text.
+        parts = self.template.render_parts(messages, add_generation_prompt)
+        if parts is None:
+            log.warning("the chat template rewrites message texts; tokenizing it whole")
+            text = self.template.render(messages, add_generation_prompt=add_generation_prompt)
+            return self.model.tokenize(text, add_special=False, parse_special=True)
+        tokens: list[int] = []
+        for text, markup in parts:
+            tokens += self.model.tokenize(text, add_special=False, parse_special=markup)
+        return tokens
 
     def token_bytes(self, token: int) -> bytes:
         return self.model.pieces()[token]
