@@ -6,11 +6,13 @@ node i. ``logits[k]`` is the target's prediction for the token after node k.
 Lossless by construction:
 - greedy: walk down while the target's argmax is a child; the first mismatch is
   replaced by the target's own token, so output equals plain greedy decoding;
-- sampling: drafts are proposed deterministically (a function of the context alone), so
-  each child is accepted with the target's current probability of its token, and on
-  rejection that token is removed and the rest renormalised (recursive rejection over
-  siblings). If every child is rejected the token is drawn from the residual. Each
-  emitted token is then distributed exactly as the target's distribution.
+- sampling: drafts are proposed deterministically (a function of the context alone).
+  The generation loop uses ``accept_coupled``: the target's token at each position is
+  drawn from its distribution with that position's own uniform (the one plain sampling
+  uses there), and the walk goes on while a child carries it. Every token is then
+  exactly a draw from the target, and the answer is the one plain sampling gives for the
+  same seed. A child is accepted with the target's probability of its token, the rate
+  of recursive rejection over siblings (``accept_sampling``, kept as the reference).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.sampling import SamplingParams, sample, target_distribution
+from engine.sampling import SamplingParams, sample, sample_at, target_distribution
 
 
 @dataclass(frozen=True)
@@ -83,9 +85,27 @@ def accept_sampling(children: list[list[int]], node_tokens: list[int],
         path.append(node)
 
 
+def accept_coupled(children: list[list[int]], node_tokens: list[int],
+                   probs_of: Callable[[int], np.ndarray], uniform_at: Callable[[int], float]
+                   ) -> Acceptance:
+    """Walk down while a child carries the target's own draw at that depth;
+    ``uniform_at(depth)`` is the uniform of the position after a node at ``depth``."""
+    path = [0]
+    node = 0
+    while True:
+        tok = sample_at(probs_of(node), uniform_at(len(path) - 1))
+        nxt = next((c for c in children[node] if node_tokens[c] == tok), None)
+        if nxt is None:
+            return Acceptance(path, tok)
+        path.append(nxt)
+        node = nxt
+
+
 def accept(children: list[list[int]], node_tokens: list[int], logits: np.ndarray,
-           params: SamplingParams, rng: np.random.Generator) -> Acceptance:
+           params: SamplingParams, uniform_at: Callable[[int], float]) -> Acceptance:
+    """The accepted path and the target's next token; ``uniform_at(depth)`` gives the
+    uniform of the position after a node at that depth (sampling only)."""
     if params.greedy:
         return accept_greedy(children, node_tokens, logits)
-    return accept_sampling(children, node_tokens,
-                           lambda node: target_distribution(logits[node], params), rng)
+    return accept_coupled(children, node_tokens,
+                          lambda node: target_distribution(logits[node], params), uniform_at)

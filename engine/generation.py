@@ -15,8 +15,6 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from engine.acceptance import accept
 from engine.budget import (
     MAX_DRAFT,
@@ -28,7 +26,7 @@ from engine.budget import (
 from engine.draft_tree import DraftTree
 from engine.drafters.base import Drafter
 from engine.errors import InvalidSamplingError
-from engine.sampling import SamplingParams, choose
+from engine.sampling import PositionUniforms, SamplingParams, choose
 from engine.stats import GenerationStats, StepStats
 from engine.target import Target
 from engine.text_stream import TextStream
@@ -123,7 +121,7 @@ def generate(
                _Emitter(target, config, on_text),
                GenerationStats(n_prompt=len(prompt),
                                drafter=drafter.name if drafter else "none"),
-               np.random.default_rng(config.sampling.seed), drafter)
+               PositionUniforms(config.sampling.seed), drafter)
     t0 = time.perf_counter()
     last = _prefill(run, prompt, t0)
     ahead_pool = (ThreadPoolExecutor(1, thread_name_prefix="draft-ahead")
@@ -156,8 +154,9 @@ class _Run:
     governor: SpeculationGovernor | None
     emitter: _Emitter
     stats: GenerationStats
-    rng: np.random.Generator
+    uniforms: PositionUniforms  # one per answer position, whatever was drafted
     drafter: Drafter | None  # None once it failed: the rest is plain decoding
+    n_sampled: int = 1  # answer positions decided (the first token by the prefill)
 
     def drop_drafter(self, exc: Exception) -> None:
         """Go on without the drafter: the target alone decides every token anyway."""
@@ -174,7 +173,7 @@ def _prefill(run: _Run, prompt: list[int], t0: float) -> int:
     target.set_features(bool(drafter and drafter.needs_features))
     pre = target.prefill(prompt, drafter.prompt_features if drafter else None)
     run.stats.n_prompt_reused = pre.n_reused
-    last = choose(pre.logits, run.config.sampling, run.rng)
+    last = choose(pre.logits, run.config.sampling, run.uniforms.at(0))
     run.stats.t_prefill_s = time.perf_counter() - t0
     run.emitter.emit([last])
     run.stats.ttft_s = time.perf_counter() - t0
@@ -239,7 +238,10 @@ def _step(run: _Run, last: int, ahead_pool: ThreadPoolExecutor | None
         except Exception as exc:  # noqa: BLE001 - any drafter failure
             run.drop_drafter(exc)
     node_tokens = [last] + draft.tokens
-    acc = accept(draft.children(), node_tokens, ver.logits, run.config.sampling, run.rng)
+    n_sampled = run.n_sampled
+    acc = accept(draft.children(), node_tokens, ver.logits, run.config.sampling,
+                 lambda depth: run.uniforms.at(n_sampled + depth))
+    run.n_sampled += len(acc.path)
     path_tokens = [node_tokens[k] for k in acc.path]
     target.commit(ver, acc.path, path_tokens)
     t_verified = time.perf_counter()

@@ -17,6 +17,9 @@ from engine.errors import InvalidSamplingError
 # Probability floors tried, in turn, to find a small superset of the top-p nucleus.
 _NUCLEUS_THRESHOLDS = (1e-3, 1e-5)
 _BLOCK = 256
+# Below this a temperature is greedy in all but name, and 1/T overflows logits to inf.
+MIN_TEMPERATURE = 1e-3
+MAX_TEMPERATURE = 100.0
 
 
 @dataclass(frozen=True)
@@ -39,8 +42,10 @@ class SamplingParams:
 def validate_sampling(params: SamplingParams) -> None:
     """Raise InvalidSamplingError naming the bad value."""
     t, p, k = params.temperature, params.top_p, params.top_k
-    if not isinstance(t, (int, float)) or math.isnan(t) or t < 0 or math.isinf(t):
-        raise InvalidSamplingError(f"temperature must be a finite number >= 0, got {t!r}")
+    if not isinstance(t, (int, float)) or math.isnan(t) or not (
+            t == 0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):
+        raise InvalidSamplingError(f"temperature must be 0 (greedy) or between "
+                                   f"{MIN_TEMPERATURE} and {MAX_TEMPERATURE}, got {t!r}")
     if not isinstance(p, (int, float)) or math.isnan(p) or not 0.0 < p <= 1.0:
         raise InvalidSamplingError(f"top_p must be in (0, 1], got {p!r}")
     if not isinstance(k, int) or isinstance(k, bool) or k < 0:
@@ -101,7 +106,13 @@ def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Draw one index from a distribution (inverse CDF on one uniform).
+    """Draw one index from a distribution (inverse CDF on one uniform)."""
+    return sample_at(probs, rng.random())
+
+
+def sample_at(probs: np.ndarray, u: float) -> int:
+    """The index where the distribution's cumulative sum passes ``u`` (in [0, 1)), in
+    vocabulary order: with ``u`` uniform, a draw from ``probs``.
 
     Two-level search (block sums, then within one block): a cumulative sum over the
     whole 49k vocabulary costs ~0.5 ms, more than a fifth of a decode step here.
@@ -112,7 +123,7 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
         probs = np.concatenate([probs, np.zeros(n_blocks * _BLOCK - n)])
     blocks = probs.reshape(n_blocks, _BLOCK)
     cum = np.cumsum(blocks.sum(axis=1))
-    u = rng.random() * cum[-1]
+    u = u * cum[-1]
     b = min(int(np.searchsorted(cum, u, side="right")), n_blocks - 1)
     while cum[b] == (cum[b - 1] if b else 0.0):  # rounding landed on an empty block
         b -= 1
@@ -124,8 +135,24 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     return b * _BLOCK + j
 
 
-def choose(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    """The next token from logits: argmax when greedy, else a draw from the target."""
+def choose(logits: np.ndarray, params: SamplingParams, u: float) -> int:
+    """The next token from logits: argmax when greedy, else the target's token for the
+    uniform ``u`` of this position."""
     if params.greedy:
         return int(np.argmax(logits))
-    return sample(target_distribution(logits, params), rng)
+    return sample_at(target_distribution(logits, params), u)
+
+
+class PositionUniforms:
+    """One uniform per position of the answer, from the seed, in order: the token at
+    position i is always drawn with the i-th uniform, whatever was drafted. So sampled
+    output with a seed is the same with any drafter, and the same as plain sampling."""
+
+    def __init__(self, seed: int | None) -> None:
+        self._rng = np.random.default_rng(seed)
+        self._drawn: list[float] = []
+
+    def at(self, position: int) -> float:
+        while len(self._drawn) <= position:
+            self._drawn.append(self._rng.random())
+        return self._drawn[position]

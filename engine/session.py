@@ -15,11 +15,12 @@ The CLI, the bench and the GUI's worker construct an ``Engine`` and nothing else
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from engine.budget import MAX_DRAFT, SpeculationGovernor, VerifyCostModel
+from engine.budget import MAX_DRAFT, MAX_DRAFT_LIMIT, SpeculationGovernor, VerifyCostModel
 from engine.calibration import (
     CalibrationCache,
     CostProfile,
@@ -44,6 +45,8 @@ from engine.target import Target, TargetConfig
 log = logging.getLogger(__name__)
 
 ENGINE_DRAFTERS = ("auto", *DRAFTER_NAMES)
+# Room for a chat prompt and an answer, and for the largest verification batch.
+MIN_CTX = 64
 GPU_FIT_MARGIN = 1.1  # weights + KV must fit the free VRAM with this margin
 
 
@@ -64,10 +67,22 @@ class EngineConfig:
     memory_dir: Path | None = None  # drafts' memory per model; None: the data directory's
 
     def __post_init__(self) -> None:
+        """Every setting checked before anything loads; the message names the value and
+        the range."""
         if self.drafter not in ENGINE_DRAFTERS:
             raise ValueError(f"unknown drafter {self.drafter!r}; choose from "
                              f"{', '.join(ENGINE_DRAFTERS)}")
         check_device(self.head_device)
+        if not isinstance(self.n_ctx, int) or self.n_ctx < MIN_CTX:
+            raise ValueError(f"the context must be at least {MIN_CTX} tokens, got "
+                             f"{self.n_ctx!r}")
+        n_cores = os.cpu_count() or 1
+        if self.n_threads is not None and not 1 <= self.n_threads <= n_cores:
+            raise ValueError(f"threads must be between 1 and {n_cores} (this machine's "
+                             f"logical cores), got {self.n_threads!r}")
+        if self.overrides.depth is not None and not 1 <= self.overrides.depth <= MAX_DRAFT_LIMIT:
+            raise ValueError(f"the draft depth must be between 1 and {MAX_DRAFT_LIMIT}, got "
+                             f"{self.overrides.depth!r}")
 
 
 class Engine:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.acceptance import accept_sampling
+from engine.acceptance import accept_coupled, accept_sampling
 from engine.draft_tree import DraftTree
 from engine.drafters.base import Drafter
 from engine.generation import GenerationConfig, generate
@@ -16,10 +16,12 @@ from .stats_helpers import chi_square_z, two_sample_z
 PROMPT = [{"role": "user", "content": "Write one sentence about the sea."}]
 
 
+@pytest.mark.parametrize("coupled", [True, False], ids=["coupled", "rejection"])
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0),
                                     SamplingParams(temperature=0.7, top_p=0.9, top_k=40)],
                          ids=["t1", "t0.7-p0.9-k40"])
-def test_first_token_after_forced_mismatch_follows_target_softmax(fresh_target, params):
+def test_first_token_after_forced_mismatch_follows_target_softmax(fresh_target, params,
+                                                                  coupled):
     t = fresh_target
     pre = t.prefill(t.chat_prompt(PROMPT))
     root = int(np.argmax(pre.logits))
@@ -45,7 +47,11 @@ def test_first_token_after_forced_mismatch_follows_target_softmax(fresh_target, 
     node_tokens = [root] + tree.tokens
     children = tree.children()
     for _ in range(n):
-        acc = accept_sampling(children, node_tokens, dists.__getitem__, rng)
+        if coupled:  # what generation uses: one uniform per position
+            acc = accept_coupled(children, node_tokens, dists.__getitem__,
+                                 rng.random(4).__getitem__)
+        else:
+            acc = accept_sampling(children, node_tokens, dists.__getitem__, rng)
         first = node_tokens[acc.path[1]] if len(acc.path) > 1 else acc.next_token
         counts[first] += 1
     assert chi_square_z(counts, p * n) < 4.0
@@ -120,3 +126,22 @@ def test_memory_drafter_sampling_matches_plain_sampling(fresh_target):
     plain, spec, n_drafted = _second_token_counts(t, prompt, drafter)
     assert n_drafted > 150  # the memory's drafts really were verified
     assert two_sample_z(plain, spec) < 4.0
+
+
+def test_a_seed_gives_the_same_answer_with_any_drafter(fresh_target):
+    """Each answer position has its own uniform: sampled output with a seed is the same
+    plain, with drafts from memory (which remember the first answer, so drafts differ
+    from run to run) and with a head."""
+    from engine.drafters import make_drafter
+    from engine.drafters.memory import MemoryDrafter
+
+    t = fresh_target
+    prompt = t.chat_prompt(PROMPT)
+    cfg = GenerationConfig(max_tokens=24, sampling=SamplingParams(temperature=0.8, seed=7))
+    plain = generate(t, prompt, None, cfg).tokens
+    memory = MemoryDrafter()
+    for drafter in (memory, memory, make_drafter("head", target=t)):
+        t.reset()
+        out = generate(t, prompt, drafter, cfg)
+        assert out.tokens == plain
+    assert out.stats.n_steps < len(plain)  # drafts were really accepted on the way
