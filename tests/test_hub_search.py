@@ -102,8 +102,9 @@ def test_fit_labels(tmp_path: Path) -> None:
     cpu = MachineMemory(ram_total=16 * GiB, ram_available=8 * GiB, vram_free=None)
     fit = estimate_fit(4 * GiB, 100 * 2**20, 4096, facts, gpu)
     assert fit.label == FITS_GPU and fit.kv_from_header
-    # 2 layers x 2 KV heads x (16 + 16) dims x 4096 tokens x 34/32 bytes (Q8_0)
-    assert fit.n_kv_bytes == int(2 * 2 * 32 * 4096 * 34 / 32)
+    # 2 layers x 2 KV heads x 4096 tokens x (16 K dims x 34/32 bytes (Q8_0) + 16 V dims
+    # x 2 bytes (F16)): Tandem's cache
+    assert fit.n_kv_bytes == int(2 * 2 * 4096 * (16 * 34 / 32 + 16 * 2))
     assert estimate_fit(4 * GiB, 0, 4096, facts, cpu).label == FITS_RAM
     assert estimate_fit(7 * GiB, 0, 4096, facts, gpu).label == TOO_LARGE
     # Without header numbers, the KV cache is estimated from the weights' size.
