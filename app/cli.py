@@ -26,6 +26,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="GGUF target (default: the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: cores)")
     p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
+    p.add_argument("--kv-cache", choices=("exact", "fast"), default="exact",
+                   help="exact: output identical to plain decoding (Q8_0 K); fast: F16 "
+                        "K/V, a faster first token on long prompts (tandem plan says more)")
 
 
 def _add_head_args(p: argparse.ArgumentParser) -> None:
@@ -54,7 +57,8 @@ def _engine_config(args: argparse.Namespace, drafter: str | None = None) -> Engi
                         head_dir=getattr(args, "draft_head", None),
                         head_device=getattr(args, "head_device", "cpu"),
                         overrides=_overrides(args), n_ctx=args.ctx, n_threads=args.threads,
-                        recalibrate=getattr(args, "recalibrate", False))
+                        recalibrate=getattr(args, "recalibrate", False),
+                        kv_cache=args.kv_cache)
 
 
 def _open_engine(args: argparse.Namespace, drafter: str | None = None) -> Engine:
@@ -263,13 +267,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     with _open_engine(args, drafter="auto") as engine:
         plan, costs, hardware = engine.plan, engine.costs, engine.hardware
         notes, calibrated_now = engine.notes, engine.calibrated_now
+        kv_text = engine.kv_cache_text
     assert plan is not None and costs is not None
     if args.json:
         print(json.dumps({"plan": plan.to_json(), "costs": costs.to_json(),
-                          "hardware": hardware.to_json(), "notes": notes},
+                          "hardware": hardware.to_json(), "notes": notes,
+                          "kv_cache": kv_text},
                          indent=1))
         return 0
     print(plan.describe())
+    print(kv_text[:1].upper() + kv_text[1:] + ". --kv-cache exact|fast chooses.")
     cached = "measured now" if calibrated_now else "cached; --recalibrate measures again"
     t1 = costs.verify_s.get("cpu", {}).get(1)
     curve = ", ".join(f"{n}: {t / t1:.2f}x" for n, t in sorted(costs.verify_s["cpu"].items())

@@ -35,6 +35,7 @@ from engine.drafters.memory import MemoryDrafter
 from engine.errors import TandemError
 from engine.generation import GenerationConfig, GenerationResult, generate
 from engine.hardware import HardwareProfile, check_device, default_threads, probe_hardware
+from engine.kv_cache import KV_MODES, KV_TRADE_OFF
 from engine.model_info import ModelInfo, read_model_info
 from engine.model_store import data_dir, default_model_path, default_model_ready
 from engine.planner import HeadFacts, Overrides, Plan, choose_plan
@@ -65,6 +66,7 @@ class EngineConfig:
     recalibrate: bool = False
     cache_dir: Path | None = None  # calibration cache; None: the data directory's
     memory_dir: Path | None = None  # drafts' memory per model; None: the data directory's
+    kv_cache: str = "exact"  # "exact" or "fast" (engine.kv_cache.KV_TRADE_OFF says how)
 
     def __post_init__(self) -> None:
         """Every setting checked before anything loads; the message names the value and
@@ -73,6 +75,9 @@ class EngineConfig:
             raise ValueError(f"unknown drafter {self.drafter!r}; choose from "
                              f"{', '.join(ENGINE_DRAFTERS)}")
         check_device(self.head_device)
+        if self.kv_cache not in KV_MODES:
+            raise ValueError(f"unknown KV cache setting {self.kv_cache!r}; choose from "
+                             f"{', '.join(KV_MODES)}")
         if not isinstance(self.n_ctx, int) or self.n_ctx < MIN_CTX:
             raise ValueError(f"the context must be at least {MIN_CTX} tokens, got "
                              f"{self.n_ctx!r}")
@@ -108,7 +113,9 @@ class Engine:
         self.hardware = hardware or probe_hardware()
         self.model: ModelInfo = read_model_info(path)
         self.n_threads = config.n_threads or default_threads()
-        target_config = TargetConfig(n_ctx=config.n_ctx, n_threads=self.n_threads)
+        type_k, type_v = KV_MODES[config.kv_cache]
+        target_config = TargetConfig(n_ctx=config.n_ctx, n_threads=self.n_threads,
+                                     type_k=type_k, type_v=type_v)
         target: Target | None = None
         try:
             if config.drafter == "auto":
@@ -289,6 +296,10 @@ class Engine:
         if not plain and remember:
             self._save_memory()
         return result
+
+    @property
+    def kv_cache_text(self) -> str:
+        return f"KV cache {self.config.kv_cache}: {KV_TRADE_OFF[self.config.kv_cache]}"
 
     def describe(self) -> str:
         """One line: model, threads, and what drafts."""

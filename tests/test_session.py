@@ -177,3 +177,16 @@ def test_memory_is_kept_per_model_and_a_corrupt_file_is_rebuilt(model_path, tmp_
         assert out.tokens  # still answers; the next save replaces the damaged file
     with _engine(model_path, tmp_path, drafter="memory", memory_dir=memory_dir) as engine:
         assert not engine.notes and engine.memory.n_sequences == 1
+
+
+def test_the_kv_cache_setting_and_its_trade_off(model_path, tmp_path):
+    with _engine(model_path, tmp_path, drafter="none") as exact:
+        assert exact.target.config.type_k == "q8_0"
+        assert "identical to plain decoding" in exact.kv_cache_text
+    with _engine(model_path, tmp_path, drafter="none", kv_cache="fast") as fast:
+        assert (fast.target.config.type_k, fast.target.config.type_v) == ("f16", "f16")
+        assert "may differ from plain decoding" in fast.kv_cache_text
+        prompt = fast.chat_prompt([{"role": "user", "content": "Hi"}])
+        assert fast.generate(prompt, GenerationConfig(4)).tokens
+    with pytest.raises(ValueError, match="unknown KV cache setting 'quick'"):
+        EngineConfig(kv_cache="quick")

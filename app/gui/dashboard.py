@@ -156,9 +156,11 @@ class DashboardWidget(QScrollArea):
             budget = _budget_text(plan["budget"]) if ready.drafter != "none" else budget
             why = plan["reason"][:1].upper() + plan["reason"][1:] + speed
             self.set_plan(PlanInfo(f"{plan['layout_text']}; {ready.n_threads} CPU threads; "
-                                   f"{device}", budget, f"{why} {ready.note}".strip()))
+                                   f"{device}", budget,
+                                   f"{why} {ready.note} {_sentence(ready.kv_cache)}".strip()))
             return
-        reason = ready.note or f"Drafter “{ready.drafter}” as chosen ({ready.requested})."
+        reason = (ready.note or f"Drafter “{ready.drafter}” as chosen ({ready.requested}).") \
+            + " " + _sentence(ready.kv_cache)
         self.set_plan(PlanInfo(f"target and {ready.drafter} drafter on the CPU "
                                f"({ready.n_threads} threads); {device}", budget, reason))
 
@@ -232,6 +234,10 @@ class DashboardWidget(QScrollArea):
                        if self._t_start - 0.5 <= s[0] <= t_last + 0.5]
             phases = [(e.t_draft_start, e.t_verify_start, e.t_end) for e in ev]
             self.timeline.set_data(self._t_start, samples, phases, self.gpu)
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + "." if text else ""
 
 
 def _budget_text(budget: dict) -> str:

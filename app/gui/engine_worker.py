@@ -43,6 +43,7 @@ class EngineChoice:
     max_draft: int = MAX_DRAFT
     n_ctx: int = 4096
     n_threads: int | None = None
+    kv_cache: str = "exact"  # or "fast" (engine.kv_cache.KV_TRADE_OFF)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class EngineReady:
     max_draft: int
     gpu: str | None  # the CUDA device name, None when torch sees no GPU
     plan: dict | None = None  # the planner's decision (engine.planner.Plan.to_json) for auto
+    kv_cache: str = ""  # the KV cache setting and its trade-off, in words
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,8 @@ class EngineWorker(QObject):
             overrides = Overrides(max_draft=choice.max_draft)
             engine = Engine(EngineConfig(model_path=choice.model_path, drafter=choice.drafter,
                                          head_dir=choice.head_dir, overrides=overrides,
-                                         n_ctx=choice.n_ctx, n_threads=choice.n_threads),
+                                         n_ctx=choice.n_ctx, n_threads=choice.n_threads,
+                                         kv_cache=choice.kv_cache),
                             progress=lambda what: self.status.emit(what[:1].upper() + what[1:]
                                                                    + "…"))
             self._engine = engine
@@ -168,7 +171,8 @@ class EngineWorker(QObject):
             self.ready.emit(EngineReady(str(target.path), engine.drafter_name, choice.drafter,
                                         note, target.n_ctx, target.n_threads,
                                         engine.max_draft, gpu.name if gpu else None,
-                                        engine.plan.to_json() if engine.plan else None))
+                                        engine.plan.to_json() if engine.plan else None,
+                                        engine.kv_cache_text))
         except (TandemError, OSError, ValueError) as exc:
             self._close_engine()
             self.failed.emit(EngineFailure(-1, "load", str(exc)))
