@@ -78,7 +78,9 @@ def sweep_specs(plannable_layouts: list[str]) -> list[str]:
 def runner_engine_config(spec: str, base: EngineConfig) -> EngineConfig:
     """The engine a runner spec asks for, on ``base``'s model, threads and context."""
     name, overrides = parse_runner_spec(spec)
-    return replace(base, drafter=name, overrides=overrides)
+    # Each runner remembers only its own answers.
+    memory_dir = base.memory_dir / spec.replace(":", "_") if base.memory_dir else None
+    return replace(base, drafter=name, overrides=overrides, memory_dir=memory_dir)
 
 
 def engine_runner(engine: Engine) -> Runner:
