@@ -18,6 +18,9 @@ from engine.draft_tree import DraftTree
 # the most anyone may ask for (a tree needs a KV sequence per leaf).
 MAX_DRAFT = 8
 MAX_DRAFT_LIMIT = 16
+# Drafts from memory cost nothing to make, and a long exact repeat (a model looping, a
+# text quoted again) is accepted whole: verify up to this many when the budget says so.
+MAX_MEMORY_DRAFT = 32
 
 
 def context_bucket(n_past: int) -> int:

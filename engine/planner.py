@@ -28,7 +28,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine.budget import MAX_DRAFT, MAX_DRAFT_LIMIT
+from engine.budget import MAX_DRAFT, MAX_DRAFT_LIMIT, MAX_MEMORY_DRAFT
 from engine.calibration import CostProfile
 from engine.hardware import HardwareProfile
 
@@ -254,8 +254,9 @@ def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
         plain_options, key=lambda o: _verify_time(costs, o[1], 1)[0])
     t1, plain_est = _verify_time(costs, plain_share, 1)
     plain_rate = 1.0 / t1
+    memory_draft = MAX_MEMORY_DRAFT if ov.max_draft is None else ov.max_draft
     candidates = [Candidate("plain", "memory", "", plain_layers,
-                            Budget(mode="memory", max_draft=max_draft),
+                            Budget(mode="memory", max_draft=memory_draft),
                             plain_rate, plain_est)]
     if head is not None and max_draft > 0 and ov.drafter in (None, "head"):
         for layout, device, layers, share in placements:

@@ -20,7 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from engine.budget import MAX_DRAFT, MAX_DRAFT_LIMIT, SpeculationGovernor, VerifyCostModel
+from engine.budget import (
+    MAX_DRAFT,
+    MAX_DRAFT_LIMIT,
+    MAX_MEMORY_DRAFT,
+    SpeculationGovernor,
+    VerifyCostModel,
+)
 from engine.calibration import (
     CalibrationCache,
     CostProfile,
@@ -129,7 +135,8 @@ class Engine:
                 target = self._open_target(target_config, 0, None)
                 spec = self._asked_spec()
                 ov = config.overrides
-                self.max_draft = MAX_DRAFT if ov.max_draft is None else ov.max_draft
+                cap = MAX_MEMORY_DRAFT if config.drafter == "memory" else MAX_DRAFT
+                self.max_draft = cap if ov.max_draft is None else ov.max_draft
             self.memory = self._open_memory() if spec.name not in ("none", "lookup") else None
             self.drafter: Drafter | None
             self.drafter, notes = open_drafter(spec, target, self.model.fingerprint,
@@ -234,7 +241,7 @@ class Engine:
         """This model's memory of what it wrote before (a missing or unusable file means
         an empty memory, and a note when the file was unusable)."""
         fp = self.model.fingerprint
-        directory = self.config.memory_dir or data_dir() / "memory"
+        directory = Path(self.config.memory_dir or data_dir() / "memory")
         self._memory_path = directory / f"{self.model.path.stem}-{fp.tokenizer_sha256[:12]}.idx"
         memory, note = open_memory(self._memory_path, tag=fp.tokenizer_sha256)
         if note:

@@ -58,7 +58,7 @@ class IndexConfig:
 
     anchor_orders: tuple[int, ...] = (3, 8)  # n-gram lengths with a hash chain
     min_match: int = 3  # a shorter matched suffix proposes nothing
-    max_match: int = 16  # suffix length compared (longer matches count as this)
+    max_match: int = 32  # suffix length compared (longer matches count as this)
     max_candidates: int = 32  # most recent occurrences of the anchor looked at
     max_chain_steps: int = 256  # chain links followed per anchor (collisions included)
     nodes_per_match: float = 2.0  # a match of m tokens proposes at most this x m nodes
@@ -67,6 +67,10 @@ class IndexConfig:
     max_bytes: int | None = None  # optional bound on the estimated bytes
     evict_to: float = 0.75  # eviction keeps this share of the bound (hysteresis)
     min_buckets: int = 1 << 10
+    # The last sequence is live text that goes on: a continuation that runs into its end
+    # goes on copying itself (LZ77's overlapping copy), so a text that repeats with a
+    # short period (a model looping, a list pattern) drafts far ahead.
+    wraps_live_end: bool = False
 
     def __post_init__(self) -> None:
         if not self.anchor_orders or min(self.anchor_orders) < 1:
@@ -322,16 +326,21 @@ class SuffixIndex:
         frequency scoring): a child's score is its parent's times the share of the
         parent's continuing occurrences that go on with the child's token."""
         toks, n_tok = self._tokens, len(self._tokens)
+        wraps = self.config.wraps_live_end
         tree, cond = DraftTree(), []
-        heap: list[tuple[float, int, int, int, list[int], int, float]] = []
+        heap: list[tuple[float, int, int, int, list[tuple[int, int]], int, float]] = []
         n_pushed = 0
 
-        def push_children(node: int, positions: list[int], score: float, depth: int) -> None:
+        def push_children(node: int, positions: list[tuple[int, int]], score: float,
+                          depth: int) -> None:
+            # positions: (where the next token is read, where this continuation began)
             nonlocal n_pushed
-            groups: dict[int, list[int]] = {}
-            for p in positions:
+            groups: dict[int, list[tuple[int, int]]] = {}
+            for p, start in positions:
+                if p >= n_tok and wraps and p > start:
+                    p = start  # the text after the live end repeats from the start
                 if p < n_tok and (tok := toks[p]) >= 0:
-                    groups.setdefault(tok, []).append(p + 1)
+                    groups.setdefault(tok, []).append((p + 1, start))
             n_total = sum(len(g) for g in groups.values())
             for tok, nxt in groups.items():  # most recent first: ties go to recency
                 freq = len(nxt) / n_total
@@ -339,7 +348,7 @@ class SuffixIndex:
                     n_pushed += 1
                     heapq.heappush(heap, (-score * freq, n_pushed, node, tok, nxt, depth, freq))
 
-        push_children(-1, starts, 1.0, 1)
+        push_children(-1, [(s, s) for s in starts], 1.0, 1)
         while heap and len(tree) < max_nodes:
             neg_score, _, parent, tok, nxt, depth, freq = heapq.heappop(heap)
             node = tree.add(tok, parent, -neg_score)

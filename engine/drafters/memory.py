@@ -27,21 +27,21 @@ from engine.suffix_index import IndexConfig, Speculation, SuffixIndex
 
 REQUEST, MEMORY = 0, 1  # sources, in the calibration key
 RateKey = tuple[int, int, int]  # (source, match-length bucket, depth)
-_MAX_DEPTH_KEY = 8  # deeper nodes share one calibration
+_MAX_DEPTH_KEY = 2  # deeper nodes share one calibration: they are rarely judged alone
 
 
 def _request_index_config() -> IndexConfig:
     # A prompt is short and copied from closely: bigrams anchor, a generation never evicts.
     return IndexConfig(anchor_orders=(2, 6), min_match=2, max_candidates=32,
-                       max_tokens=1 << 22)
+                       max_tokens=1 << 22, wraps_live_end=True)
 
 
 @dataclass(frozen=True)
 class MemoryConfig:
     request_index: IndexConfig = field(default_factory=_request_index_config)
     memory_index: IndexConfig = field(default_factory=IndexConfig)  # when none is given
-    max_depth: int = 12  # deepest node proposed
-    max_nodes: int = 24  # nodes per source before the merge
+    max_depth: int = 32  # deepest node proposed (a long exact repeat drafts far ahead)
+    max_nodes: int = 48  # nodes per source before the merge
     nodes_per_match: float = 2.0  # a match of m tokens proposes at most this x m nodes
     min_score: float = 0.05  # conditional-frequency product below which nothing is proposed
     prior_ratio: float = 0.5  # acceptance / frequency assumed before any evidence
@@ -143,8 +143,15 @@ class MemoryDrafter(Drafter):
         for tok, parent, freq in zip(tree.tokens, tree.parents, spec.cond, strict=True):
             path = (*paths[parent], tok) if parent >= 0 else (tok,)
             key = (source, bucket, min(len(path), _MAX_DEPTH_KEY))
-            q_base = min(1.0, freq * self.rates.rate(key))
-            score = (scores[parent] if parent >= 0 else 1.0) * min(1.0, q_base * factor)
+            if len(path) <= _MAX_DEPTH_KEY:
+                q_base = min(1.0, freq * self.rates.rate(key))
+                q = min(1.0, q_base * factor)
+            else:
+                # Past the calibrated levels the frequencies are trusted as they are
+                # (SuffixDecoding's scoring): once a repeat's first tokens were right, the
+                # rest follows as often as it did before, so a long repeat drafts deep.
+                q_base = q = freq
+            score = (scores[parent] if parent >= 0 else 1.0) * q
             paths.append(path)
             scores.append(score)
             known = proposals.get(path)
