@@ -290,7 +290,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print("\nCandidates (predicted):")
     for c in sorted(plan.candidates, key=lambda c: -c.tok_per_s):
         what = f"head on {c.head_device}, {c.budget.describe()}" if c.drafter == "head" \
-            else "plain decoding (+ prompt lookup)"
+            else "plain decoding (+ drafts from memory)"
         est = " (estimated)" if c.estimated else ""
         print(f"  {c.layout:12s} {c.tok_per_s:7.1f} tok/s  {what}{est}")
     return 0

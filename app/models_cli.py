@@ -67,7 +67,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         print(format_table(("repository", "size", "found by"),
                            [(h.repo_id, human_bytes(h.n_bytes), h.source) for h in heads]))
     else:
-        print("\nno draft head matches; the model runs with prompt lookup")
+        print("\nno draft head matches; the model runs with drafts from memory")
     return 0
 
 

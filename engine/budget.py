@@ -77,8 +77,18 @@ class VerifyCostModel:
         return cls(prior=prior)
 
     def at(self, n_past: int) -> VerifyCost:
-        """The costs at a context of ``n_past`` cached tokens."""
-        return VerifyCost(self, context_bucket(n_past))
+        """The costs at a context of ``n_past`` cached tokens, read once: the budget asks
+        for many batch sizes every step, so the view holds plain numbers."""
+        bucket = context_bucket(n_past)
+        table = self._fresh(bucket)
+        if not table and self.prior:
+            table = self.prior
+        # Unseen sizes: the slope this context bucket has shown lately (long contexts make
+        # batches much dearer than calibration's), else the calibrated curve's, else the
+        # prior slope.
+        slope = (max(0.0, statistics.median((r - 1) / (n - 1) for n, r in table.items()))
+                 if table else self.slope)
+        return VerifyCost(self.t1_in(bucket), table, slope)
 
     def observe(self, n_past: int, n_tokens: int, t_s: float) -> None:
         """A verification of ``n_tokens`` at ``n_past`` cached tokens took ``t_s``."""
@@ -103,39 +113,19 @@ class VerifyCostModel:
         return {n: r.value for (b, n), r in self._ratios.items()
                 if b == bucket and clock - r.stamp <= self.max_age}
 
-    def ratio_in(self, bucket: int, n_tokens: int) -> float:
-        if n_tokens == 1:
-            return 1.0
-        fresh = self._fresh(bucket)
-        if n_tokens in fresh:
-            return fresh[n_tokens]
-        # An unseen size: the slope this context bucket has shown lately (long contexts
-        # make batches much dearer than calibration's), else the calibrated curve.
-        if fresh:
-            slope = statistics.median((r - 1) / (n - 1) for n, r in fresh.items())
-            return 1 + max(0.0, slope) * (n_tokens - 1)
-        if n_tokens in self.prior:
-            return self.prior[n_tokens]
-        if self.prior:
-            slope = statistics.median((r - 1) / (n - 1) for n, r in self.prior.items())
-            return 1 + max(0.0, slope) * (n_tokens - 1)
-        return 1 + self.slope * (n_tokens - 1)
-
-
 @dataclass(frozen=True)
 class VerifyCost:
-    """A cost model read at one context bucket (what the budget and governor use)."""
+    """The cost model read at one context (what the budget and governor use)."""
 
-    model: VerifyCostModel
-    bucket: int
-
-    @property
-    def t1(self) -> float:
-        """Seconds of a plain single-token step at this context."""
-        return self.model.t1_in(self.bucket)
+    t1: float  # seconds of a plain single-token step at this context
+    ratios: dict[int, float]  # batch size -> cost relative to one token, where known
+    slope: float  # extra cost per extra token for the sizes not in ``ratios``
 
     def ratio(self, n_tokens: int) -> float:
-        return self.model.ratio_in(self.bucket, n_tokens)
+        if n_tokens == 1:
+            return 1.0
+        known = self.ratios.get(n_tokens)
+        return known if known is not None else 1 + self.slope * (n_tokens - 1)
 
     def cost(self, n_tokens: int) -> float:
         """Expected seconds to verify a batch of ``n_tokens`` at this context."""

@@ -41,6 +41,7 @@ def kv_bytes_per_token(facts: GGUFFacts | None, weights_bytes: int,
     return _BYTES_PER_TOKEN_PER_SQRT_PARAM * n_params ** 0.5
 
 
-def kv_cache_bytes(facts: GGUFFacts | None, n_ctx: int, weights_bytes: int) -> int:
+def kv_cache_bytes(facts: GGUFFacts | None, n_ctx: int, weights_bytes: int,
+                   type_k: str = TYPE_K, type_v: str = TYPE_V) -> int:
     """KV-cache bytes for ``n_ctx`` tokens of Tandem's cache."""
-    return int(kv_bytes_per_token(facts, weights_bytes) * n_ctx)
+    return int(kv_bytes_per_token(facts, weights_bytes, type_k, type_v) * n_ctx)

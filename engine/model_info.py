@@ -8,7 +8,7 @@ from pathlib import Path
 
 from engine.errors import ModelLoadError
 from engine.gguf_header import GGUFFacts, read_file_facts
-from engine.kv_cache import kv_cache_bytes
+from engine.kv_cache import TYPE_K, TYPE_V, kv_cache_bytes
 from engine.native import NativeModel
 from engine.planner import ModelFacts
 from models.gguf_weights import fingerprint
@@ -19,19 +19,25 @@ from models.head_config import TargetFingerprint
 class ModelInfo:
     path: Path
     size_bytes: int
-    header: GGUFFacts
-    n_layer: int
-    n_embd: int
+    header: GGUFFacts  # shape numbers (embedding length and block count present)
     n_vocab: int
-    n_ctx_train: int
     fingerprint: TargetFingerprint  # what a draft must match
     eog_ids: frozenset[int]  # tokens that end a generation
 
-    def kv_bytes(self, n_ctx: int) -> int:
-        return kv_cache_bytes(self.header, n_ctx, self.size_bytes)
+    @property
+    def n_layer(self) -> int:
+        return self.header.n_layers or 0
 
-    def planner_facts(self, n_ctx: int) -> ModelFacts:
-        return ModelFacts(self.size_bytes, self.n_layer, self.kv_bytes(n_ctx))
+    @property
+    def n_embd(self) -> int:
+        return self.header.hidden_size or 0
+
+    def kv_bytes(self, n_ctx: int, type_k: str = TYPE_K, type_v: str = TYPE_V) -> int:
+        return kv_cache_bytes(self.header, n_ctx, self.size_bytes, type_k, type_v)
+
+    def planner_facts(self, n_ctx: int, type_k: str = TYPE_K, type_v: str = TYPE_V
+                      ) -> ModelFacts:
+        return ModelFacts(self.size_bytes, self.n_layer, self.kv_bytes(n_ctx, type_k, type_v))
 
 
 def read_model_info(path: Path) -> ModelInfo:
@@ -45,7 +51,6 @@ def read_model_info(path: Path) -> ModelInfo:
     # header.
     with NativeModel(path, vocab_only=True) as vocab:
         return ModelInfo(path=path, size_bytes=path.stat().st_size, header=header,
-                         n_layer=header.n_layers, n_embd=header.hidden_size,
-                         n_vocab=vocab.n_vocab, n_ctx_train=header.context_length or 0,
+                         n_vocab=vocab.n_vocab,
                          fingerprint=fingerprint(vocab.pieces(), header.hidden_size),
                          eog_ids=vocab.eog_ids)

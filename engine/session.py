@@ -181,7 +181,7 @@ class Engine:
         """Costs from the cache or measured now, then the plan. Returns the target opened
         for measuring (on the CPU), for reuse when the plan keeps it there."""
         hw, model = self.hardware, self.model
-        gpu_target = self._gpu_can_hold_target(target_config.n_ctx)
+        gpu_target = self._gpu_can_hold_target(target_config)
         placements = ("cpu", "gpu") if gpu_target else ("cpu",)
         head_devices = ["cpu"] + [g.device for g in hw.gpus]
         cache = CalibrationCache(self.config.cache_dir or data_dir() / "cache")
@@ -202,13 +202,15 @@ class Engine:
         if head_dir is not None:
             matrices = 2 * model.n_vocab * model.n_embd * 4  # embeddings + LM head, float32
             head = HeadFacts.from_dir(head_dir, matrices)
-        self.plan = choose_plan(hw, costs, model.planner_facts(target_config.n_ctx), head,
-                                self.config.overrides)
+        facts = model.planner_facts(target_config.n_ctx, target_config.type_k,
+                                    target_config.type_v)
+        self.plan = choose_plan(hw, costs, facts, head, self.config.overrides)
         return target
 
-    def _gpu_can_hold_target(self, n_ctx: int) -> bool:
+    def _gpu_can_hold_target(self, target_config: TargetConfig) -> bool:
         gpu = self.hardware.best_gpu
-        need = self.model.size_bytes * GPU_FIT_MARGIN + self.model.kv_bytes(n_ctx)
+        need = self.model.size_bytes * GPU_FIT_MARGIN + self.model.kv_bytes(
+            target_config.n_ctx, target_config.type_k, target_config.type_v)
         return bool(gpu and self.hardware.llama_gpu_offload and need < gpu.free_bytes)
 
     def _measure_gpu_target(self, costs: CostProfile, target_config: TargetConfig,

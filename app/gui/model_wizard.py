@@ -247,7 +247,7 @@ class ModelWizardDialog(QDialog):
         if fitting:  # preselect the largest quantization that fits: best quality
             self.files.selectRow(fitting[-1])
         self.heads.clear()
-        self.heads.addItem("none (prompt lookup)", None)
+        self.heads.addItem("none (drafts from memory)", None)
         for h in details.heads:
             self.heads.addItem(f"{h.repo_id} ({human_bytes(h.n_bytes)}, {h.source})", h)
         if details.heads:
