@@ -12,7 +12,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_AVX
 	-DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_FMA=ON -DGGML_F16C=ON
 endif
 
-.PHONY: run test lint bench install clean
+.PHONY: run test lint bench stress install clean
 
 install: $(STAMP)
 
@@ -34,6 +34,11 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/tandem bench --prompts ../shared/data/spec_bench_dev.jsonl --per-category 5 \
 		--drafters none,lookup --max-tokens 128 --json bench.json
+
+# Native crashes under load (issue 19): the GUI and engine tests, again and again, beside
+# busy loops. Not part of `make test`.
+stress: $(STAMP)
+	$(PY) -m tests.stress --runs 9 --load 3
 
 clean:
 	rm -rf $(VENV)
