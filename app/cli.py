@@ -15,7 +15,7 @@ from pathlib import Path
 from engine.errors import TandemError
 from engine.generation import GenerationConfig
 from engine.planner import LAYOUTS, Overrides
-from engine.sampling import SamplingParams
+from engine.sampling import CHAT_DEFAULTS, SamplingParams
 from engine.session import ENGINE_DRAFTERS, Engine, EngineConfig
 from engine.stats import GenerationStats
 from engine.target import Target
@@ -83,12 +83,27 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--min-p", type=float, default=CHAT_DEFAULTS.min_p,
+                   help="drop tokens below this fraction of the most likely one (0 = off)")
+    p.add_argument("--repeat-penalty", type=float, default=CHAT_DEFAULTS.repeat_penalty,
+                   help=f"penalise tokens of the last --penalty-last-n (1 = off; default "
+                        f"{CHAT_DEFAULTS.repeat_penalty}: the bundled model loops without)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="lower a token's logit per occurrence in the window (-2..2)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="lower a token's logit once if it is in the window (-2..2)")
+    p.add_argument("--penalty-last-n", type=int, default=CHAT_DEFAULTS.penalty_last_n,
+                   help="how many tokens before each position the penalties look at")
     p.add_argument("--max-tokens", type=int, default=512)
 
 
 def _gen_config(args: argparse.Namespace) -> GenerationConfig:
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p,
-                              top_k=args.top_k, seed=args.seed)
+                              top_k=args.top_k, seed=args.seed, min_p=args.min_p,
+                              repeat_penalty=args.repeat_penalty,
+                              frequency_penalty=args.frequency_penalty,
+                              presence_penalty=args.presence_penalty,
+                              penalty_last_n=args.penalty_last_n)
     return GenerationConfig(max_tokens=args.max_tokens, sampling=sampling)
 
 
@@ -155,6 +170,23 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 continue
             messages.append({"role": "assistant", "content": result.text})
             print("\n" + _stats_line(result.stats))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import threading
+
+    from app.server.serve import ApiServer, check_binding
+
+    check_binding(args.host, args.port, args.api_key)  # before the model loads
+    if args.queue < 1 or args.max_tokens < 1:
+        raise ValueError("--queue and --max-tokens must be at least 1")
+    with _open_engine(args) as engine:
+        server = ApiServer(lambda: engine, threading.Lock(), args.host, args.port,
+                           args.api_key, args.queue, min(args.max_tokens, engine.target.n_ctx))
+        print(f"Tandem serving {engine.describe()} at {server.url} "
+              f"(OpenAI API; Ctrl-C stops)", flush=True)
+        server.run()
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -314,6 +346,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw", action="store_true", help="no chat template")
     p.add_argument("--json", action="store_true", help='print {"text", "tokens", "stats"}')
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible API for other programs")
+    _add_model_args(p)
+    p.add_argument("--drafter", choices=ENGINE_DRAFTERS, default="auto",
+                   help="auto: the planner picks layout, drafter and budget (tandem plan)")
+    _add_head_args(p)
+    _add_plan_args(p)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (anything but loopback needs --api-key)")
+    p.add_argument("--port", type=int, default=8080, help="port (0: any free one)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every request")
+    p.add_argument("--queue", type=int, default=8,
+                   help="requests that may wait for the model; more get 429")
+    p.add_argument("--max-tokens", type=int, default=4096,
+                   help="the most new tokens one request may ask for")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("plan", help="what this machine runs where, and why")
     _add_model_args(p)

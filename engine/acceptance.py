@@ -32,12 +32,13 @@ class Acceptance:
 
 
 def accept_greedy(children: list[list[int]], node_tokens: list[int],
-                  logits: np.ndarray) -> Acceptance:
-    """Follow the target's argmax down the tree."""
+                  logits_of: Callable[[int], np.ndarray]) -> Acceptance:
+    """Follow the target's argmax down the tree (``logits_of(node)``: the logits after
+    ``node``)."""
     path = [0]
     node = 0
     while True:
-        best = int(np.argmax(logits[node]))
+        best = int(np.argmax(logits_of(node)))
         nxt = next((c for c in children[node] if node_tokens[c] == best), None)
         if nxt is None:
             return Acceptance(path, best)
@@ -101,11 +102,14 @@ def accept_coupled(children: list[list[int]], node_tokens: list[int],
         node = nxt
 
 
-def accept(children: list[list[int]], node_tokens: list[int], logits: np.ndarray,
-           params: SamplingParams, uniform_at: Callable[[int], float]) -> Acceptance:
-    """The accepted path and the target's next token; ``uniform_at(depth)`` gives the
-    uniform of the position after a node at that depth (sampling only)."""
+def accept(children: list[list[int]], node_tokens: list[int],
+           logits_of: Callable[[int], np.ndarray], params: SamplingParams,
+           uniform_at: Callable[[int], float]) -> Acceptance:
+    """The accepted path and the target's next token. ``logits_of(node)`` is the
+    target's prediction after ``node`` with that position's penalties applied;
+    ``uniform_at(depth)`` gives the uniform of the position after a node at that depth
+    (sampling only)."""
     if params.greedy:
-        return accept_greedy(children, node_tokens, logits)
+        return accept_greedy(children, node_tokens, logits_of)
     return accept_coupled(children, node_tokens,
-                          lambda node: target_distribution(logits[node], params), uniform_at)
+                          lambda node: target_distribution(logits_of(node), params), uniform_at)

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from engine.acceptance import accept
 from engine.budget import (
@@ -26,7 +28,7 @@ from engine.budget import (
 from engine.draft_tree import DraftTree
 from engine.drafters.base import Drafter
 from engine.errors import InvalidSamplingError
-from engine.sampling import PositionUniforms, SamplingParams, choose
+from engine.sampling import PositionUniforms, SamplingParams, choose, penalised
 from engine.stats import GenerationStats, StepStats
 from engine.target import Target
 from engine.text_stream import TextStream
@@ -121,7 +123,7 @@ def generate(
                _Emitter(target, config, on_text),
                GenerationStats(n_prompt=len(prompt),
                                drafter=drafter.name if drafter else "none"),
-               PositionUniforms(config.sampling.seed), drafter)
+               PositionUniforms(config.sampling.seed), drafter, prompt=list(prompt))
     t0 = time.perf_counter()
     last = _prefill(run, prompt, t0)
     ahead_pool = (ThreadPoolExecutor(1, thread_name_prefix="draft-ahead")
@@ -157,6 +159,32 @@ class _Run:
     uniforms: PositionUniforms  # one per answer position, whatever was drafted
     drafter: Drafter | None  # None once it failed: the rest is plain decoding
     n_sampled: int = 1  # answer positions decided (the first token by the prefill)
+    prompt: list[int] = field(default_factory=list)
+
+    def penalty_window(self, extra: Sequence[int] = ()) -> list[int]:
+        """The tokens a penalty looks at before the position after ``extra``: the last
+        ``penalty_last_n`` of prompt + answer so far + ``extra``."""
+        n = self.config.sampling.penalty_last_n
+        if not self.config.sampling.has_penalties:
+            return []
+        tail = (self.prompt[-n:] + self.emitter.tokens[-n:])[-n:] if n else []
+        return (tail + list(extra))[-n:]
+
+    def logits_of(self, logits: np.ndarray, tree: DraftTree) -> Callable[[int], np.ndarray]:
+        """Node (verification numbering) -> its logits, penalised with the node's own
+        prefix: the answer so far plus the drafted tokens on the path down to it."""
+        if not self.config.sampling.has_penalties:
+            return logits.__getitem__
+
+        def of(node: int) -> np.ndarray:
+            path: list[int] = []
+            i = node - 1
+            while i >= 0:
+                path.append(tree.tokens[i])
+                i = tree.parents[i]
+            return penalised(logits[node], self.penalty_window(path[::-1]),
+                             self.config.sampling)
+        return of
 
     def drop_drafter(self, exc: Exception) -> None:
         """Go on without the drafter: the target alone decides every token anyway."""
@@ -173,7 +201,8 @@ def _prefill(run: _Run, prompt: list[int], t0: float) -> int:
     target.set_features(bool(drafter and drafter.needs_features))
     pre = target.prefill(prompt, drafter.prompt_features if drafter else None)
     run.stats.n_prompt_reused = pre.n_reused
-    last = choose(pre.logits, run.config.sampling, run.uniforms.at(0))
+    last = choose(penalised(pre.logits, run.penalty_window(), run.config.sampling),
+                  run.config.sampling, run.uniforms.at(0))
     run.stats.t_prefill_s = time.perf_counter() - t0
     run.emitter.emit([last])
     run.stats.ttft_s = time.perf_counter() - t0
@@ -239,8 +268,8 @@ def _step(run: _Run, last: int, ahead_pool: ThreadPoolExecutor | None
             run.drop_drafter(exc)
     node_tokens = [last] + draft.tokens
     n_sampled = run.n_sampled
-    acc = accept(draft.children(), node_tokens, ver.logits, run.config.sampling,
-                 lambda depth: run.uniforms.at(n_sampled + depth))
+    acc = accept(draft.children(), node_tokens, run.logits_of(ver.logits, draft),
+                 run.config.sampling, lambda depth: run.uniforms.at(n_sampled + depth))
     run.n_sampled += len(acc.path)
     path_tokens = [node_tokens[k] for k in acc.path]
     target.commit(ver, acc.path, path_tokens)

@@ -1,8 +1,11 @@
 """Sampling maths: pure functions on arrays, no model needed.
 
-The target distribution is defined here once: temperature, then top-k, then top-p
-(nucleus). Plain decoding samples from it; speculative decoding accepts drafts so that
-each emitted token is distributed exactly as it.
+The target distribution is defined here once: penalties for what the context already
+holds (repetition, frequency, presence), then temperature, top-k, top-p (nucleus) and
+min-p. Plain decoding samples from it; speculative decoding accepts drafts so that each
+emitted token is distributed exactly as it. A penalty depends on the tokens before the
+position it applies to, so each drafted position is penalised with its own prefix
+(``penalised``), as plain decoding would have seen it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ _BLOCK = 256
 # Below this a temperature is greedy in all but name, and 1/T overflows logits to inf.
 MIN_TEMPERATURE = 1e-3
 MAX_TEMPERATURE = 100.0
+# OpenAI's bounds for frequency and presence penalties; llama.cpp's for repetition.
+MAX_ADDITIVE_PENALTY = 2.0
+MAX_REPEAT_PENALTY = 10.0
+MAX_PENALTY_WINDOW = 4096
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,11 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    min_p: float = 0.0  # drop tokens below min_p times the most likely one's probability
+    repeat_penalty: float = 1.0  # 1 = off; >1 divides positive logits of seen tokens
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the window
+    presence_penalty: float = 0.0  # subtracted once if present in the window
+    penalty_last_n: int = 64  # the window: this many tokens before each position
 
     def __post_init__(self) -> None:
         validate_sampling(self)
@@ -37,6 +49,17 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.penalty_last_n > 0 and (self.repeat_penalty != 1.0
+                                            or self.frequency_penalty != 0.0
+                                            or self.presence_penalty != 0.0)
+
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
 
 
 def validate_sampling(params: SamplingParams) -> None:
@@ -52,6 +75,40 @@ def validate_sampling(params: SamplingParams) -> None:
         raise InvalidSamplingError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
     if params.seed is not None and (not isinstance(params.seed, int) or params.seed < 0):
         raise InvalidSamplingError(f"seed must be an integer >= 0, got {params.seed!r}")
+    if not _is_number(params.min_p) or not 0.0 <= params.min_p < 1.0:
+        raise InvalidSamplingError(f"min_p must be in [0, 1), got {params.min_p!r}")
+    if not _is_number(params.repeat_penalty) or not (
+            0.0 < params.repeat_penalty <= MAX_REPEAT_PENALTY):
+        raise InvalidSamplingError(f"repeat_penalty must be in (0, {MAX_REPEAT_PENALTY}] "
+                                   f"(1 = off), got {params.repeat_penalty!r}")
+    for name in ("frequency_penalty", "presence_penalty"):
+        v = getattr(params, name)
+        if not _is_number(v) or not -MAX_ADDITIVE_PENALTY <= v <= MAX_ADDITIVE_PENALTY:
+            raise InvalidSamplingError(f"{name} must be between -{MAX_ADDITIVE_PENALTY} and "
+                                       f"{MAX_ADDITIVE_PENALTY} (0 = off), got {v!r}")
+    n = params.penalty_last_n
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_PENALTY_WINDOW:
+        raise InvalidSamplingError(f"penalty_last_n must be an integer in "
+                                   f"[0, {MAX_PENALTY_WINDOW}], got {n!r}")
+
+
+def penalised(logits: np.ndarray, window: list[int], params: SamplingParams) -> np.ndarray:
+    """``logits`` with the penalties for the tokens in ``window`` (the last
+    ``penalty_last_n`` tokens before the position), as llama.cpp applies them: a seen
+    token's logit is divided by ``repeat_penalty`` when positive (multiplied when not),
+    then lowered by ``frequency_penalty`` per occurrence and ``presence_penalty`` once.
+    Returns ``logits`` itself when nothing applies."""
+    if not params.has_penalties or not window:
+        return logits
+    ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
+    ids, counts = ids[ids < logits.shape[-1]], counts[ids < logits.shape[-1]]
+    out = np.array(logits, dtype=np.float32, copy=True)
+    seen = out[ids]
+    r = np.float32(params.repeat_penalty)
+    seen = np.where(seen > 0, seen / r, seen * r)
+    seen -= (counts * params.frequency_penalty + params.presence_penalty).astype(np.float32)
+    out[ids] = seen
+    return out
 
 
 def target_distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -79,6 +136,9 @@ def target_distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarra
         probs /= probs.sum()
     if params.top_p < 1.0:
         probs = _nucleus(probs, params.top_p)
+    if params.min_p > 0.0:
+        probs = np.where(probs >= params.min_p * probs.max(), probs, 0.0)
+        probs /= probs.sum()
     return probs
 
 
@@ -156,3 +216,8 @@ class PositionUniforms:
         while len(self._drawn) <= position:
             self._drawn.append(self._rng.random())
         return self._drawn[position]
+
+
+# Settings for chat: the bundled 135M model loops on greedy decoding without a penalty
+# (tests/test_penalties.py shows it on a poem); these keep answers moving.
+CHAT_DEFAULTS = SamplingParams(repeat_penalty=1.1, penalty_last_n=64)

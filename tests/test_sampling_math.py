@@ -62,7 +62,7 @@ def test_greedy_acceptance_walks_the_argmax_path():
     logits = np.zeros((4, 10))
     logits[0, 5] = 1
     logits[1, 8] = 1
-    acc = accept_greedy(children, tokens, logits)
+    acc = accept_greedy(children, tokens, logits.__getitem__)
     assert acc.path == [0, 1] and acc.next_token == 8
 
 
