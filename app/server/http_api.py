@@ -1,0 +1,264 @@
+"""OpenAI-compatible routes over an EngineLane, on Starlette (served by uvicorn).
+
+``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``; streaming as
+server-sent events ending in ``data: [DONE]``. Every answer carries Tandem's own figures
+in an extra ``tandem`` field. Errors use OpenAI's shape and never stop the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from app.server.lane import EngineLane, Job
+from app.server.schema import ApiError, CompletionRequest, Limits, parse_request
+from engine.generation import GenerationResult
+from engine.session import Engine
+
+# While a request waits for the model, how often to look for a client that left.
+_DISCONNECT_POLL_S = 0.25
+_FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",
+           "cancelled": "stop"}
+
+
+class ClientGone(Exception):
+    """The client disconnected while its request waited or ran."""
+
+
+@dataclass
+class ServerState:
+    lane: EngineLane
+    engine_of: Callable[[], Engine | None]
+    limits: Limits
+    api_key: str | None = None
+
+    def model_id(self) -> str:
+        engine = self.engine_of()
+        return engine.model.path.stem if engine is not None else "none"
+
+    def figures(self, result: GenerationResult, job: Job) -> dict[str, Any]:
+        """Tandem's numbers for one answer (the ``tandem`` field)."""
+        s = result.stats
+        engine = self.engine_of()
+        plan = engine.plan if engine is not None else None
+        return {"tokens_per_second": round(s.tok_per_s, 2),
+                "time_to_first_token_s": round(s.ttft_s, 4),
+                "tokens_per_verification": round(s.mean_accepted, 3),
+                "drafter": s.drafter,
+                "layout": plan.layout_text() if plan is not None else "plain",
+                "prompt_tokens_reused": s.n_prompt_reused,
+                "queue_wait_s": round(job.queue_wait_s, 4),
+                "finish_reason": result.finish_reason}
+
+
+def _error(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def _usage(result: GenerationResult) -> dict[str, int]:
+    n_prompt, n_new = result.stats.n_prompt, result.stats.n_new
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_new,
+            "total_tokens": n_prompt + n_new}
+
+
+def _check_key(request: Request, state: ServerState) -> None:
+    if state.api_key is None:
+        return
+    given = request.headers.get("authorization", "")
+    scheme, _, token = given.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                             state.api_key.encode()):
+        raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY' "
+                            "with the key given to tandem serve --api-key",
+                       code="invalid_api_key", kind="authentication_error")
+
+
+async def _read_json(request: Request, limit: int) -> Any:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the request body is larger than {limit} bytes",
+                       code="request_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"the request body is larger than {limit} bytes",
+                           code="request_too_large")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON ({exc})",
+                       code="invalid_json") from None
+
+
+async def _next_event(events: asyncio.Queue, request: Request, job: Job) -> tuple[str, Any]:
+    """The job's next event; a client that leaves meanwhile cancels the job."""
+    while True:
+        try:
+            return await asyncio.wait_for(events.get(), _DISCONNECT_POLL_S)
+        except TimeoutError:
+            if await request.is_disconnected():
+                job.cancelled.set()
+                raise ClientGone from None
+
+
+def _deliver_to(loop: asyncio.AbstractEventLoop, events: asyncio.Queue
+                ) -> Callable[[str, object], None]:
+    """An ``emit`` for the lane's thread that hands events to this request's loop."""
+    def emit(kind: str, value: object) -> None:
+        # A closed loop means the server stopped and nobody listens.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(events.put_nowait, (kind, value))
+    return emit
+
+
+def _sse(data: dict[str, Any] | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+class _Answer:
+    """The response bodies of one request, chat or text, whole or in chunks."""
+
+    def __init__(self, state: ServerState, req: CompletionRequest) -> None:
+        self.state, self.req = state, req
+        self.id = f"{'chatcmpl' if req.is_chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.model = state.model_id()
+
+    def _envelope(self, chunk: bool) -> dict[str, Any]:
+        kind = ("chat.completion" if self.req.is_chat else "text_completion") + \
+            (".chunk" if chunk and self.req.is_chat else "")
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def _choice(self, text: str | None, finish: str | None, chunk: bool) -> dict[str, Any]:
+        if not self.req.is_chat:
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        if chunk:
+            return {"index": 0, "delta": {} if text is None else {"content": text},
+                    "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "message": {"role": "assistant", "content": text},
+                "logprobs": None, "finish_reason": finish}
+
+    def whole(self, text: str, result: GenerationResult, job: Job) -> dict[str, Any]:
+        return {**self._envelope(False),
+                "choices": [self._choice(text, _FINISH[result.finish_reason], False)],
+                "usage": _usage(result), "tandem": self.state.figures(result, job)}
+
+    def first_chunk(self) -> dict[str, Any]:
+        choice = self._choice("", None, True)
+        if self.req.is_chat:
+            choice["delta"] = {"role": "assistant", "content": ""}
+        return {**self._envelope(True), "choices": [choice]}
+
+    def text_chunk(self, text: str) -> dict[str, Any]:
+        return {**self._envelope(True), "choices": [self._choice(text, None, True)]}
+
+    def last_chunks(self, result: GenerationResult, job: Job) -> list[dict[str, Any]]:
+        """The finish chunk (with usage and Tandem's figures), and OpenAI's separate usage
+        chunk when the client asked for it (``stream_options.include_usage``)."""
+        finish = {**self._envelope(True),
+                  "choices": [self._choice(None, _FINISH[result.finish_reason], True)],
+                  "usage": _usage(result), "tandem": self.state.figures(result, job)}
+        if not self.req.include_usage:
+            return [finish]
+        return [finish, {**self._envelope(True), "choices": [], "usage": _usage(result)}]
+
+
+def make_app(state: ServerState) -> Starlette:
+    async def models(request: Request) -> Response:
+        try:
+            _check_key(request, state)
+        except ApiError as exc:
+            return _error(exc)
+        return JSONResponse({"object": "list", "data": [
+            {"id": state.model_id(), "object": "model", "created": 0, "owned_by": "tandem"}]})
+
+    async def complete(request: Request, chat: bool) -> Response:
+        try:
+            _check_key(request, state)
+            req = parse_request(await _read_json(request, state.limits.max_body_bytes),
+                                state.limits, chat)
+            events: asyncio.Queue = asyncio.Queue()
+            job = Job(req, _deliver_to(asyncio.get_running_loop(), events))
+            state.lane.submit(job)
+            kind, value = await _next_event(events, request, job)
+            if kind == "error":
+                raise value
+        except ApiError as exc:
+            return _error(exc)
+        except ClientGone:
+            return Response(status_code=499)
+        answer = _Answer(state, req)
+        if req.stream:
+            return StreamingResponse(_stream(answer, events, job),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        parts: list[str] = []
+        try:
+            while True:
+                kind, value = await _next_event(events, request, job)
+                if kind == "text":
+                    parts.append(value)
+                elif kind == "error":
+                    return _error(value)
+                elif kind == "done":
+                    return JSONResponse(answer.whole("".join(parts), value, job))
+        except ClientGone:
+            return Response(status_code=499)
+
+    async def _stream(answer: _Answer, events: asyncio.Queue, job: Job) -> AsyncIterator[str]:
+        try:
+            yield _sse(answer.first_chunk())
+            while True:
+                kind, value = await events.get()
+                if kind == "text":
+                    yield _sse(answer.text_chunk(value))
+                elif kind == "error":  # after the 200: the error travels as an event
+                    yield _sse(value.body())
+                    break
+                elif kind == "done":
+                    for chunk in answer.last_chunks(value, job):
+                        yield _sse(chunk)
+                    break
+            yield _sse("[DONE]")
+        finally:
+            job.cancelled.set()  # a client that left stops its generation at the next step
+
+    async def chat_completions(request: Request) -> Response:
+        return await complete(request, chat=True)
+
+    async def completions(request: Request) -> Response:
+        return await complete(request, chat=False)
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "waiting": state.lane.n_waiting})
+
+    return Starlette(routes=[
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+    ], exception_handlers={404: _not_found, 405: _not_allowed})
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return _error(ApiError(404, f"no route {request.url.path}; Tandem serves /v1/models, "
+                                "/v1/chat/completions and /v1/completions", code="not_found"))
+
+
+async def _not_allowed(request: Request, exc: Exception) -> Response:
+    return _error(ApiError(405, f"{request.method} is not allowed on {request.url.path}",
+                           code="method_not_allowed"))

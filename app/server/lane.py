@@ -1,0 +1,122 @@
+"""One engine, one request at a time: a bounded queue in front of it and a thread that
+runs the queued requests in order.
+
+The engine is reached through ``engine_of()`` under ``lock``: ``tandem serve`` gives its
+own engine and a fresh lock; the desktop app gives its worker's engine and the lock the
+worker holds while it generates, so chat and API requests never run at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from app.server.schema import ApiError, CompletionRequest
+from engine.errors import ContextFullError, TandemError
+from engine.generation import GenerationConfig, GenerationResult
+from engine.session import Engine
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    """A validated request. ``emit(kind, value)`` is called in the lane's thread with
+    ("start", prompt tokens), ("text", delta)..., then ("done", GenerationResult) or
+    ("error", ApiError); ``cancelled`` is polled between steps (a client that left)."""
+
+    request: CompletionRequest
+    emit: Callable[[str, object], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    t_queued: float = field(default_factory=time.perf_counter)
+    t_started: float = 0.0
+
+    @property
+    def queue_wait_s(self) -> float:
+        return max(0.0, self.t_started - self.t_queued) if self.t_started else 0.0
+
+
+class EngineLane:
+    """Runs jobs one by one. ``submit`` raises ApiError 429 when ``max_waiting`` jobs are
+    already waiting (one more may be running)."""
+
+    def __init__(self, engine_of: Callable[[], Engine | None], lock: threading.Lock,
+                 max_waiting: int = 8) -> None:
+        self._engine_of = engine_of
+        self._lock = lock
+        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_waiting)
+        self.max_waiting = max_waiting
+        self._thread = threading.Thread(target=self._loop, name="tandem-api-lane",
+                                        daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise ApiError(429, f"Tandem is busy: {self.max_waiting} requests are already "
+                                "waiting for the model; retry shortly",
+                           code="queue_full", kind="rate_limit_error") from None
+
+    @property
+    def n_waiting(self) -> int:
+        return self._queue.qsize()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Cancel what waits, finish what runs (its client is told), stop the thread."""
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.cancelled.set()
+                job.emit("error", ApiError(503, "the server is shutting down",
+                                           kind="server_error"))
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        while (job := self._queue.get()) is not None:
+            if job.cancelled.is_set():  # its client left while it waited
+                job.emit("error", ApiError(499, "the client went away"))
+                continue
+            job.t_started = time.perf_counter()
+            try:
+                result = self._run(job)
+            except Exception as exc:  # noqa: BLE001 - every failure reaches its client
+                job.emit("error", _api_error(exc))
+            else:
+                job.emit("done", result)
+
+    def _run(self, job: Job) -> GenerationResult:
+        with self._lock:
+            engine = self._engine_of()
+            if engine is None:
+                raise ApiError(503, "no model is loaded", kind="server_error")
+            req = job.request
+            prompt = (engine.chat_prompt([{"role": r, "content": c} for r, c in req.messages])
+                      if req.is_chat else engine.target.tokenize(req.prompt or "",
+                                                                 special=False))
+            if len(prompt) + 1 > engine.target.n_ctx:  # before the client gets a 200
+                raise ContextFullError(len(prompt) + 1, engine.target.n_ctx)
+            job.emit("start", len(prompt))
+            config = GenerationConfig(max_tokens=req.max_tokens, sampling=req.sampling,
+                                      stop=req.stop)
+            return engine.generate(prompt, config, on_text=lambda s: job.emit("text", s),
+                                   should_stop=job.cancelled.is_set)
+
+
+def _api_error(exc: Exception) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, ContextFullError):
+        return ApiError(400, str(exc), code="context_length_exceeded")
+    if isinstance(exc, TandemError):
+        return ApiError(500, str(exc), kind="server_error")
+    log.exception("generation failed")
+    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error")

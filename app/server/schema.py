@@ -1,0 +1,196 @@
+"""The OpenAI request bodies Tandem serves, checked field by field, and the OpenAI error
+shape. Pure functions on parsed JSON: no HTTP and no engine here.
+
+Known fields of the wrong type or out of range are refused (400, naming the field);
+fields Tandem does not know are ignored, as clients send many optional ones.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import InvalidSamplingError
+from engine.sampling import CHAT_DEFAULTS, SamplingParams
+
+ROLES = ("system", "developer", "user", "assistant")
+MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 256
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's shape: ``{"error": {message, type, param, code}}``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = (
+            status, message, param, code, kind)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.code}}
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_tokens: int  # the most a request may ask for
+    max_body_bytes: int = 1 << 20
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """One chat or text completion, validated."""
+
+    model: str
+    messages: tuple[tuple[str, str], ...]  # (role, text) for chat; empty for text
+    prompt: str | None  # the text to continue for /v1/completions; None for chat
+    stream: bool
+    include_usage: bool
+    max_tokens: int
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+
+    @property
+    def is_chat(self) -> bool:
+        return self.prompt is None
+
+
+def _bad(param: str, message: str) -> ApiError:
+    return ApiError(400, f"'{param}': {message}", param=param, code="invalid_value")
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise _bad(name, f"must be a number, got {v!r}")
+    if not low <= v <= high:
+        raise _bad(name, f"must be between {low} and {high}, got {v!r}")
+    return float(v)
+
+
+def _integer(body: dict, name: str, default: int | None, low: int, high: int) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _bad(name, f"must be an integer, got {v!r}")
+    if not low <= v <= high:
+        raise _bad(name, f"must be between {low} and {high}, got {v!r}")
+    return v
+
+
+def _boolean(body: dict, name: str) -> bool:
+    v = body.get(name, False)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise _bad(name, f"must be true or false, got {v!r}")
+    return v
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    v = body.get("stop")
+    if v is None:
+        return ()
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise _bad("stop", "must be a non-empty string or a list of them")
+    if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise _bad("stop", f"at most {MAX_STOP_STRINGS} strings of at most "
+                           f"{MAX_STOP_CHARS} characters")
+    return tuple(stops)
+
+
+def _text_of(content: Any, where: str) -> str:
+    """A message's text: a string, or a list of ``{"type": "text", "text": ...}`` parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" \
+                    or not isinstance(part.get("text"), str):
+                raise _bad(where, "only text parts are supported "
+                                  "({'type': 'text', 'text': ...})")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise _bad(where, f"must be a string or a list of text parts, got {type(content).__name__}")
+
+
+def _messages(body: dict) -> tuple[tuple[str, str], ...]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise _bad("messages", "must be a non-empty list of {role, content}")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise _bad(f"messages[{i}]", "must be an object with role and content")
+        role = m.get("role")
+        if role not in ROLES:
+            raise _bad(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+        # Templates know "system"; OpenAI's newer "developer" role means the same.
+        out.append(("system" if role == "developer" else role,
+                    _text_of(m.get("content"), f"messages[{i}].content")))
+    return tuple(out)
+
+
+def _prompt(body: dict) -> str:
+    p = body.get("prompt")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+        p = p[0]
+    if not isinstance(p, str):
+        raise _bad("prompt", "must be a string (one prompt per request)")
+    return p
+
+
+def _sampling(body: dict) -> SamplingParams:
+    seed = _integer(body, "seed", None, 0, 2**63 - 1)
+    try:
+        return SamplingParams(
+            temperature=_number(body, "temperature", 0.0, 0.0, 2.0),
+            top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+            top_k=_integer(body, "top_k", 0, 0, 1 << 20) or 0,
+            min_p=_number(body, "min_p", CHAT_DEFAULTS.min_p, 0.0, 1.0),
+            repeat_penalty=_number(body, "repeat_penalty", CHAT_DEFAULTS.repeat_penalty,
+                                   0.0, 10.0),
+            frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+            presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+            penalty_last_n=_integer(body, "penalty_last_n", CHAT_DEFAULTS.penalty_last_n,
+                                    0, 4096) or 0,
+            seed=seed)
+    except InvalidSamplingError as exc:
+        raise ApiError(400, str(exc), code="invalid_value") from None
+
+
+def parse_request(body: Any, limits: Limits, chat: bool) -> CompletionRequest:
+    """A chat (``chat``) or text completion request from its JSON body; ApiError if not."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = body.get("model", "")
+    if not isinstance(model, str):
+        raise _bad("model", "must be a string")
+    if _integer(body, "n", 1, 1, 1) != 1:
+        raise _bad("n", "only n=1 is supported")
+    if body.get("logprobs") not in (None, False, 0):
+        raise _bad("logprobs", "log probabilities are not supported")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise _bad("stream_options", "must be an object")
+    asked = body.get("max_completion_tokens", body.get("max_tokens"))
+    name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    max_tokens = _integer({name: asked}, name, min(512, limits.max_tokens), 1,
+                          limits.max_tokens)
+    assert max_tokens is not None
+    return CompletionRequest(
+        model=model,
+        messages=_messages(body) if chat else (),
+        prompt=None if chat else _prompt(body),
+        stream=_boolean(body, "stream"),
+        include_usage=_boolean(options, "include_usage"),
+        max_tokens=max_tokens,
+        sampling=_sampling(body),
+        stop=_stop(body))

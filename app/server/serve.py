@@ -1,0 +1,93 @@
+"""Serving the OpenAI-compatible API with uvicorn: in the foreground (``tandem serve``)
+or on a thread beside the desktop app. Bound to 127.0.0.1 unless told otherwise, and
+another address only with an API key."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+from collections.abc import Callable
+
+import uvicorn
+
+from app.server.http_api import ServerState, make_app
+from app.server.lane import EngineLane
+from app.server.schema import Limits
+from engine.session import Engine
+
+DEFAULT_PORT = 8080
+DEFAULT_QUEUE = 8
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_binding(host: str, port: int, api_key: str | None) -> None:
+    """Raise ValueError for a port out of range, or an address other machines can reach
+    without an API key."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be between 0 and 65535, got {port}")
+    if not is_loopback(host) and not api_key:
+        raise ValueError(f"--host {host} lets other machines use the model: give --api-key "
+                         "KEY too (clients then send 'Authorization: Bearer KEY')")
+    if api_key is not None and len(api_key) < 8:
+        raise ValueError("--api-key must be at least 8 characters")
+
+
+class ApiServer:
+    """The API over one engine. ``engine_of`` and ``lock``: see EngineLane."""
+
+    def __init__(self, engine_of: Callable[[], Engine | None], lock: threading.Lock,
+                 host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+                 api_key: str | None = None, max_waiting: int = DEFAULT_QUEUE,
+                 max_tokens: int = 4096) -> None:
+        check_binding(host, port, api_key)
+        self.lane = EngineLane(engine_of, lock, max_waiting)
+        state = ServerState(self.lane, engine_of, Limits(max_tokens=max_tokens), api_key)
+        # Bind now, so a port in use is an error here and port 0 gets its number.
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._socket.bind((host, port))
+        except OSError as exc:
+            self._socket.close()
+            self.lane.close()
+            raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        self.host, self.port = host, self._socket.getsockname()[1]
+        self._server = uvicorn.Server(uvicorn.Config(make_app(state), log_level="warning",
+                                                     access_log=False, lifespan="off"))
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    def run(self) -> None:
+        """Serve until Ctrl-C (uvicorn's signal handling), then stop the lane."""
+        try:
+            self._server.run(sockets=[self._socket])
+        finally:
+            self.lane.close()
+
+    def start(self) -> None:
+        """Serve on a thread (the desktop app); ``stop`` ends it."""
+        self._thread = threading.Thread(target=self._server.run,
+                                        kwargs={"sockets": [self._socket]},
+                                        name="tandem-api-http", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self.lane.close()
+        self._socket.close()
