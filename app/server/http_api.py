@@ -29,6 +29,8 @@ from engine.session import Engine
 
 # While a request waits for the model, how often to look for a client that left.
 _DISCONNECT_POLL_S = 0.25
+# Bodies over the limit are still read (and dropped) up to this size before the 413.
+_DRAIN_LIMIT = 64 << 20
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",
            "cancelled": "stop"}
 
@@ -86,17 +88,18 @@ def _check_key(request: Request, state: ServerState) -> None:
 
 
 async def _read_json(request: Request, limit: int) -> Any:
+    too_large = ApiError(413, f"the request body is larger than {limit} bytes",
+                         code="request_too_large")
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"the request body is larger than {limit} bytes",
-                       code="request_too_large")
+    if declared is not None and declared.isdigit() and int(declared) > _DRAIN_LIMIT:
+        raise too_large  # not worth reading: the connection closes after the answer
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"the request body is larger than {limit} bytes",
-                           code="request_too_large")
-        chunks.append(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+    if size > limit:  # read to the end, so the client gets the answer, not a reset
+        raise too_large
     try:
         return json.loads(b"".join(chunks))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -244,7 +247,8 @@ def make_app(state: ServerState) -> Starlette:
         return await complete(request, chat=False)
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "waiting": state.lane.n_waiting})
+        return JSONResponse({"status": "ok", "waiting": state.lane.n_waiting,
+                             **state.lane.counts})
 
     return Starlette(routes=[
         Route("/v1/models", models, methods=["GET"]),

@@ -50,6 +50,7 @@ class EngineLane:
         self._lock = lock
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_waiting)
         self.max_waiting = max_waiting
+        self.counts = {"answered": 0, "cancelled": 0, "failed": 0}  # for /health
         self._thread = threading.Thread(target=self._loop, name="tandem-api-lane",
                                         daemon=True)
         self._thread.start()
@@ -83,14 +84,18 @@ class EngineLane:
     def _loop(self) -> None:
         while (job := self._queue.get()) is not None:
             if job.cancelled.is_set():  # its client left while it waited
+                self.counts["cancelled"] += 1
                 job.emit("error", ApiError(499, "the client went away"))
                 continue
             job.t_started = time.perf_counter()
             try:
                 result = self._run(job)
             except Exception as exc:  # noqa: BLE001 - every failure reaches its client
+                self.counts["failed"] += 1
                 job.emit("error", _api_error(exc))
             else:
+                self.counts["cancelled" if result.finish_reason == "cancelled"
+                            else "answered"] += 1
                 job.emit("done", result)
 
     def _run(self, job: Job) -> GenerationResult:

@@ -1,0 +1,241 @@
+"""`tandem serve` as other programs meet it: a real server process on 127.0.0.1 serving
+the bundled model, driven by the official ``openai`` client and raw HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx2 as httpx
+import openai
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+KEY = "test-key-0123456789"
+HELLO = [{"role": "user", "content": "Name three colours of the rainbow."}]
+
+
+class Served:
+    def __init__(self, proc: subprocess.Popen, url: str, lines: list[str]) -> None:
+        self.proc, self.url, self.lines = proc, url, lines
+
+    def client(self, api_key: str = "unused", **kw) -> openai.OpenAI:  # noqa: ANN003
+        return openai.OpenAI(base_url=self.url, api_key=api_key, max_retries=0,
+                             timeout=180, **kw)
+
+    def health(self) -> dict:
+        return httpx.get(self.url.removesuffix("/v1") + "/health", timeout=30).json()
+
+
+def _serve(model_path: Path, *extra: str) -> Iterator[Served]:
+    cmd = [sys.executable, "-m", "app.cli", "serve", "--model", str(model_path),
+           "--threads", "2", "--port", "0", "--ctx", "1024", *extra]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    url = None
+    deadline = time.monotonic() + 300  # a first start measures the machine
+    while time.monotonic() < deadline and url is None:
+        line = proc.stdout.readline() if proc.stdout else ""
+        if not line and proc.poll() is not None:
+            break
+        lines.append(line)
+        if line.startswith("Tandem serving"):
+            url = line.split(" at ", 1)[1].split()[0]
+    if url is None:
+        proc.kill()
+        pytest.fail("tandem serve did not start:\n" + "".join(lines))
+    # Keep reading its output so the pipe never fills.
+    threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True).start()
+    try:
+        yield Served(proc, url, lines)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def server(model_path: Path) -> Iterator[Served]:
+    yield from _serve(model_path, "--queue", "4", "--max-tokens", "2048")
+
+
+@pytest.fixture(scope="module")
+def keyed_server(model_path: Path) -> Iterator[Served]:
+    yield from _serve(model_path, "--api-key", KEY, "--drafter", "none")
+
+
+def test_models_lists_the_loaded_model(server: Served) -> None:
+    models = server.client().models.list()
+    assert [m.id for m in models.data] == [model_path_stem(server)]
+
+
+def model_path_stem(server: Served) -> str:
+    line = next(ln for ln in server.lines if ln.startswith("Tandem serving"))
+    return line.split()[2].removesuffix(".gguf")
+
+
+def test_chat_streamed_equals_whole_with_usage_and_figures(server: Served) -> None:
+    client = server.client()
+    whole = client.chat.completions.create(model="any", messages=HELLO, max_tokens=40,
+                                           temperature=0)
+    text = whole.choices[0].message.content
+    assert text and whole.choices[0].finish_reason in ("stop", "length")
+    assert whole.usage.completion_tokens > 0 and whole.usage.prompt_tokens > 10
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+    figures = whole.model_extra["tandem"]
+    assert figures["tokens_per_second"] > 0 and figures["drafter"]
+    assert figures["tokens_per_verification"] >= 1.0 and figures["layout"]
+
+    chunks = list(client.chat.completions.create(
+        model="any", messages=HELLO, max_tokens=40, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == text
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    # The same conversation again: its prompt comes from the prefix cache.
+    again = client.chat.completions.create(model="any", messages=HELLO, max_tokens=40,
+                                           temperature=0)
+    assert again.choices[0].message.content == text
+    assert again.model_extra["tandem"]["prompt_tokens_reused"] > 0
+
+
+def test_stop_strings_end_the_answer(server: Served) -> None:
+    client = server.client()
+    text = client.chat.completions.create(model="any", messages=HELLO, max_tokens=40,
+                                          temperature=0).choices[0].message.content
+    words = text.split()
+    stop = words[len(words) // 2]
+    cut = client.chat.completions.create(model="any", messages=HELLO, max_tokens=40,
+                                         temperature=0, stop=[stop, "\u2603"])
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].message.content == text[:text.index(stop)]
+
+
+def test_text_completion_and_seeded_sampling(server: Served) -> None:
+    client = server.client()
+    out = client.completions.create(model="any", prompt="The capital of France is",
+                                    max_tokens=8, temperature=0)
+    assert out.choices[0].text and out.usage.completion_tokens >= 1
+    a, b = (client.chat.completions.create(model="any", messages=HELLO, max_tokens=16,
+                                           temperature=0.9, top_p=0.95, seed=11,
+                                           frequency_penalty=0.5, presence_penalty=0.2)
+            for _ in range(2))
+    assert a.choices[0].message.content == b.choices[0].message.content
+
+
+@pytest.mark.parametrize("body, status, param", [
+    (b"{not json", 400, None),
+    (b"[1, 2]", 400, None),
+    (json.dumps({"messages": []}).encode(), 400, "messages"),
+    (json.dumps({"messages": [{"role": "robot", "content": "hi"}]}).encode(), 400,
+     "messages[0].role"),
+    (json.dumps({"messages": HELLO, "max_tokens": "ten"}).encode(), 400, "max_tokens"),
+    (json.dumps({"messages": HELLO, "max_tokens": 10**6}).encode(), 400, "max_tokens"),
+    (json.dumps({"messages": HELLO, "temperature": 5}).encode(), 400, "temperature"),
+    (json.dumps({"messages": HELLO, "temperature": True}).encode(), 400, "temperature"),
+    (json.dumps({"messages": HELLO, "top_p": -1}).encode(), 400, "top_p"),
+    (json.dumps({"messages": HELLO, "stop": [1, 2]}).encode(), 400, "stop"),
+    (json.dumps({"messages": HELLO, "n": 3}).encode(), 400, "n"),
+    (json.dumps({"messages": HELLO, "seed": -4}).encode(), 400, "seed"),
+    (json.dumps({"messages": HELLO, "frequency_penalty": 3}).encode(), 400,
+     "frequency_penalty"),
+    (json.dumps({"messages": [{"role": "user", "content": "word " * 1500}]}).encode(), 400,
+     None),
+    (b"x" * (2 << 20), 413, None),
+])
+def test_bad_requests_get_openai_errors_and_the_server_goes_on(server: Served, body: bytes,
+                                                               status: int, param) -> None:
+    r = httpx.post(server.url + "/chat/completions", content=body, timeout=120,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["message"] and err["type"] and err["param"] == param
+    ok = server.client().chat.completions.create(model="any", messages=HELLO, max_tokens=2)
+    assert ok.choices[0].message.content is not None
+
+
+def test_unknown_route_and_method(server: Served) -> None:
+    assert httpx.get(server.url + "/nothing", timeout=30).status_code == 404
+    r = httpx.get(server.url + "/chat/completions", timeout=30)
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_a_client_that_leaves_mid_stream_cancels_its_generation(server: Served) -> None:
+    before = server.health()["cancelled"]
+    with httpx.stream("POST", server.url + "/chat/completions", timeout=120, json={
+            "messages": [{"role": "user", "content": "Write a very long story about a ship."}],
+            "max_tokens": 900, "stream": True}) as r:
+        assert r.status_code == 200
+        got = 0
+        for line in r.iter_lines():
+            got += line.startswith("data: ")
+            if got >= 5:
+                break  # leaving the block closes the connection mid-answer
+    deadline = time.monotonic() + 120
+    while server.health()["cancelled"] == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert server.health()["cancelled"] == before + 1
+    ok = server.client().chat.completions.create(model="any", messages=HELLO, max_tokens=2)
+    assert ok.choices[0].message.content is not None
+
+
+def test_concurrent_clients_are_answered_or_told_to_retry(server: Served) -> None:
+    """8 clients x 5 requests against a queue of 4: each request is answered (200) or
+    refused with 429, none lost, and the server answers afterwards."""
+    results: list[int | str] = []
+    lock = threading.Lock()
+
+    def client_loop(i: int) -> None:
+        with httpx.Client(timeout=180) as http:
+            for j in range(5):
+                try:
+                    r = http.post(server.url + "/chat/completions", json={
+                        "messages": [{"role": "user", "content": f"Count to {i + j}."}],
+                        "max_tokens": 6})
+                    outcome: int | str = r.status_code
+                    if r.status_code == 429:
+                        assert r.json()["error"]["code"] == "queue_full"
+                except Exception as exc:  # noqa: BLE001 - recorded, then asserted
+                    outcome = f"{type(exc).__name__}: {exc}"
+                with lock:
+                    results.append(outcome)
+
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(8)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    print(f"\nload: {len(results)} requests in {time.monotonic() - t0:.1f} s: "
+          f"{results.count(200)} answered, {results.count(429)} told to retry")
+    assert len(results) == 40
+    assert set(results) <= {200, 429}, results
+    assert results.count(200) >= 5
+    ok = server.client().chat.completions.create(model="any", messages=HELLO, max_tokens=2)
+    assert ok.choices[0].message.content is not None
+
+
+def test_an_api_key_is_required_when_set(keyed_server: Served) -> None:
+    with pytest.raises(openai.AuthenticationError):
+        keyed_server.client().models.list()
+    with pytest.raises(openai.AuthenticationError):
+        keyed_server.client(api_key="wrong-key-000").chat.completions.create(
+            model="any", messages=HELLO, max_tokens=2)
+    out = keyed_server.client(api_key=KEY).chat.completions.create(
+        model="any", messages=HELLO, max_tokens=4)
+    assert out.choices[0].message.content
+
+
+def test_binding_beyond_loopback_needs_a_key(model_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--model",
+                           str(model_path), "--host", "0.0.0.0", "--port", "0"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "--api-key" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
