@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from engine.model_store import data_dir
+from engine.sampling import CHAT_DEFAULTS
 
 DB_FILE = "conversations.sqlite3"
 
@@ -63,6 +64,10 @@ class ChatSettings:
     top_k: int = 0
     max_tokens: int = 512
     seed: int | None = None
+    min_p: float = CHAT_DEFAULTS.min_p
+    repeat_penalty: float = CHAT_DEFAULTS.repeat_penalty
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

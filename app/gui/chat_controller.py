@@ -219,7 +219,10 @@ class ChatController(QObject):
         s = conv.settings
         try:
             sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p,
-                                      top_k=s.top_k, seed=s.seed)
+                                      top_k=s.top_k, seed=s.seed, min_p=s.min_p,
+                                      repeat_penalty=s.repeat_penalty,
+                                      frequency_penalty=s.frequency_penalty,
+                                      presence_penalty=s.presence_penalty)
         except InvalidSamplingError as exc:
             self.problem.emit(str(exc))
             return None

@@ -126,6 +126,9 @@ class EngineWorker(QObject):
     def __init__(self) -> None:
         super().__init__()
         self._engine: Engine | None = None
+        # Held while the engine loads, generates or closes: the local API server
+        # (app.server) runs its requests under it too, so they take turns with the chat.
+        self.engine_lock = threading.RLock()
         self._lock = threading.Lock()
         self._cancelled: set[int] = set()
         self._stop_all = False
@@ -139,6 +142,10 @@ class EngineWorker(QObject):
             else:
                 self._cancelled.add(request_id)
 
+    def current_engine(self) -> Engine | None:
+        """The loaded engine (use it under ``engine_lock``), None while none is."""
+        return self._engine
+
     def _should_stop(self, request_id: int) -> bool:
         with self._lock:
             return self._stop_all or request_id in self._cancelled
@@ -147,6 +154,10 @@ class EngineWorker(QObject):
     @Slot(object)
     def load(self, choice: EngineChoice) -> None:
         """Open the model and drafter (closing what was open); emits ready or failed."""
+        with self.engine_lock:
+            self._load(choice)
+
+    def _load(self, choice: EngineChoice) -> None:
         try:
             self._close_engine()
             if choice.drafter not in DRAFTER_CHOICES:
@@ -232,10 +243,12 @@ class EngineWorker(QObject):
             t_verify = t_end - step.t_verify_s
             self.step.emit(StepEvent(rid, t_verify - step.t_draft_s, t_verify, t_end, step))
 
-        result = engine.generate(prompt, config,
-                                 on_text=(lambda s: self.text.emit(rid, s)) if stream else None,
-                                 on_step=on_step if stream else None,
-                                 should_stop=lambda: self._should_stop(rid), plain=plain)
+        with self.engine_lock:
+            result = engine.generate(prompt, config,
+                                     on_text=(lambda s: self.text.emit(rid, s)) if stream
+                                     else None,
+                                     on_step=on_step if stream else None,
+                                     should_stop=lambda: self._should_stop(rid), plain=plain)
         texts, kinds = _token_kinds(engine.target, result)
         return GenerationOutcome(rid, result.text, result.finish_reason, result.stats,
                                  t_start, texts, kinds)
@@ -245,9 +258,10 @@ class EngineWorker(QObject):
             self._cancelled.discard(request_id)
 
     def _close_engine(self) -> None:
-        if self._engine is not None:
-            self._engine.close()
-            self._engine = None
+        with self.engine_lock:
+            if self._engine is not None:
+                self._engine.close()
+                self._engine = None
 
 
 def _token_kinds(target: Target, result: GenerationResult

@@ -11,6 +11,7 @@ from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import QDockWidget, QMainWindow, QMessageBox, QSplitter, QVBoxLayout, QWidget
 
 from app.conversation_store import ConversationStore
+from app.gui.api_switch import ApiServerSwitch
 from app.gui.chat_controller import ChatController
 from app.gui.chat_view import ChatView
 from app.gui.conversation_list import ConversationList
@@ -60,6 +61,7 @@ class MainWindow(QMainWindow):
         self.conversations = ConversationList()
         self.engine_panel = EnginePanel(self.store)
         self.settings_panel = SettingsPanel()
+        self.api_switch = ApiServerSwitch(self.worker, self.store)
         self.sampler = ResourceSampler(parent=self)
         self.dashboard = DashboardWidget(self.sampler)
 
@@ -69,6 +71,7 @@ class MainWindow(QMainWindow):
         left_layout.addWidget(self.conversations, 1)
         left_layout.addWidget(self.engine_panel)
         left_layout.addWidget(self.settings_panel)
+        left_layout.addWidget(self.api_switch)
         splitter = QSplitter()
         splitter.addWidget(left)
         splitter.addWidget(self.chat)
@@ -241,6 +244,8 @@ class MainWindow(QMainWindow):
             return
         self._closed = True
         self.sampler.stop()
+        # The API server first: its requests use the engine the worker is about to close.
+        self.api_switch.stop()
         self.worker.request_stop()
         self.shutdown_request.emit()
         self.thread_.wait(30_000)

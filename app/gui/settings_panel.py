@@ -43,17 +43,39 @@ class SettingsPanel(QGroupBox):
         self.seed = QSpinBox()
         self.seed.setRange(-1, 2**31 - 1)
         self.seed.setSpecialValueText("random")
+        self.min_p = QDoubleSpinBox()
+        self.min_p.setRange(0.0, 0.99)
+        self.min_p.setSingleStep(0.01)
+        self.min_p.setSpecialValueText("off")
+        self.repeat_penalty = QDoubleSpinBox()
+        self.repeat_penalty.setRange(1.0, 2.0)
+        self.repeat_penalty.setSingleStep(0.05)
+        self.repeat_penalty.setSpecialValueText("off")
+        self.repeat_penalty.setToolTip("Penalise tokens of the last 64: small models loop "
+                                       "without it")
+        self.frequency_penalty = QDoubleSpinBox()
+        self.frequency_penalty.setRange(-2.0, 2.0)
+        self.frequency_penalty.setSingleStep(0.1)
+        self.presence_penalty = QDoubleSpinBox()
+        self.presence_penalty.setRange(-2.0, 2.0)
+        self.presence_penalty.setSingleStep(0.1)
         form = QFormLayout()
         form.addRow("Temperature", self.temperature)
         form.addRow("Top-p", self.top_p)
         form.addRow("Top-k", self.top_k)
         form.addRow("Max tokens", self.max_tokens)
         form.addRow("Seed", self.seed)
+        form.addRow("Min-p", self.min_p)
+        form.addRow("Repetition penalty", self.repeat_penalty)
+        form.addRow("Frequency penalty", self.frequency_penalty)
+        form.addRow("Presence penalty", self.presence_penalty)
         layout = QVBoxLayout(self)
         layout.addWidget(self.system_prompt)
         layout.addLayout(form)
         self.system_prompt.textChanged.connect(self._emit)
-        for box in (self.temperature, self.top_p, self.top_k, self.max_tokens, self.seed):
+        for box in (self.temperature, self.top_p, self.top_k, self.max_tokens, self.seed,
+                    self.min_p, self.repeat_penalty, self.frequency_penalty,
+                    self.presence_penalty):
             box.valueChanged.connect(self._emit)
         self.show_settings("", ChatSettings())
 
@@ -66,6 +88,10 @@ class SettingsPanel(QGroupBox):
             self.top_k.setValue(settings.top_k)
             self.max_tokens.setValue(settings.max_tokens)
             self.seed.setValue(-1 if settings.seed is None else settings.seed)
+            self.min_p.setValue(settings.min_p)
+            self.repeat_penalty.setValue(settings.repeat_penalty)
+            self.frequency_penalty.setValue(settings.frequency_penalty)
+            self.presence_penalty.setValue(settings.presence_penalty)
         finally:
             self._loading = False
 
@@ -74,7 +100,11 @@ class SettingsPanel(QGroupBox):
         return ChatSettings(temperature=round(self.temperature.value(), 4),
                             top_p=round(self.top_p.value(), 4), top_k=self.top_k.value(),
                             max_tokens=self.max_tokens.value(),
-                            seed=None if seed < 0 else seed)
+                            seed=None if seed < 0 else seed,
+                            min_p=round(self.min_p.value(), 4),
+                            repeat_penalty=round(self.repeat_penalty.value(), 4),
+                            frequency_penalty=round(self.frequency_penalty.value(), 4),
+                            presence_penalty=round(self.presence_penalty.value(), 4))
 
     def _emit(self) -> None:
         if not self._loading:

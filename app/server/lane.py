@@ -13,6 +13,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from app.server.schema import ApiError, CompletionRequest
@@ -44,13 +45,14 @@ class EngineLane:
     """Runs jobs one by one. ``submit`` raises ApiError 429 when ``max_waiting`` jobs are
     already waiting (one more may be running)."""
 
-    def __init__(self, engine_of: Callable[[], Engine | None], lock: threading.Lock,
-                 max_waiting: int = 8) -> None:
+    def __init__(self, engine_of: Callable[[], Engine | None],
+                 lock: AbstractContextManager, max_waiting: int = 8) -> None:
         self._engine_of = engine_of
         self._lock = lock
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_waiting)
         self.max_waiting = max_waiting
         self.counts = {"answered": 0, "cancelled": 0, "failed": 0}  # for /health
+        self._running: Job | None = None
         self._thread = threading.Thread(target=self._loop, name="tandem-api-lane",
                                         daemon=True)
         self._thread.start()
@@ -68,7 +70,11 @@ class EngineLane:
         return self._queue.qsize()
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Cancel what waits, finish what runs (its client is told), stop the thread."""
+        """Cancel what waits and what runs (it stops at its next step and its client
+        gets what was written), stop the thread."""
+        running = self._running
+        if running is not None:
+            running.cancelled.set()
         while True:
             try:
                 job = self._queue.get_nowait()
@@ -88,6 +94,7 @@ class EngineLane:
                 job.emit("error", ApiError(499, "the client went away"))
                 continue
             job.t_started = time.perf_counter()
+            self._running = job
             try:
                 result = self._run(job)
             except Exception as exc:  # noqa: BLE001 - every failure reaches its client
@@ -97,6 +104,8 @@ class EngineLane:
                 self.counts["cancelled" if result.finish_reason == "cancelled"
                             else "answered"] += 1
                 job.emit("done", result)
+            finally:
+                self._running = None
 
     def _run(self, job: Job) -> GenerationResult:
         with self._lock:

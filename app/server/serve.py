@@ -8,6 +8,7 @@ import ipaddress
 import socket
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import uvicorn
 
@@ -44,7 +45,7 @@ def check_binding(host: str, port: int, api_key: str | None) -> None:
 class ApiServer:
     """The API over one engine. ``engine_of`` and ``lock``: see EngineLane."""
 
-    def __init__(self, engine_of: Callable[[], Engine | None], lock: threading.Lock,
+    def __init__(self, engine_of: Callable[[], Engine | None], lock: AbstractContextManager,
                  host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  api_key: str | None = None, max_waiting: int = DEFAULT_QUEUE,
                  max_tokens: int = 4096) -> None:
