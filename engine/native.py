@@ -58,6 +58,20 @@ def _native_errors_since(mark: int) -> str:
     return "; ".join(errors[-3:])
 
 
+def utf8_bytes(text: str) -> bytes:
+    """``text`` as UTF-8 for llama.cpp. Bytes that were not valid UTF-8 (a command line's
+    surrogate escapes, lone surrogates from JSON) become U+FFFD, as an editor shows them,
+    rather than a codec error."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        try:  # argv and stdin carry invalid bytes as surrogate escapes: recover them
+            raw = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # other lone surrogates
+            raw = text.encode("utf-8", "surrogatepass")
+        return raw.decode("utf-8", "replace").encode("utf-8")
+
+
 def supports_gpu_offload() -> bool:
     """Whether this llama.cpp build can put layers on a GPU."""
     _ensure_backend()
@@ -124,7 +138,7 @@ class NativeModel:
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         self.handle  # noqa: B018 - raises ClosedError: the vocab dies with the model
-        data = text.encode("utf-8")
+        data = utf8_bytes(text)
         n_max = len(data) + 8
         buf = (llama_cpp.llama_token * n_max)()
         # Returns the count, or minus the count needed when the buffer is too small.

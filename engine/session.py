@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
 from engine.budget import (
     MAX_DRAFT,
     MAX_DRAFT_LIMIT,
@@ -38,7 +40,7 @@ from engine.drafters import DRAFTER_NAMES, DrafterSpec, open_drafter
 from engine.drafters.base import Drafter
 from engine.drafters.head import check_head_fits
 from engine.drafters.memory import MemoryDrafter
-from engine.errors import TandemError
+from engine.errors import ModelLoadError, TandemError
 from engine.generation import GenerationConfig, GenerationResult, generate
 from engine.hardware import HardwareProfile, check_device, default_threads, probe_hardware
 from engine.kv_cache import KV_MODES, KV_TRADE_OFF
@@ -129,10 +131,12 @@ class Engine:
                 target = self._calibrate_and_plan(target_config, head_dir, say)
                 assert self.plan is not None
                 target = self._open_target(target_config, self.plan.target_gpu_layers, target)
+                check_first_forward(target)
                 spec = self._planned_spec(head_dir)
                 self.max_draft = self.plan.budget.max_draft
             else:
                 target = self._open_target(target_config, 0, None)
+                check_first_forward(target)
                 spec = self._asked_spec()
                 ov = config.overrides
                 cap = MAX_MEMORY_DRAFT if config.drafter == "memory" else MAX_DRAFT
@@ -328,3 +332,20 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def check_first_forward(target: Target) -> None:
+    """Refuse a model whose first forward pass gives no usable scores: non-finite logits
+    (broken weights or quantization), or the same score for every token (weights that
+    are zeroed). Such a model would answer garbage with no error."""
+    probe = target.tokenize("Hello", special=False) or [0]
+    try:
+        logits = target.prefill(probe, None).logits
+    finally:
+        target.reset()
+    if not np.all(np.isfinite(logits)):
+        raise ModelLoadError(f"{target.path.name} gives non-finite scores (NaN or infinity) "
+                             "on its first forward pass: its weights are broken")
+    if float(np.max(logits) - np.min(logits)) == 0.0:
+        raise ModelLoadError(f"{target.path.name} gives every token the same score on its "
+                             "first forward pass: its weights look zeroed or empty")

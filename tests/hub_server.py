@@ -207,9 +207,11 @@ class FakeHub:
 
 
 def write_tiny_gguf(path: Path, *, n_vocab: int = 96, hidden: int = 64,
-                    n_extra_bytes: int = 0, name: str = "tiny") -> Path:
+                    n_extra_bytes: int = 0, name: str = "tiny",
+                    vocab_only: bool = False) -> Path:
     """A real, small llama-architecture GGUF (random weights): enough for header reads,
-    sizes and hashes. ``n_extra_bytes`` adds a tensor to make the file larger."""
+    sizes and hashes. ``n_extra_bytes`` adds a tensor to make the file larger;
+    ``vocab_only`` writes no tensors at all (as llama.cpp's vocabulary files)."""
     import gguf
     import numpy as np
 
@@ -225,7 +227,11 @@ def write_tiny_gguf(path: Path, *, n_vocab: int = 96, hidden: int = 64,
     w.add_layer_norm_rms_eps(1e-5)
     w.add_tokenizer_model("llama")
     w.add_token_list([f"t{i}".encode() for i in range(n_vocab)])
-    w.add_tensor("token_embd.weight", rng.standard_normal((n_vocab, hidden), dtype=np.float32))
+    if not vocab_only:
+        w.add_tensor("token_embd.weight",
+                     rng.standard_normal((n_vocab, hidden), dtype=np.float32))
+        for i in range(2):
+            w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
     if n_extra_bytes:
         n = max(1, n_extra_bytes // 4)
         w.add_tensor("extra.weight", rng.standard_normal((1, n), dtype=np.float32))

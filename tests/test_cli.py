@@ -78,3 +78,17 @@ def test_bench_writes_results_and_resumes(tandem_home, model_path, tmp_path):
                     "2", "--json", str(out_json), home=tandem_home)
     assert again.returncode == 0, again.stderr
     assert json.loads(out_json.read_text())["results"] == data["results"]
+
+
+def test_invalid_utf8_in_a_prompt_is_replaced_not_a_codec_error(tandem_home, model_path):
+    from engine.native import utf8_bytes
+
+    assert utf8_bytes("caf\udce9 ok") == "caf\ufffd ok".encode()  # argv's escape of 0xE9
+    assert utf8_bytes("a\ud800b").decode() == "a\ufffd\ufffd\ufffdb"  # a lone surrogate
+    env = dict(os.environ, TANDEM_HOME=str(tandem_home))
+    out = subprocess.run([sys.executable.encode(), b"-m", b"app.cli", b"generate", b"--prompt",
+                          b"Translate: caf\xe9 au lait \xff", b"--max-tokens", b"4",
+                          b"--threads", b"2", b"--json"], capture_output=True, env=env,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")
+    assert json.loads(out.stdout)["tokens"]

@@ -72,3 +72,7 @@ def test_import(env: Path, capsys) -> None:
     (env / "x.txt").write_text("not a model")
     rc, _, err = run(capsys, "import", str(env / "x.txt"))
     assert rc == 2 and "not a GGUF" in err
+    vocab = write_tiny_gguf(env / "vocab.gguf", vocab_only=True)
+    rc, _, err = run(capsys, "import", str(vocab))
+    assert rc == 2 and "vocabulary-only" in err and "Traceback" not in err
+    assert "vocab" not in run(capsys, "list")[1]

@@ -224,4 +224,7 @@ def test_import_local_gguf_and_refuse_others(tmp_path: Path) -> None:
     broken.write_bytes(b"GGUF" + bytes([3, 0, 0, 0]) + b"\xff" * 40)
     with pytest.raises(ModelLoadError, match="cannot be read"):
         import_gguf(broken, registry)
+    vocab = write_tiny_gguf(tmp_path / "vocab-only.gguf", vocab_only=True)
+    with pytest.raises(ModelLoadError, match="vocabulary-only"):
+        import_gguf(vocab, registry)
     assert [m.name for m in registry.list()] == ["mine-Q8_0"]

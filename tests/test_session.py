@@ -190,3 +190,24 @@ def test_the_kv_cache_setting_and_its_trade_off(model_path, tmp_path):
         assert fast.generate(prompt, GenerationConfig(4)).tokens
     with pytest.raises(ValueError, match="unknown KV cache setting 'quick'"):
         EngineConfig(kv_cache="quick")
+
+
+def test_a_model_with_zeroed_weights_is_refused_at_load(model_path, tmp_path):
+    """The bundled model with its tensor data zeroed loads in llama.cpp and would answer
+    garbage; its first forward pass gives every token one score, and the engine says so."""
+    import gguf
+
+    from engine.errors import ModelLoadError
+
+    zeroed = tmp_path / "zeroed.gguf"
+    shutil.copy(model_path, zeroed)
+    start = gguf.GGUFReader(str(model_path)).data_offset
+    with zeroed.open("r+b") as fh:
+        fh.seek(start)
+        fh.write(bytes(zeroed.stat().st_size - start))
+    with pytest.raises(ModelLoadError, match="zeroed"):
+        Engine(EngineConfig(model_path=zeroed, drafter="none", n_threads=2, n_ctx=256))
+    with Engine(EngineConfig(model_path=model_path, drafter="none", n_threads=2,
+                             n_ctx=256)) as engine:  # and a good model still opens
+        assert engine.generate(engine.chat_prompt([{"role": "user", "content": "Hi"}]),
+                               GenerationConfig(max_tokens=2)).tokens
