@@ -62,7 +62,8 @@ class ApiServerSwitch(QGroupBox):
             return
         try:
             self.server = ApiServer(self.worker.current_engine, self.worker.engine_lock,
-                                    "127.0.0.1", self.port.value())
+                                    "127.0.0.1", self.port.value(),
+                                    execute=self.worker.call_in_worker)
         except ValueError as exc:  # a port in use, for example
             self.address.setText(f"Not serving: {exc}")
             self.enabled.blockSignals(True)

@@ -13,8 +13,10 @@ import codecs
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from PySide6.QtCore import QObject, Signal, Slot
 
@@ -28,6 +30,7 @@ from engine.stats import GenerationStats, StepStats
 from engine.target import Target
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DRAFTER_CHOICES = ("auto", "head", "lookup", "none")
 
@@ -110,6 +113,14 @@ class EngineFailure:
     message: str
 
 
+@dataclass
+class _Call:
+    fn: Callable[[], object]
+    done: threading.Event = field(default_factory=threading.Event)
+    result: object = None
+    error: BaseException | None = None
+
+
 class EngineWorker(QObject):
     """Owns the Target and drafter. Create in the GUI thread, ``moveToThread`` a
     QThread, then drive by signals; call ``request_stop`` from any thread."""
@@ -122,6 +133,7 @@ class EngineWorker(QObject):
     compared = Signal(object)  # Comparison
     failed = Signal(object)  # EngineFailure
     stopped = Signal()  # shut down; the thread may quit
+    _call = Signal(object)  # a _Call for call_in_worker, run in the worker's thread
 
     def __init__(self) -> None:
         super().__init__()
@@ -132,6 +144,7 @@ class EngineWorker(QObject):
         self._lock = threading.Lock()
         self._cancelled: set[int] = set()
         self._stop_all = False
+        self._call.connect(self._run_call)
 
     # --- called from any thread ------------------------------------------------------
     def request_stop(self, request_id: int | None = None) -> None:
@@ -141,6 +154,26 @@ class EngineWorker(QObject):
                 self._stop_all = True
             else:
                 self._cancelled.add(request_id)
+
+    def call_in_worker(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` in the worker's thread, after what is queued there, and return its
+        result (or raise its error). For other threads (the local API server): llama.cpp
+        runs at full speed only from the thread that made the engine."""
+        call = _Call(fn)
+        self._call.emit(call)
+        call.done.wait()
+        if call.error is not None:
+            raise call.error
+        return call.result
+
+    @Slot(object)
+    def _run_call(self, call: _Call) -> None:
+        try:
+            call.result = call.fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            call.error = exc
+        finally:
+            call.done.set()
 
     def current_engine(self) -> Engine | None:
         """The loaded engine (use it under ``engine_lock``), None while none is."""

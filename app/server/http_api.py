@@ -209,16 +209,13 @@ def make_app(state: ServerState) -> Starlette:
             return StreamingResponse(_stream(answer, events, job),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        parts: list[str] = []
         try:
-            while True:
+            while True:  # a whole answer: no text events, only the result
                 kind, value = await _next_event(events, request, job)
-                if kind == "text":
-                    parts.append(value)
-                elif kind == "error":
+                if kind == "error":
                     return _error(value)
-                elif kind == "done":
-                    return JSONResponse(answer.whole("".join(parts), value, job))
+                if kind == "done":
+                    return JSONResponse(answer.whole(value.text, value, job))
         except ClientGone:
             return Response(status_code=499)
 

@@ -15,6 +15,7 @@ import uvicorn
 from app.server.http_api import ServerState, make_app
 from app.server.lane import EngineLane
 from app.server.schema import Limits
+from engine.generation import GenerationResult
 from engine.session import Engine
 
 DEFAULT_PORT = 8080
@@ -48,9 +49,15 @@ class ApiServer:
     def __init__(self, engine_of: Callable[[], Engine | None], lock: AbstractContextManager,
                  host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  api_key: str | None = None, max_waiting: int = DEFAULT_QUEUE,
-                 max_tokens: int = 4096) -> None:
+                 max_tokens: int = 4096,
+                 execute: Callable[[Callable[[], GenerationResult]], GenerationResult]
+                 | None = None) -> None:
+        """``execute``: how a job reaches the engine's thread (see EngineLane); None for
+        ``run`` in the thread that made the engine."""
         check_binding(host, port, api_key)
-        self.lane = EngineLane(engine_of, lock, max_waiting)
+        self._lane_in_caller = execute is None
+        self.lane = EngineLane(engine_of, lock, max_waiting,
+                               own_thread=execute is not None, execute=execute)
         state = ServerState(self.lane, engine_of, Limits(max_tokens=max_tokens), api_key)
         # Bind now, so a port in use is an error here and port 0 gets its number.
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -73,14 +80,18 @@ class ApiServer:
         return f"http://{host}:{self.port}/v1"
 
     def run(self) -> None:
-        """Serve until Ctrl-C (uvicorn's signal handling), then stop the lane."""
+        """Serve until Ctrl-C: HTTP on a thread, the engine's jobs here (the thread that
+        made the engine)."""
+        self.start()
         try:
-            self._server.run(sockets=[self._socket])
+            self.lane.run_forever()
+        except KeyboardInterrupt:
+            pass
         finally:
-            self.lane.close()
+            self.stop()
 
     def start(self) -> None:
-        """Serve on a thread (the desktop app); ``stop`` ends it."""
+        """Serve HTTP on a thread; ``stop`` ends it."""
         self._thread = threading.Thread(target=self._server.run,
                                         kwargs={"sockets": [self._socket]},
                                         name="tandem-api-http", daemon=True)
