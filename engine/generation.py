@@ -164,11 +164,10 @@ class _Run:
     def penalty_window(self, extra: Sequence[int] = ()) -> list[int]:
         """The tokens a penalty looks at before the position after ``extra``: the last
         ``penalty_last_n`` of prompt + answer so far + ``extra``."""
-        n = self.config.sampling.penalty_last_n
-        if not self.config.sampling.has_penalties:
+        if not self.config.sampling.has_penalties:  # also: a window of 0 tokens
             return []
-        tail = (self.prompt[-n:] + self.emitter.tokens[-n:])[-n:] if n else []
-        return (tail + list(extra))[-n:]
+        n = self.config.sampling.penalty_last_n
+        return (self.prompt[-n:] + self.emitter.tokens[-n:] + list(extra))[-n:]
 
     def logits_of(self, logits: np.ndarray, tree: DraftTree) -> Callable[[int], np.ndarray]:
         """Node (verification numbering) -> its logits, penalised with the node's own

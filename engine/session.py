@@ -131,16 +131,15 @@ class Engine:
                 target = self._calibrate_and_plan(target_config, head_dir, say)
                 assert self.plan is not None
                 target = self._open_target(target_config, self.plan.target_gpu_layers, target)
-                check_first_forward(target)
                 spec = self._planned_spec(head_dir)
                 self.max_draft = self.plan.budget.max_draft
             else:
                 target = self._open_target(target_config, 0, None)
-                check_first_forward(target)
                 spec = self._asked_spec()
                 ov = config.overrides
                 cap = MAX_MEMORY_DRAFT if config.drafter == "memory" else MAX_DRAFT
                 self.max_draft = cap if ov.max_draft is None else ov.max_draft
+            check_first_forward(target)
             self.memory = self._open_memory() if spec.name not in ("none", "lookup") else None
             self.drafter: Drafter | None
             self.drafter, notes = open_drafter(spec, target, self.model.fingerprint,

@@ -76,14 +76,16 @@ def run_once(index: int, files: list[str], load: int, out_dir: Path,
         rc, output = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
         rc = 124
-        output = f"{exc.stdout or ''}{exc.stderr or ''}\n(timed out after {timeout_s:.0f} s)"
+        partial = [b.decode("utf-8", "replace") if isinstance(b, bytes) else b or ""
+                   for b in (exc.stdout, exc.stderr)]
+        output = "".join(partial) + f"\n(timed out after {timeout_s:.0f} s)"
     finally:
         _stop(loops)
     seconds = time.monotonic() - t0
     log = out_dir / f"run-{index}.log"
-    log.write_text(output if isinstance(output, str) else output.decode("utf-8", "replace"))
-    crashed = rc < 0 or rc in (134, 139) or bool(_FATAL.search(str(output)))
-    return StressRun(index, rc, seconds, crashed, _signature(rc, str(output)), str(log))
+    log.write_text(output)
+    crashed = rc < 0 or rc in (134, 139) or bool(_FATAL.search(output))
+    return StressRun(index, rc, seconds, crashed, _signature(rc, output), str(log))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,16 @@ from PySide6.QtWidgets import (
 from app.conversation_store import ChatSettings
 
 
+def _number_box(low: float, high: float, step: float, at_low: str = "") -> QDoubleSpinBox:
+    """A spin box for a sampling value; ``at_low`` is shown instead of the lowest value."""
+    box = QDoubleSpinBox()
+    box.setRange(low, high)
+    box.setSingleStep(step)
+    if at_low:
+        box.setSpecialValueText(at_low)
+    return box
+
+
 class SettingsPanel(QGroupBox):
     """Shows one conversation's settings; emits ``changed`` on every user edit (not on
     ``show_settings``)."""
@@ -28,13 +38,8 @@ class SettingsPanel(QGroupBox):
         self.system_prompt = QPlainTextEdit()
         self.system_prompt.setPlaceholderText("System prompt (optional)")
         self.system_prompt.setFixedHeight(64)
-        self.temperature = QDoubleSpinBox()
-        self.temperature.setRange(0.0, 2.0)
-        self.temperature.setSingleStep(0.1)
-        self.temperature.setSpecialValueText("0 (greedy)")
-        self.top_p = QDoubleSpinBox()
-        self.top_p.setRange(0.01, 1.0)
-        self.top_p.setSingleStep(0.05)
+        self.temperature = _number_box(0.0, 2.0, 0.1, "0 (greedy)")
+        self.top_p = _number_box(0.01, 1.0, 0.05)
         self.top_k = QSpinBox()
         self.top_k.setRange(0, 1000)
         self.top_k.setSpecialValueText("off")
@@ -43,22 +48,12 @@ class SettingsPanel(QGroupBox):
         self.seed = QSpinBox()
         self.seed.setRange(-1, 2**31 - 1)
         self.seed.setSpecialValueText("random")
-        self.min_p = QDoubleSpinBox()
-        self.min_p.setRange(0.0, 0.99)
-        self.min_p.setSingleStep(0.01)
-        self.min_p.setSpecialValueText("off")
-        self.repeat_penalty = QDoubleSpinBox()
-        self.repeat_penalty.setRange(1.0, 2.0)
-        self.repeat_penalty.setSingleStep(0.05)
-        self.repeat_penalty.setSpecialValueText("off")
+        self.min_p = _number_box(0.0, 0.99, 0.01, "off")
+        self.repeat_penalty = _number_box(1.0, 2.0, 0.05, "off")
         self.repeat_penalty.setToolTip("Penalise tokens of the last 64: small models loop "
                                        "without it")
-        self.frequency_penalty = QDoubleSpinBox()
-        self.frequency_penalty.setRange(-2.0, 2.0)
-        self.frequency_penalty.setSingleStep(0.1)
-        self.presence_penalty = QDoubleSpinBox()
-        self.presence_penalty.setRange(-2.0, 2.0)
-        self.presence_penalty.setSingleStep(0.1)
+        self.frequency_penalty = _number_box(-2.0, 2.0, 0.1)
+        self.presence_penalty = _number_box(-2.0, 2.0, 0.1)
         form = QFormLayout()
         form.addRow("Temperature", self.temperature)
         form.addRow("Top-p", self.top_p)

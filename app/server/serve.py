@@ -55,7 +55,6 @@ class ApiServer:
         """``execute``: how a job reaches the engine's thread (see EngineLane); None for
         ``run`` in the thread that made the engine."""
         check_binding(host, port, api_key)
-        self._lane_in_caller = execute is None
         self.lane = EngineLane(engine_of, lock, max_waiting,
                                own_thread=execute is not None, execute=execute)
         state = ServerState(self.lane, engine_of, Limits(max_tokens=max_tokens), api_key)
