@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from engine.errors import TandemError
+from engine.errors import InvalidSettingError, TandemError
 from engine.generation import GenerationConfig
 from engine.planner import LAYOUTS, Overrides
 from engine.sampling import CHAT_DEFAULTS, SamplingParams
@@ -25,7 +25,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=Path, default=None,
                    help="GGUF target (default: the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: cores)")
-    p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
+    p.add_argument("--ctx", type=int, default=None,
+                   help="context length in tokens (default: 4096, or the model's trained "
+                        "context if less)")
     p.add_argument("--kv-cache", choices=("exact", "fast"), default="exact",
                    help="exact: output identical to plain decoding (Q8_0 K); fast: F16 "
                         "K/V, a faster first token on long prompts (tandem plan says more)")
@@ -405,14 +407,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The engine's setting names whose flag is not the name with dashes.
+_FLAGS = {"n_ctx": "--ctx", "n_threads": "--threads", "max_draft": "--budget"}
+
+
+def flag_of(setting: str) -> str:
+    return _FLAGS.get(setting, "--" + setting.replace("_", "-"))
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for the terminal; a setting's error names its flag."""
+    text = exc.named(flag_of(exc.setting)) if isinstance(exc, InvalidSettingError) else str(exc)
+    return " ".join(text.split()) or type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING)
     try:
         return args.func(args)
-    except (TandemError, ValueError, OSError) as exc:
-        print(f"tandem: error: {exc}", file=sys.stderr)
+    except (TandemError, ValueError, OSError, MemoryError) as exc:
+        print(f"tandem: error: {error_line(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: stop quietly, as a terminal program does
+        print("\ntandem: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

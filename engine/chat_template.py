@@ -8,6 +8,8 @@ from typing import Protocol
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from engine.errors import InvalidPromptError
+
 # Used only when a GGUF carries no template: ChatML, the most common instruct format.
 CHATML = (
     "{% for message in messages %}"
@@ -15,6 +17,26 @@ CHATML = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+ROLES = ("system", "user", "assistant")
+
+
+def check_messages(messages: object) -> None:
+    """Raise InvalidPromptError unless ``messages`` is a non-empty list of dicts with a
+    known ``role`` and a string ``content``."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidPromptError("a conversation must be a non-empty list of messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise InvalidPromptError(f"message {i} must be a dict with role and content, "
+                                     f"got {type(m).__name__}")
+        if m.get("role") not in ROLES:
+            raise InvalidPromptError(f"message {i} has role {m.get('role')!r}; choose from "
+                                     f"{', '.join(ROLES)}")
+        if not isinstance(m.get("content"), str):
+            raise InvalidPromptError(f"message {i} must have text content, got "
+                                     f"{type(m.get('content')).__name__}")
 
 
 class _ModelFacts(Protocol):
@@ -66,6 +88,11 @@ class ChatTemplate:
         """The prompt text for ``messages`` (dicts with ``role`` and ``content``)."""
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
-        template = env.from_string(self.source)
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               bos_token=self.bos_token, eos_token=self.eos_token)
+        try:
+            template = env.from_string(self.source)
+            return template.render(messages=messages,
+                                   add_generation_prompt=add_generation_prompt,
+                                   bos_token=self.bos_token, eos_token=self.eos_token)
+        except jinja2.TemplateError as exc:  # its raise_exception: roles out of order...
+            raise InvalidPromptError(f"the model's chat template refuses this conversation: "
+                                     f"{exc}") from exc

@@ -24,7 +24,26 @@ class ContextFullError(TandemError):
         self.n_ctx = n_ctx
 
 
-class InvalidSamplingError(TandemError, ValueError):
+class InvalidPromptError(TandemError, ValueError):
+    """A prompt that cannot run: empty, or holding token ids outside the vocabulary."""
+
+
+class InvalidSettingError(TandemError, ValueError):
+    """A setting is out of range. ``setting`` is its name in the engine's API; each front
+    end names it its own way (``named``: the CLI's flag, the API's field, the GUI's label)."""
+
+    def __init__(self, setting: str, rule: str, value: object) -> None:
+        super().__init__(f"{setting} {rule}, got {value!r}")
+        self.setting = setting
+        self.rule = rule
+        self.value = value
+
+    def named(self, name: str) -> str:
+        """The message with the setting called ``name``."""
+        return f"{name} {self.rule}, got {self.value!r}"
+
+
+class InvalidSamplingError(InvalidSettingError):
     """A sampling setting is out of range (temperature, top-p, top-k, max tokens)."""
 
 

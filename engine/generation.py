@@ -45,9 +45,9 @@ class GenerationConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidSamplingError(f"max_tokens must be >= 1, got {self.max_tokens!r}")
+            raise InvalidSamplingError("max_tokens", "must be an integer >= 1", self.max_tokens)
         if self.max_draft < 0:
-            raise InvalidSamplingError(f"max_draft must be >= 0, got {self.max_draft!r}")
+            raise InvalidSamplingError("max_draft", "must be >= 0", self.max_draft)
 
 
 @dataclass

@@ -181,3 +181,4 @@ def facts_from_kv(kv: dict[str, object]) -> GGUFFacts:
 def read_facts_prefix(data: bytes) -> GGUFFacts:
     """Shape facts from the first bytes of a GGUF. Raises ValueError for non-GGUF bytes."""
     return facts_from_kv(read_kv_prefix(data))
+

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import psutil
 
+from engine.errors import InvalidSettingError
+
 GB = 1024**3
 _FLAG_NAMES = {"avx2": "avx2", "avx512f": "avx512f", "avx512_vnni": "avx512_vnni",
                "avx512_bf16": "avx512_bf16", "amx_tile": "amx", "fma": "fma", "f16c": "f16c"}
@@ -51,12 +53,12 @@ def device_name(backend: str, index: int = 0) -> str:
 
 def check_device(name: str) -> str:
     """``name`` if it names a torch device kind Tandem can run a draft on ("cpu",
-    "cuda", "cuda:1", "mps", "xpu:0"); raises ValueError naming the choices."""
+    "cuda", "cuda:1", "mps", "xpu:0"); raises InvalidSettingError naming the choices."""
     kind, _, index = name.partition(":")
     if kind not in DEVICE_KINDS or (index and not index.isdigit()) or (
             index and kind in ("cpu", "mps")):
-        raise ValueError(f"unknown device {name!r}; choose from cpu, cuda, cuda:N, mps, "
-                         "xpu, xpu:N")
+        raise InvalidSettingError("head_device", "must be cpu, cuda, cuda:N, mps, xpu or "
+                                  "xpu:N", name)
     return name
 
 

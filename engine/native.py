@@ -17,6 +17,7 @@ import llama_cpp
 import numpy as np
 
 from engine.errors import ClosedError, ContextFullError, ModelLoadError, NativeError
+from engine.gguf_check import why_unloadable
 from engine.gguf_header import check_gguf_magic
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,8 @@ class NativeModel:
         mark = len(_recent_native_log)
         handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not handle:
-            why = _native_errors_since(mark) or "llama.cpp could not load it"
+            why = (why_unloadable(self.path) or _native_errors_since(mark)
+                   or "llama.cpp could not load it")
             raise ModelLoadError(f"cannot load {self.path}: {why}")
         self._handle = handle
         self._vocab = llama_cpp.llama_model_get_vocab(handle)

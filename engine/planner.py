@@ -30,6 +30,7 @@ from pathlib import Path
 
 from engine.budget import MAX_DRAFT, MAX_DRAFT_LIMIT, MAX_MEMORY_DRAFT
 from engine.calibration import CostProfile
+from engine.errors import InvalidSettingError
 from engine.hardware import HardwareProfile
 
 LAYOUTS = ("dovetail", "duodecoding", "cpu", "plain")
@@ -93,10 +94,11 @@ class Overrides:
 
     def __post_init__(self) -> None:
         if self.layout is not None and self.layout not in LAYOUTS:
-            raise ValueError(f"unknown layout {self.layout!r}; choose from {', '.join(LAYOUTS)}")
+            raise InvalidSettingError("layout", f"must be one of {', '.join(LAYOUTS)}",
+                                      self.layout)
         if self.max_draft is not None and not 0 <= self.max_draft <= MAX_DRAFT_LIMIT:
-            raise ValueError(f"the budget must be between 0 and {MAX_DRAFT_LIMIT} draft "
-                             f"tokens, got {self.max_draft}")
+            raise InvalidSettingError("max_draft", f"must be between 0 and {MAX_DRAFT_LIMIT} "
+                                      "draft tokens", self.max_draft)
 
 
 @dataclass(frozen=True)

@@ -63,33 +63,33 @@ def _is_number(x: object) -> bool:
 
 
 def validate_sampling(params: SamplingParams) -> None:
-    """Raise InvalidSamplingError naming the bad value."""
+    """Raise InvalidSamplingError naming the setting, its allowed range and the value."""
     t, p, k = params.temperature, params.top_p, params.top_k
     if not isinstance(t, (int, float)) or math.isnan(t) or not (
             t == 0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):
-        raise InvalidSamplingError(f"temperature must be 0 (greedy) or between "
-                                   f"{MIN_TEMPERATURE} and {MAX_TEMPERATURE}, got {t!r}")
+        raise InvalidSamplingError("temperature", f"must be 0 (greedy) or between "
+                                   f"{MIN_TEMPERATURE} and {MAX_TEMPERATURE}", t)
     if not isinstance(p, (int, float)) or math.isnan(p) or not 0.0 < p <= 1.0:
-        raise InvalidSamplingError(f"top_p must be in (0, 1], got {p!r}")
+        raise InvalidSamplingError("top_p", "must be in (0, 1]", p)
     if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-        raise InvalidSamplingError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
+        raise InvalidSamplingError("top_k", "must be an integer >= 0 (0 = off)", k)
     if params.seed is not None and (not isinstance(params.seed, int) or params.seed < 0):
-        raise InvalidSamplingError(f"seed must be an integer >= 0, got {params.seed!r}")
+        raise InvalidSamplingError("seed", "must be an integer >= 0", params.seed)
     if not _is_number(params.min_p) or not 0.0 <= params.min_p < 1.0:
-        raise InvalidSamplingError(f"min_p must be in [0, 1), got {params.min_p!r}")
+        raise InvalidSamplingError("min_p", "must be in [0, 1) (0 = off)", params.min_p)
     if not _is_number(params.repeat_penalty) or not (
             0.0 < params.repeat_penalty <= MAX_REPEAT_PENALTY):
-        raise InvalidSamplingError(f"repeat_penalty must be in (0, {MAX_REPEAT_PENALTY}] "
-                                   f"(1 = off), got {params.repeat_penalty!r}")
+        raise InvalidSamplingError("repeat_penalty", f"must be in (0, {MAX_REPEAT_PENALTY}] "
+                                   "(1 = off)", params.repeat_penalty)
     for name in ("frequency_penalty", "presence_penalty"):
         v = getattr(params, name)
         if not _is_number(v) or not -MAX_ADDITIVE_PENALTY <= v <= MAX_ADDITIVE_PENALTY:
-            raise InvalidSamplingError(f"{name} must be between -{MAX_ADDITIVE_PENALTY} and "
-                                       f"{MAX_ADDITIVE_PENALTY} (0 = off), got {v!r}")
+            raise InvalidSamplingError(name, f"must be between -{MAX_ADDITIVE_PENALTY} and "
+                                       f"{MAX_ADDITIVE_PENALTY} (0 = off)", v)
     n = params.penalty_last_n
     if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_PENALTY_WINDOW:
-        raise InvalidSamplingError(f"penalty_last_n must be an integer in "
-                                   f"[0, {MAX_PENALTY_WINDOW}], got {n!r}")
+        raise InvalidSamplingError("penalty_last_n", f"must be an integer in "
+                                   f"[0, {MAX_PENALTY_WINDOW}]", n)
 
 
 def penalised(logits: np.ndarray, window: list[int], params: SamplingParams) -> np.ndarray:

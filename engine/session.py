@@ -38,9 +38,9 @@ from engine.calibration import (
 )
 from engine.drafters import DRAFTER_NAMES, DrafterSpec, open_drafter
 from engine.drafters.base import Drafter
-from engine.drafters.head import check_head_fits
+from engine.drafters.head import check_head_fits, load_head_drafter
 from engine.drafters.memory import MemoryDrafter
-from engine.errors import ModelLoadError, TandemError
+from engine.errors import InvalidSettingError, ModelLoadError, TandemError
 from engine.generation import GenerationConfig, GenerationResult, generate
 from engine.hardware import HardwareProfile, check_device, default_threads, probe_hardware
 from engine.kv_cache import KV_MODES, KV_TRADE_OFF
@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 ENGINE_DRAFTERS = ("auto", *DRAFTER_NAMES)
 # Room for a chat prompt and an answer, and for the largest verification batch.
 MIN_CTX = 64
+DEFAULT_CTX = 4096
 GPU_FIT_MARGIN = 1.1  # weights + KV must fit the free VRAM with this margin
 
 
@@ -69,7 +70,7 @@ class EngineConfig:
     head_dir: Path | None = None
     head_device: str = "cpu"  # where a head asked for by name runs
     overrides: Overrides = field(default_factory=Overrides)
-    n_ctx: int = 4096
+    n_ctx: int | None = None  # None: DEFAULT_CTX, or the model's trained context if less
     n_threads: int | None = None  # None: one per physical core
     recalibrate: bool = False
     cache_dir: Path | None = None  # calibration cache; None: the data directory's
@@ -80,22 +81,21 @@ class EngineConfig:
         """Every setting checked before anything loads; the message names the value and
         the range."""
         if self.drafter not in ENGINE_DRAFTERS:
-            raise ValueError(f"unknown drafter {self.drafter!r}; choose from "
-                             f"{', '.join(ENGINE_DRAFTERS)}")
+            raise InvalidSettingError("drafter", f"must be one of {', '.join(ENGINE_DRAFTERS)}",
+                                      self.drafter)
         check_device(self.head_device)
         if self.kv_cache not in KV_MODES:
-            raise ValueError(f"unknown KV cache setting {self.kv_cache!r}; choose from "
-                             f"{', '.join(KV_MODES)}")
-        if not isinstance(self.n_ctx, int) or self.n_ctx < MIN_CTX:
-            raise ValueError(f"the context must be at least {MIN_CTX} tokens, got "
-                             f"{self.n_ctx!r}")
+            raise InvalidSettingError("kv_cache", f"must be one of {', '.join(KV_MODES)}",
+                                      self.kv_cache)
+        if self.n_ctx is not None and (not isinstance(self.n_ctx, int) or self.n_ctx < MIN_CTX):
+            raise InvalidSettingError("n_ctx", f"must be at least {MIN_CTX} tokens", self.n_ctx)
         n_cores = os.cpu_count() or 1
         if self.n_threads is not None and not 1 <= self.n_threads <= n_cores:
-            raise ValueError(f"threads must be between 1 and {n_cores} (this machine's "
-                             f"logical cores), got {self.n_threads!r}")
+            raise InvalidSettingError("n_threads", f"must be between 1 and {n_cores} (this "
+                                      "machine's logical cores)", self.n_threads)
         if self.overrides.depth is not None and not 1 <= self.overrides.depth <= MAX_DRAFT_LIMIT:
-            raise ValueError(f"the draft depth must be between 1 and {MAX_DRAFT_LIMIT}, got "
-                             f"{self.overrides.depth!r}")
+            raise InvalidSettingError("depth", f"must be between 1 and {MAX_DRAFT_LIMIT}",
+                                      self.overrides.depth)
 
 
 class Engine:
@@ -122,7 +122,7 @@ class Engine:
         self.model: ModelInfo = read_model_info(path)
         self.n_threads = config.n_threads or default_threads()
         type_k, type_v = KV_MODES[config.kv_cache]
-        target_config = TargetConfig(n_ctx=config.n_ctx, n_threads=self.n_threads,
+        target_config = TargetConfig(n_ctx=self._context_length(), n_threads=self.n_threads,
                                      type_k=type_k, type_v=type_v)
         target: Target | None = None
         try:
@@ -162,18 +162,29 @@ class Engine:
         self.cost = VerifyCostModel.from_curve(curve) if curve else VerifyCostModel()
 
     # --- building, in order ------------------------------------------------------------
+    def _context_length(self) -> int:
+        """The context asked for, checked against what the model was trained for (more
+        would give garbage past it); unasked, DEFAULT_CTX or the trained length if less."""
+        trained = self.model.header.context_length
+        asked = self.config.n_ctx
+        if asked is None:
+            return min(DEFAULT_CTX, trained or DEFAULT_CTX)
+        if trained and asked > trained:
+            raise InvalidSettingError("n_ctx", f"must be at most {trained} tokens (what "
+                                      f"{self.model.path.name} was trained for)", asked)
+        return asked
+
     def _usable_head(self) -> Path | None:
         """The head directory when it fits the model, else None with a note (silent for
         the bundled head, which simply is not for other models)."""
         asked = self.config.head_dir
         spec = DrafterSpec("head", asked)
         try:
-            check_head_fits(spec.head_path, self.model.fingerprint)
-        except FileNotFoundError as exc:
-            if asked is not None:
-                self.notes.append(str(exc))
-            return None
-        except (TandemError, ValueError) as exc:
+            if asked is None:
+                check_head_fits(spec.head_path, self.model.fingerprint)
+            else:  # a head named by the user: its weights must load too, or it is said
+                load_head_drafter(spec.head_path, self.model.path, self.model.fingerprint)
+        except (FileNotFoundError, TandemError, ValueError) as exc:
             if asked is not None:
                 self.notes.append(f"{exc}; the planner leaves it out")
             return None

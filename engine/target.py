@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.chat_template import ChatTemplate
+from engine.chat_template import ChatTemplate, check_messages
 from engine.draft_tree import DraftTree
-from engine.errors import ContextFullError
+from engine.errors import ContextFullError, InvalidPromptError
 from engine.hardware import default_threads
 from engine.kv_cache import TYPE_K, TYPE_V
 from engine.native import NativeBatch, NativeContext, NativeModel
@@ -143,6 +143,7 @@ class Target:
                     add_generation_prompt: bool = True) -> list[int]:
         """Tokens of a conversation formatted with the GGUF's chat template (with the
         assistant's opening when ``add_generation_prompt``)."""
+        check_messages(messages)
         # The template writes BOS itself when the model wants one. Only its markup may
         # become control tokens: the messages' own text is tokenized as text.
         parts = self.template.render_parts(messages, add_generation_prompt)
@@ -205,7 +206,12 @@ class Target:
         for one new token; NativeError on a failed decode (the cache is rolled back).
         """
         if not prompt:
-            raise ValueError("the prompt is empty")
+            raise InvalidPromptError("the prompt is empty")
+        low, high = min(prompt), max(prompt)
+        if low < 0 or high >= self.n_vocab:
+            bad = low if low < 0 else high
+            raise InvalidPromptError(f"the prompt holds token id {bad}, outside this model's "
+                                     f"vocabulary (0 to {self.n_vocab - 1})")
         if len(prompt) + 1 > self.n_ctx:
             raise ContextFullError(len(prompt) + 1, self.n_ctx)
         n_same = 0

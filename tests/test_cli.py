@@ -40,15 +40,13 @@ def test_generate_sampling_is_reproducible_with_a_seed(tandem_home, model_path):
     assert a["tokens"] == b["tokens"]
 
 
+# As a real process (the table of every bad input is tests/test_bad_input.py): these
+# once ended in a native abort, a hang, or garbage.
 @pytest.mark.parametrize("args, message", [
     (("--model", "/nonexistent/model.gguf"), "not found"),
-    (("--temperature", "-1"), "temperature"),
-    (("--top-p", "0"), "top_p"),
-    (("--temperature", "1e-300"), "temperature must be 0 (greedy) or between"),
-    (("--ctx", "1"), "the context must be at least 64 tokens, got 1"),
-    (("--ctx", "-1"), "the context must be at least"),
-    (("--threads", "1000"), "threads must be between 1 and"),
-    (("--head-device", "gpu0"), "unknown device 'gpu0'"),
+    (("--temperature", "1e-300"), "--temperature must be 0 (greedy) or between"),
+    (("--ctx", "1"), "--ctx must be at least 64 tokens, got 1"),
+    (("--threads", "1000"), "--threads must be between 1 and"),
 ])
 def test_bad_input_gives_a_clear_error(tandem_home, model_path, args, message):
     out = _tandem("generate", "--prompt", "hi", *args, home=tandem_home)

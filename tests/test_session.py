@@ -188,7 +188,7 @@ def test_the_kv_cache_setting_and_its_trade_off(model_path, tmp_path):
         assert "may differ from plain decoding" in fast.kv_cache_text
         prompt = fast.chat_prompt([{"role": "user", "content": "Hi"}])
         assert fast.generate(prompt, GenerationConfig(4)).tokens
-    with pytest.raises(ValueError, match="unknown KV cache setting 'quick'"):
+    with pytest.raises(ValueError, match="kv_cache must be one of exact, fast, got 'quick'"):
         EngineConfig(kv_cache="quick")
 
 

@@ -44,7 +44,7 @@ class EngineChoice:
     drafter: str = "auto"
     head_dir: Path | None = None
     max_draft: int = MAX_DRAFT
-    n_ctx: int = 4096
+    n_ctx: int | None = None  # None: the engine's default for the model
     n_threads: int | None = None
     kv_cache: str = "exact"  # or "fast" (engine.kv_cache.KV_TRADE_OFF)
 

@@ -162,8 +162,9 @@ def _sampling(body: dict) -> SamplingParams:
             penalty_last_n=_integer(body, "penalty_last_n", CHAT_DEFAULTS.penalty_last_n,
                                     0, 4096) or 0,
             seed=seed)
-    except InvalidSamplingError as exc:
-        raise ApiError(400, str(exc), code="invalid_value") from None
+    except InvalidSamplingError as exc:  # the engine's names are the API's fields
+        raise ApiError(400, exc.named(f"'{exc.setting}'"), param=exc.setting,
+                       code="invalid_value") from None
 
 
 def parse_request(body: Any, limits: Limits, chat: bool) -> CompletionRequest:

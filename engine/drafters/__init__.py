@@ -94,7 +94,7 @@ def open_drafter(spec: DrafterSpec, target: Target | None = None,
                                                  spec.head_options), target,
                                      fingerprint), notes
             except Exception as exc:  # noqa: BLE001 - bad file, no device, out of memory
-                log.warning("draft head on %s failed: %s", device, exc)
+                log.info("draft head on %s failed: %s", device, exc)
                 notes.append(f"the draft head could not run on {device}: {exc}")
                 if not _device_problem(exc):
                     break  # the files themselves are wrong: another device will not help

@@ -12,8 +12,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine.errors import ModelLoadError
-from engine.gguf_header import check_gguf_magic
+from engine.gguf_check import check_gguf
 from engine.hub.quant import parse_quant
 
 log = logging.getLogger(__name__)
@@ -105,43 +104,6 @@ class ModelRegistry:
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps([asdict(m) for m in rows], indent=2))
         os.replace(tmp, self.path)
-
-
-def check_gguf(path: Path) -> dict[str, object]:
-    """Validate a local GGUF: the magic bytes, then a full header read with the ``gguf``
-    package. Returns a few header facts (architecture, tensor count). Raises
-    ModelLoadError naming what is wrong."""
-    check_gguf_magic(path)
-    try:
-        import gguf
-
-        reader = gguf.GGUFReader(path)
-        field_ = reader.fields.get("general.architecture")
-        arch = bytes(field_.parts[-1]).decode() if field_ is not None else "unknown"
-        blocks = reader.fields.get(f"{arch}.block_count")
-        n_blocks = int(blocks.parts[-1][0]) if blocks is not None else 0
-        names = {t.name for t in reader.tensors}
-    except Exception as exc:  # noqa: BLE001 - any reader failure means an unusable file
-        raise ModelLoadError(f"{path} has a GGUF magic but its header cannot be read: "
-                             f"{exc}") from exc
-    check_has_weights(path, names, n_blocks)
-    return {"architecture": arch, "n_tensors": len(names)}
-
-
-def check_has_weights(path: Path, names: set[str], n_blocks: int) -> None:
-    """Refuse a GGUF that cannot run: no tensors at all (a vocabulary-only file, as
-    llama.cpp's tests and tokenizers ship), no token embedding, or layers without
-    weights."""
-    if not names:
-        raise ModelLoadError(f"{path} holds no weights (a vocabulary-only GGUF): it can "
-                             "tokenize but never run as a model")
-    if "token_embd.weight" not in names:
-        raise ModelLoadError(f"{path} has no token embedding (token_embd.weight): not a "
-                             "complete model")
-    empty = [i for i in range(n_blocks) if not any(n.startswith(f"blk.{i}.") for n in names)]
-    if empty:
-        raise ModelLoadError(f"{path} declares {n_blocks} layers but has no weights for "
-                             f"{len(empty)} of them (first: layer {empty[0]})")
 
 
 def import_gguf(path: Path, registry: ModelRegistry, name: str | None = None) -> LocalModel:
