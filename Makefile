@@ -6,10 +6,18 @@ STAMP  := $(VENV)/.installed
 # llama.cpp's native build turns on AMX where the CPU has it, and every decode then
 # segfaults (method-notes §3). On such CPUs build for AVX-512 without AMX; elsewhere
 # (laptops, Apple silicon) let llama.cpp build natively.
+#
+# Without llamafile's sgemm: it multiplies float and Q8_0 weights for batches of 2 or
+# more tokens but not for one, so an F32/F16/Q8_0 target's logits for a verified draft
+# differed from plain decoding's (by ~0.15 in the bundled model as F32) and greedy output
+# drifted where two tokens nearly tie. ggml's own kernel gives every batch size the same
+# sums (Q4_0 and K-quants never took that path).
 HAS_AMX := $(shell grep -qs amx_tile /proc/cpuinfo && echo yes)
 ifeq ($(HAS_AMX),yes)
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON \
-	-DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_FMA=ON -DGGML_F16C=ON
+	-DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_LLAMAFILE=OFF
+else
+LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF
 endif
 
 .PHONY: run test lint bench stress install clean
@@ -21,7 +29,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --upgrade pip
 	# torch first and pinned, so nothing later resolves to a CUDA build.
 	$(PY) -m pip install torch==2.13.0
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install -e '.[dev]'
+	# Built here, never a cached wheel: pip's cache does not know the flags it was built
+	# with (AMX or not, llamafile or not).
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --no-cache-dir \
+		"llama-cpp-python==$$(sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml)"
+	$(PY) -m pip install -e '.[dev]'
 	touch $(STAMP)
 
 run: $(STAMP)

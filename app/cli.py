@@ -37,6 +37,9 @@ def _add_head_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-head", type=Path, default=None,
                    help="draft head directory (default: the one trained for the bundled model)")
     p.add_argument("--head-device", default="cpu", help="where the draft head runs: cpu, cuda, mps")
+    p.add_argument("--draft-model", type=Path, default=None,
+                   help="a small GGUF of the target's family to draft with (--drafter draft); "
+                        "its vocabulary must match the target's")
 
 
 def _add_plan_args(p: argparse.ArgumentParser) -> None:
@@ -60,7 +63,8 @@ def _engine_config(args: argparse.Namespace, drafter: str | None = None) -> Engi
                         head_device=getattr(args, "head_device", "cpu"),
                         overrides=_overrides(args), n_ctx=args.ctx, n_threads=args.threads,
                         recalibrate=getattr(args, "recalibrate", False),
-                        kv_cache=args.kv_cache)
+                        kv_cache=args.kv_cache,
+                        draft_model=getattr(args, "draft_model", None))
 
 
 def _open_engine(args: argparse.Namespace, drafter: str | None = None) -> Engine:

@@ -74,3 +74,25 @@ def plain_answers(target, rows: list[dict], max_tokens: int) -> dict:  # noqa: A
         plain[row["question_id"]] = (prompt, generate(target, prompt, None,
                                                       GenerationConfig(max_tokens)).tokens)
     return plain
+
+
+@pytest.fixture(scope="session")
+def f32_model_path(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled model's weights in F32: the same vocabulary and answers' model, but
+    memory-bound like a 7B on a laptop (where verifying a batch is cheap), and a real
+    target for the bundled Q4_0 as its draft model."""
+    import llama_cpp
+
+    from engine.native import quantize
+
+    path = tmp_path_factory.mktemp("f32") / "SmolLM2-135M-Instruct.F32.gguf"
+    quantize(model_path, path, llama_cpp.LLAMA_FTYPE_ALL_F32, 2)
+    return path
+
+
+@pytest.fixture(scope="session")
+def f32_target(f32_model_path: Path):
+    from engine.target import Target, TargetConfig
+
+    with Target(f32_model_path, TargetConfig(n_ctx=2048, n_threads=2)) as t:
+        yield t

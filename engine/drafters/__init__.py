@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HEAD_DRAFTERS = ("head", "head-chain", "head-multi", "head-ahead")
-DRAFTER_NAMES = ("none", "memory", "lookup", *HEAD_DRAFTERS)
+DRAFTER_NAMES = ("none", "memory", "lookup", *HEAD_DRAFTERS, "draft")
 # The head trained for the bundled model (README says how it was made).
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parents[2] / "assets" / "draft-head-smollm2-135m"
 
@@ -38,6 +38,7 @@ class DrafterSpec:
     head_dir: Path | None = None  # None: the head shipped for the bundled model
     device: str = "cpu"
     head_options: dict[str, object] = field(default_factory=dict)
+    draft_model: Path | None = None  # the GGUF the "draft" drafter runs
 
     def __post_init__(self) -> None:
         if self.name not in DRAFTER_NAMES:
@@ -65,7 +66,9 @@ def build_drafter(spec: DrafterSpec, target: Target | None = None,
     if spec.name == "lookup":
         return PromptLookupDrafter(LookupConfig())
     if target is None:
-        raise ValueError("the head drafter needs the target model")
+        raise ValueError(f"the {spec.name} drafter needs the target model")
+    if spec.name == "draft":
+        return open_draft_model(spec.draft_model, target)
     from engine.drafters.head import HeadDrafterConfig, load_head_drafter
 
     options = dict(spec.head_options)
@@ -77,6 +80,21 @@ def build_drafter(spec: DrafterSpec, target: Target | None = None,
                              fingerprint or target_fingerprint(target),
                              HeadDrafterConfig(**options),  # type: ignore[arg-type]
                              device=spec.device)
+
+
+def open_draft_model(path: Path | None, target: Target) -> Drafter:
+    """A draft-model drafter for ``target``, after llama.cpp's compatibility rules.
+    Raises ValueError (no path), ModelLoadError, IncompatibleDraftError."""
+    from engine.draft_compat import check_draft_model, read_vocab_facts, vocab_facts
+    from engine.drafters.draft_model import DraftModelConfig, DraftModelDrafter
+
+    if path is None:
+        raise ValueError("the draft drafter needs a draft model (--draft-model PATH)")
+    check_draft_model(read_vocab_facts(path), vocab_facts(target.model))
+    config = DraftModelConfig()
+    # Room for the side sequences' cells beside the target's context.
+    n_ctx = target.n_ctx + config.max_depth * config.max_sequences
+    return DraftModelDrafter(path, n_ctx, target.n_threads, config)
 
 
 def open_drafter(spec: DrafterSpec, target: Target | None = None,
@@ -100,6 +118,13 @@ def open_drafter(spec: DrafterSpec, target: Target | None = None,
                     break  # the files themselves are wrong: another device will not help
         notes.append("using drafts from memory instead")
         spec = DrafterSpec("memory")
+    if spec.name == "draft":
+        try:
+            return build_drafter(spec, target, fingerprint, memory), notes
+        except Exception as exc:  # noqa: BLE001 - bad file, another vocabulary, memory
+            notes.append(f"the draft model could not run: {exc}; using drafts from memory "
+                         "instead")
+            spec = DrafterSpec("memory")
     try:
         return build_drafter(spec, target, fingerprint, memory), notes
     except Exception as exc:  # noqa: BLE001 - nothing left to try but plain decoding

@@ -55,3 +55,6 @@ class Drafter(ABC):
     def stats(self) -> dict[str, float]:
         """Drafter-specific counters for the dashboard."""
         return {}
+
+    def close(self) -> None:  # noqa: B027
+        """Free what the drafter holds outside Python (a draft model's context)."""

@@ -1,0 +1,90 @@
+"""Whether a draft language model can draft for a target: llama.cpp's own rules
+(``common_speculative_are_compatible``), checked before anything runs.
+
+A draft proposes token ids that the target verifies, so both must mean the same thing by
+every id: the same tokenizer type, the same BOS/EOS handling, vocabularies within 128 ids
+of each other (Qwen's 7B and 14B embeddings differ by exactly that padding), and the same
+token text for every id from 5 on (the first ids are control tokens that families
+renumber freely)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from engine.errors import IncompatibleDraftError
+from engine.native import NativeModel
+
+VOCAB_SIZE_TOLERANCE = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
+FIRST_CHECKED_TOKEN = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
+_VOCAB_TYPES = {0: "none", 1: "SentencePiece", 2: "BPE", 3: "WordPiece", 4: "Unigram",
+                5: "RWKV", 6: "PLaMo-2"}
+
+
+@dataclass(frozen=True)
+class VocabFacts:
+    """What the compatibility rules compare, read from one model's vocabulary."""
+
+    name: str
+    vocab_type: str
+    add_bos: bool
+    bos_id: int
+    add_eos: bool
+    eos_id: int
+    texts: tuple[bytes, ...]  # every token's text, by id
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self.texts)
+
+
+def vocab_facts(model: NativeModel) -> VocabFacts:
+    """The vocabulary facts of a loaded model (a vocabulary-only load is enough)."""
+    vocab = llama_cpp.llama_model_get_vocab(model.handle)
+    kind = int(llama_cpp.llama_vocab_type(vocab))
+    texts = tuple((llama_cpp.llama_vocab_get_text(vocab, t) or b"")
+                  for t in range(model.n_vocab))
+    return VocabFacts(name=model.path.name, vocab_type=_VOCAB_TYPES.get(kind, str(kind)),
+                      add_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
+                      bos_id=int(llama_cpp.llama_vocab_bos(vocab)),
+                      add_eos=bool(llama_cpp.llama_vocab_get_add_eos(vocab)),
+                      eos_id=int(llama_cpp.llama_vocab_eos(vocab)), texts=texts)
+
+
+def read_vocab_facts(path: Path) -> VocabFacts:
+    """Vocabulary facts of a GGUF file (milliseconds: no weights are read). Raises
+    ModelLoadError when it is not a readable GGUF."""
+    with NativeModel(path, vocab_only=True) as model:
+        return vocab_facts(model)
+
+
+def mismatches(draft: VocabFacts, target: VocabFacts) -> list[tuple[str, object, object]]:
+    """(field, the draft's value, the target's value) for every rule the pair breaks."""
+    out: list[tuple[str, object, object]] = []
+    if draft.vocab_type != target.vocab_type:
+        out.append(("vocabulary type", draft.vocab_type, target.vocab_type))
+    for what, mine, theirs in (("adds BOS", draft.add_bos, target.add_bos),
+                               ("adds EOS", draft.add_eos, target.add_eos)):
+        if mine != theirs:
+            out.append((what, mine, theirs))
+    if target.add_bos and draft.bos_id != target.bos_id:
+        out.append(("BOS id", draft.bos_id, target.bos_id))
+    if target.add_eos and draft.eos_id != target.eos_id:
+        out.append(("EOS id", draft.eos_id, target.eos_id))
+    if abs(draft.n_vocab - target.n_vocab) > VOCAB_SIZE_TOLERANCE:
+        out.append(("vocabulary size", draft.n_vocab, target.n_vocab))
+    for t in range(FIRST_CHECKED_TOKEN, min(draft.n_vocab, target.n_vocab)):
+        if draft.texts[t] != target.texts[t]:
+            out.append((f"text of token {t}", draft.texts[t].decode("utf-8", "replace"),
+                        target.texts[t].decode("utf-8", "replace")))
+            break  # the first difference is enough to name
+    return out
+
+
+def check_draft_model(draft: VocabFacts, target: VocabFacts) -> None:
+    """Raise IncompatibleDraftError naming each rule the pair breaks."""
+    found = mismatches(draft, target)
+    if found:
+        raise IncompatibleDraftError(f"the draft model {draft.name}", found)

@@ -1,0 +1,207 @@
+"""Drafting with a small language model of the target's family, in its own llama.cpp
+context (its own KV cache; on the GPU when the build offloads and it fits).
+
+Each step the draft model catches up on what the target committed, then drafts greedily:
+a chain that stops when its next token is less likely than ``p_min`` (llama.cpp's
+``--draft-p-min``: a chain of unlikely tokens costs verification and is rejected anyway).
+DuoDecoding's dynamic multi-sequence drafting adds sequences from the first position's
+other candidates: with ``theta = p(1,1) * p(2,1)`` (the chain's first two tokens' joint
+probability), every first-position candidate more likely than ``theta`` starts its own
+greedy sequence, drafted in the same batches as one KV sequence each. The sequences hang
+off the root as one tree, verified at once; each node's score is its path's probability,
+which the budget trims by.
+
+The draft's KV cache keeps what the target accepted: the main chain's evaluated tokens
+stay where the target agreed, the rest is removed, and the next step evaluates only what
+is missing (the target's own token, or an accepted side sequence)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.draft_tree import DraftTree
+from engine.drafters.base import Drafter
+from engine.native import NativeBatch, NativeContext, NativeModel
+
+PREFILL_BATCH = 256  # tokens the draft model evaluates per decode when catching up
+
+
+@dataclass(frozen=True)
+class DraftModelConfig:
+    p_min: float = 0.5  # stop a sequence before a token less likely than this
+    max_depth: int = 8  # tokens per sequence at most
+    max_sequences: int = 3  # the main chain plus side sequences (1: chain drafting)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.p_min < 1.0:
+            raise ValueError(f"p_min must be in [0, 1), got {self.p_min!r}")
+        if self.max_depth < 1 or self.max_sequences < 1:
+            raise ValueError("max_depth and max_sequences must be >= 1")
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.exp(logits - logits.max(), dtype=np.float64)
+    return z / z.sum()
+
+
+class DraftModelDrafter(Drafter):
+    name = "draft"
+    is_draft_model = True
+
+    def __init__(self, path: Path, n_ctx: int, n_threads: int,
+                 config: DraftModelConfig | None = None, n_gpu_layers: int = 0) -> None:
+        """Raises ModelLoadError when the GGUF cannot load or its context cannot be made."""
+        self.config = config or DraftModelConfig()
+        self.path = Path(path)
+        self.model = NativeModel(self.path, n_gpu_layers=n_gpu_layers)
+        try:
+            # F16 K and V: the draft need not match any batch size bit for bit.
+            self.ctx = NativeContext(self.model, n_ctx=n_ctx, n_batch=PREFILL_BATCH,
+                                     n_seq_max=self.config.max_sequences,
+                                     n_threads=n_threads, embeddings=False,
+                                     type_k="f16", type_v="f16")
+        except BaseException:
+            self.model.close()
+            raise
+        self.batch = NativeBatch(PREFILL_BATCH, self.config.max_sequences)
+        self.context: list[int] = []  # what the target committed
+        self.cached: list[int] = []  # tokens in sequence 0 of the KV cache, by position
+        self._n_draft_calls = 0
+        self._n_evals = 0
+        self._t_draft_s = 0.0
+
+    # --- the drafter lifecycle -----------------------------------------------------------
+    def begin(self, context: list[int], features: np.ndarray | None) -> None:
+        self.context = list(context)
+        self._sync()
+
+    def accept(self, new_tokens: list[int], features: np.ndarray | None) -> None:
+        self.context += new_tokens
+        self._sync()
+
+    def draft(self, max_tokens: int, token_time_s: float) -> DraftTree:
+        tree = DraftTree()
+        if max_tokens <= 0:
+            return tree
+        t0 = time.perf_counter()
+        probs = _softmax(self._catch_up())
+        cfg = self.config
+        ranked = np.argsort(-probs)[:cfg.max_sequences]
+        main_first = int(ranked[0])
+        if probs[main_first] < cfg.p_min:
+            self._account(t0)
+            return tree
+        second = self._draft_main(tree, probs, max_tokens)
+        if cfg.max_sequences > 1 and second is not None and len(tree) < max_tokens:
+            theta = float(probs[main_first]) * second
+            starts = [(int(t), float(probs[t])) for t in ranked[1:] if probs[t] > theta]
+            if starts:
+                self._draft_sides(tree, starts, max_tokens)
+        self._account(t0)
+        return tree
+
+    def stats(self) -> dict[str, float]:
+        calls = max(1, self._n_draft_calls)
+        return {"draft_ms_per_call": 1000 * self._t_draft_s / calls,
+                "draft_evals_per_call": self._n_evals / calls}
+
+    def close(self) -> None:
+        self.batch.close()
+        self.ctx.close()
+        self.model.close()
+
+    # --- drafting ------------------------------------------------------------------------
+    def _draft_main(self, tree: DraftTree, probs: np.ndarray, max_tokens: int
+                    ) -> float | None:
+        """The greedy chain in sequence 0; returns p(2,1), the probability of its second
+        token (None when it stopped before a second token was scored)."""
+        cfg, parent, path_p, second = self.config, -1, 1.0, None
+        while True:
+            token = int(np.argmax(probs))
+            p = float(probs[token])
+            if parent >= 0 and second is None:
+                second = p
+            if p < cfg.p_min:
+                break
+            path_p *= p
+            parent = tree.add(token, parent, path_p)
+            if len(tree) >= min(cfg.max_depth, max_tokens):
+                break
+            # Evaluate the drafted token in sequence 0: kept if the target agrees.
+            probs = _softmax(self._eval([token], len(self.cached), 0)[-1])
+            self.cached.append(token)
+        return second
+
+    def _draft_sides(self, tree: DraftTree, starts: list[tuple[int, float]],
+                     max_tokens: int) -> None:
+        """Side sequences from the first position's other candidates, one KV sequence
+        each, all advanced in one batch per depth."""
+        n_ctx_tokens = len(self.context)
+        live = []  # (sequence id, last node, its path probability)
+        for seq, (token, p) in enumerate(starts, start=1):
+            if len(tree) >= max_tokens:
+                break
+            self.ctx.kv_remove(seq, 0)
+            self.ctx.kv_copy(0, seq, 0, n_ctx_tokens)
+            live.append((seq, tree.add(token, -1, p), p))
+        depth = 1
+        while live and depth < self.config.max_depth and len(tree) < max_tokens:
+            tokens = [tree.tokens[node] for _, node, _ in live]
+            self.batch.fill(tokens, [n_ctx_tokens + depth - 1] * len(live),
+                            [(seq,) for seq, _, _ in live], True)
+            self.ctx.decode(self.batch)
+            self._n_evals += 1
+            logits = self.ctx.logits(len(live))
+            grown = []
+            for row, (seq, node, path_p) in enumerate(live):
+                probs = _softmax(logits[row])
+                token = int(np.argmax(probs))
+                if probs[token] < self.config.p_min or len(tree) >= max_tokens:
+                    continue
+                p = path_p * float(probs[token])
+                grown.append((seq, tree.add(token, node, p), p))
+            live, depth = grown, depth + 1
+
+    # --- the draft's KV cache ------------------------------------------------------------
+    def _sync(self) -> None:
+        """Keep in sequence 0 the longest prefix of the context it already holds (at
+        least one token stays unevaluated: its scores start the next draft), and drop
+        the side sequences."""
+        n_same = 0
+        for a, b in zip(self.cached, self.context, strict=False):
+            if a != b:
+                break
+            n_same += 1
+        keep = min(n_same, len(self.context) - 1)
+        if keep < len(self.cached):
+            self.ctx.kv_remove(0, keep)
+            del self.cached[keep:]
+        for seq in range(1, self.config.max_sequences):
+            self.ctx.kv_remove(seq, 0)
+
+    def _catch_up(self) -> np.ndarray:
+        """Evaluate the committed tokens the cache lacks; the scores after the last."""
+        pending = self.context[len(self.cached):]
+        logits = self._eval(pending, len(self.cached), 0)[-1]
+        self.cached = list(self.context)
+        return logits
+
+    def _eval(self, tokens: list[int], start: int, seq: int) -> np.ndarray:
+        """Decode ``tokens`` at positions from ``start`` in sequence ``seq``, in chunks;
+        the logits of the last chunk's last token, shape [1, n_vocab]."""
+        for i in range(0, len(tokens), PREFILL_BATCH):
+            chunk = tokens[i:i + PREFILL_BATCH]
+            last = i + len(chunk) == len(tokens)
+            self.batch.fill(chunk, list(range(start + i, start + i + len(chunk))),
+                            [(seq,)] * len(chunk), [False] * (len(chunk) - 1) + [last])
+            self.ctx.decode(self.batch)
+            self._n_evals += 1
+        return self.ctx.logits(1)
+
+    def _account(self, t0: float) -> None:
+        self._n_draft_calls += 1
+        self._t_draft_s += time.perf_counter() - t0

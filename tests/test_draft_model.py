@@ -1,0 +1,136 @@
+"""The draft-model drafter on a real pair with one vocabulary: the bundled model in
+Q4_0 drafting for the same model in F32. Greedy output equals plain decoding token for
+token (chain and multi-sequence), sampling keeps the target's distribution, the draft's
+KV cache follows what the target accepted, and a draft with another vocabulary is
+refused naming the fields."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.draft_compat import check_draft_model, mismatches, read_vocab_facts
+from engine.drafters.draft_model import DraftModelConfig, DraftModelDrafter
+from engine.errors import IncompatibleDraftError
+from engine.generation import GenerationConfig, generate
+from engine.session import Engine, EngineConfig
+from tests.conftest import pick_per_category, plain_answers
+from tests.hub_server import write_tiny_gguf
+
+MAX_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def prompts_and_plain(f32_target, dev_prompts):
+    rows = pick_per_category(dev_prompts, 1)  # one per category: 13 prompts
+    return rows, plain_answers(f32_target, rows, MAX_TOKENS)
+
+
+def _drafter(model_path, target, **options) -> DraftModelDrafter:  # noqa: ANN001
+    return DraftModelDrafter(model_path, target.n_ctx + 32, 2, DraftModelConfig(**options))
+
+
+@pytest.mark.parametrize("sequences", [1, 3], ids=["chain", "multi-sequence"])
+def test_q4_draft_for_an_f32_target_equals_plain(f32_target, model_path, prompts_and_plain,
+                                                sequences):
+    rows, plain = prompts_and_plain
+    drafter = _drafter(model_path, f32_target, max_sequences=sequences)
+    n_accepted = n_side = 0
+    try:
+        for row in rows:
+            prompt, ref = plain[row["question_id"]]
+            f32_target.reset()
+            out = generate(f32_target, prompt, drafter, GenerationConfig(MAX_TOKENS))
+            assert out.tokens == ref, f"question {row['question_id']} ({row['category']})"
+            n_accepted += sum(s.n_accepted for s in out.stats.steps)
+            n_side += sum(1 for s in out.stats.steps if s.n_proposed > 8)
+            # The draft's cache holds a prefix of what the target committed, no more.
+            committed = prompt + out.tokens
+            assert drafter.cached == committed[:len(drafter.cached)]
+    finally:
+        drafter.close()
+    # Same weights at another precision: most drafts are right.
+    assert n_accepted > len(rows) * MAX_TOKENS // 3
+
+
+def test_a_second_turn_reuses_the_draft_cache(f32_target, model_path, prompts_and_plain):
+    rows, plain = prompts_and_plain
+    row = next(r for r in rows if len(r["turns"]) == 2)
+    prompt, first = plain[row["question_id"]]
+    messages = [{"role": "user", "content": row["turns"][0]},
+                {"role": "assistant", "content": f32_target.detokenize(first)},
+                {"role": "user", "content": row["turns"][1]}]
+    second = f32_target.chat_prompt(messages)
+    f32_target.reset()
+    cold = generate(f32_target, second, None, GenerationConfig(MAX_TOKENS)).tokens
+    drafter = _drafter(model_path, f32_target)
+    try:
+        f32_target.reset()
+        generate(f32_target, prompt, drafter, GenerationConfig(MAX_TOKENS))
+        evals = drafter.stats()["draft_evals_per_call"]
+        warm = generate(f32_target, second, drafter, GenerationConfig(MAX_TOKENS))
+        assert warm.tokens == cold
+        # The shared prefix was not evaluated again: far fewer than one eval per token.
+        assert drafter.stats()["draft_evals_per_call"] < evals + 2
+    finally:
+        drafter.close()
+
+
+def test_sampling_with_a_draft_model_keeps_the_target_distribution(f32_target, model_path):
+    from engine.sampling import SamplingParams
+
+    from .stats_helpers import two_sample_z
+
+    t = f32_target
+    t.reset()
+    prompt = t.chat_prompt([{"role": "user", "content": "Write one sentence about the sea."}])
+    drafter = _drafter(model_path, t, p_min=0.0, max_depth=2)  # always a draft to judge
+    plain, spec, n_drafted = [], [], 0
+    try:
+        for seed in range(300):
+            params = dict(temperature=1.0, top_k=50)
+            out_p = generate(t, prompt, None, GenerationConfig(
+                3, sampling=SamplingParams(seed=seed, **params))).tokens
+            out_s = generate(t, prompt, drafter, GenerationConfig(
+                3, sampling=SamplingParams(seed=10_000 + seed, **params)), remember=False)
+            n_drafted += sum(s.n_proposed for s in out_s.stats.steps)
+            plain += out_p[1:2]
+            spec += out_s.tokens[1:2]
+    finally:
+        drafter.close()
+    assert n_drafted > 150  # the draft model's tokens really were verified
+    import numpy as np
+
+    counts = [np.bincount(x, minlength=t.n_vocab) for x in (plain, spec)]
+    assert two_sample_z(*counts) < 4.0
+
+
+def test_a_draft_with_another_vocabulary_is_refused_naming_the_fields(model_path, tmp_path,
+                                                                      f32_model_path):
+    other = write_tiny_gguf(tmp_path / "other-vocab.gguf", n_vocab=300)
+    target = read_vocab_facts(f32_model_path)
+    assert mismatches(read_vocab_facts(model_path), target) == []  # the real pair fits
+    with pytest.raises(IncompatibleDraftError) as caught:
+        check_draft_model(read_vocab_facts(other), target)
+    message = str(caught.value)
+    for field in ("vocabulary type: the draft has SentencePiece, the target BPE",
+                  "vocabulary size: the draft has 300, the target 49152",
+                  "text of token 5: the draft has t5, the target <file_sep>"):
+        assert field in message, message
+    # The engine falls back to drafts from memory and says why; answers go on.
+    config = EngineConfig(model_path=model_path, drafter="draft", draft_model=other,
+                          n_ctx=512, n_threads=2, cache_dir=tmp_path, memory_dir=tmp_path)
+    with Engine(config) as engine:
+        assert engine.drafter_name == "memory"
+        assert any("other-vocab.gguf" in n and "vocabulary size" in n for n in engine.notes)
+        prompt = engine.chat_prompt([{"role": "user", "content": "Hi"}])
+        assert engine.generate(prompt, GenerationConfig(4)).tokens
+
+
+def test_the_engine_drafts_with_a_draft_model(f32_model_path, model_path, tmp_path):
+    config = EngineConfig(model_path=f32_model_path, drafter="draft", draft_model=model_path,
+                          n_ctx=1024, n_threads=2, cache_dir=tmp_path, memory_dir=tmp_path)
+    with Engine(config) as engine:
+        assert engine.drafter_name == "draft" and not engine.notes
+        prompt = engine.chat_prompt([{"role": "user", "content": "Name three colours."}])
+        out = engine.generate(prompt, GenerationConfig(24))
+        assert out.stats.drafter == "draft" and out.stats.mean_accepted > 1.5
