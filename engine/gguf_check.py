@@ -4,11 +4,10 @@ up front; a load that llama.cpp refuses is explained with the same words."""
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 
 from engine.errors import ModelLoadError
-from engine.gguf_header import _Reader, _Truncated, check_gguf_magic, is_gguf_prefix
+from engine.gguf_header import check_gguf_magic, tensor_data_end
 
 
 def check_gguf(path: Path) -> dict[str, object]:
@@ -69,38 +68,3 @@ def _truncation(path: Path) -> str | None:
         return None
     return (f"the file is truncated: it has {size:,} bytes but its tensors end at byte "
             f"{end:,} (an interrupted download or copy?); download or copy it again")
-
-
-def tensor_data_end(path: Path, max_header: int = 64 << 20) -> int | None:
-    """The byte a local GGUF's tensor data should end at, from its header (the aligned
-    start of the data plus the furthest tensor's end); None when the header cannot be
-    read that far."""
-    import gguf  # the ggml type sizes; imported here, the header parser needs no numpy
-
-    with Path(path).open("rb") as fh:
-        data = fh.read(max_header)
-    if not is_gguf_prefix(data):
-        return None
-    endian = "<" if struct.unpack_from("<I", data, 4)[0] < 0x10000 else ">"
-    r = _Reader(data, endian)
-    r.pos = 8
-    try:
-        n_tensors, n_kv = r.take("Q"), r.take("Q")
-        alignment = 32
-        for _ in range(n_kv):
-            key, value = r.string(), r.value(r.take("I"))
-            if key == "general.alignment" and isinstance(value, int) and value > 0:
-                alignment = value
-        furthest = 0
-        for _ in range(n_tensors):
-            r.string()
-            dims = [r.take("Q") for _ in range(r.take("I"))]
-            ggml_type, offset = r.take("I"), r.take("Q")
-            block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
-            n = 1
-            for d in dims:
-                n *= d
-            furthest = max(furthest, offset + n // block * type_size)
-    except (_Truncated, ValueError, KeyError):
-        return None
-    return -(-r.pos // alignment) * alignment + furthest

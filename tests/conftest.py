@@ -76,6 +76,20 @@ def plain_answers(target, rows: list[dict], max_tokens: int) -> dict:  # noqa: A
     return plain
 
 
+def second_turn(target, row: dict, first: list[int], max_tokens: int
+                ) -> tuple[list[int], list[int]]:  # noqa: ANN001
+    """The second turn's prompt after the model's ``first`` answer, and its plain greedy
+    answer from a cold cache."""
+    from engine.generation import GenerationConfig, generate
+
+    messages = [{"role": "user", "content": row["turns"][0]},
+                {"role": "assistant", "content": target.detokenize(first)},
+                {"role": "user", "content": row["turns"][1]}]
+    prompt = target.chat_prompt(messages)
+    target.reset()
+    return prompt, generate(target, prompt, None, GenerationConfig(max_tokens)).tokens
+
+
 @pytest.fixture(scope="session")
 def f32_model_path(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bundled model's weights in F32: the same vocabulary and answers' model, but

@@ -13,7 +13,7 @@ from engine.drafters.draft_model import DraftModelConfig, DraftModelDrafter
 from engine.errors import IncompatibleDraftError
 from engine.generation import GenerationConfig, generate
 from engine.session import Engine, EngineConfig
-from tests.conftest import pick_per_category, plain_answers
+from tests.conftest import pick_per_category, plain_answers, second_turn
 from tests.hub_server import write_tiny_gguf
 
 MAX_TOKENS = 40
@@ -34,7 +34,7 @@ def test_q4_draft_for_an_f32_target_equals_plain(f32_target, model_path, prompts
                                                 sequences):
     rows, plain = prompts_and_plain
     drafter = _drafter(model_path, f32_target, max_sequences=sequences)
-    n_accepted = n_side = 0
+    n_accepted = 0
     try:
         for row in rows:
             prompt, ref = plain[row["question_id"]]
@@ -42,26 +42,22 @@ def test_q4_draft_for_an_f32_target_equals_plain(f32_target, model_path, prompts
             out = generate(f32_target, prompt, drafter, GenerationConfig(MAX_TOKENS))
             assert out.tokens == ref, f"question {row['question_id']} ({row['category']})"
             n_accepted += sum(s.n_accepted for s in out.stats.steps)
-            n_side += sum(1 for s in out.stats.steps if s.n_proposed > 8)
             # The draft's cache holds a prefix of what the target committed, no more.
             committed = prompt + out.tokens
             assert drafter.cached == committed[:len(drafter.cached)]
+        side_sequences = drafter.stats()["side_sequences_per_call"]
     finally:
         drafter.close()
     # Same weights at another precision: most drafts are right.
     assert n_accepted > len(rows) * MAX_TOKENS // 3
+    assert (side_sequences > 0) == (sequences > 1)  # DuoDecoding's sequences were drafted
 
 
 def test_a_second_turn_reuses_the_draft_cache(f32_target, model_path, prompts_and_plain):
     rows, plain = prompts_and_plain
     row = next(r for r in rows if len(r["turns"]) == 2)
     prompt, first = plain[row["question_id"]]
-    messages = [{"role": "user", "content": row["turns"][0]},
-                {"role": "assistant", "content": f32_target.detokenize(first)},
-                {"role": "user", "content": row["turns"][1]}]
-    second = f32_target.chat_prompt(messages)
-    f32_target.reset()
-    cold = generate(f32_target, second, None, GenerationConfig(MAX_TOKENS)).tokens
+    second, cold = second_turn(f32_target, row, first, MAX_TOKENS)
     drafter = _drafter(model_path, f32_target)
     try:
         f32_target.reset()

@@ -15,7 +15,7 @@ from engine.drafters import DEFAULT_HEAD_DIR, make_drafter
 from engine.errors import IncompatibleDraftError
 from engine.generation import GenerationConfig, generate
 from engine.sampling import SamplingParams
-from tests.conftest import pick_per_category, plain_answers
+from tests.conftest import pick_per_category, plain_answers, second_turn
 from tests.stats_helpers import two_sample_z
 
 MAX_TOKENS = 48
@@ -56,13 +56,7 @@ def test_head_multi_turn_reuses_its_cache_and_stays_lossless(target, prompts_and
     rows, plain = prompts_and_plain
     row = next(r for r in rows if len(r["turns"]) == 2)
     prompt, first = plain[row["question_id"]]
-    messages = [{"role": "user", "content": row["turns"][0]},
-                {"role": "assistant", "content": target.detokenize(first)},
-                {"role": "user", "content": row["turns"][1]}]
-    second = target.chat_prompt(messages)
-    target.reset()
-    target.set_features(False)
-    cold = generate(target, second, None, GenerationConfig(MAX_TOKENS)).tokens
+    second, cold = second_turn(target, row, first, MAX_TOKENS)
     target.reset()
     drafter = make_drafter("head", target=target)
     generate(target, prompt, drafter, GenerationConfig(MAX_TOKENS))

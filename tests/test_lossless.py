@@ -10,7 +10,7 @@ from engine.drafters.base import Drafter
 from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
 from engine.drafters.memory import MemoryDrafter
 from engine.generation import GenerationConfig, generate
-from tests.conftest import pick_per_category, plain_answers
+from tests.conftest import pick_per_category, plain_answers, second_turn
 
 MAX_TOKENS = 40
 
@@ -77,23 +77,11 @@ def test_noisy_tree_drafts_equal_plain(target, prompts_and_plain):
         assert any(s.n_accepted < s.n_proposed for s in out.stats.steps)
 
 
-def _second_turn(target, row, first):  # noqa: ANN001, ANN202
-    """The second turn's prompt after the model's first answer, and its plain answer
-    from a cold cache."""
-    messages = [{"role": "user", "content": row["turns"][0]},
-                {"role": "assistant", "content": target.detokenize(first)},
-                {"role": "user", "content": row["turns"][1]}]
-    second_prompt = target.chat_prompt(messages)
-    target.reset()
-    return second_prompt, generate(target, second_prompt, None,
-                                   GenerationConfig(MAX_TOKENS)).tokens
-
-
 def test_multi_turn_prefix_reuse_equals_cold_start(target, prompts_and_plain):
     rows, plain = prompts_and_plain
     row = next(r for r in rows if len(r["turns"]) == 2)
     prompt, first = plain[row["question_id"]]
-    second_prompt, cold = _second_turn(target, row, first)
+    second_prompt, cold = second_turn(target, row, first, MAX_TOKENS)
     target.reset()
     generate(target, prompt, PromptLookupDrafter(), GenerationConfig(MAX_TOKENS))
     warm = generate(target, second_prompt, PromptLookupDrafter(), GenerationConfig(MAX_TOKENS))
@@ -138,7 +126,7 @@ def test_memory_multi_turn_equals_plain(target, prompts_and_plain):
     drafter = MemoryDrafter()
     for row in [r for r in rows if len(r["turns"]) == 2][:4]:
         prompt, first = plain[row["question_id"]]
-        second_prompt, cold = _second_turn(target, row, first)
+        second_prompt, cold = second_turn(target, row, first, MAX_TOKENS)
         target.reset()
         generate(target, prompt, drafter, GenerationConfig(MAX_TOKENS))
         warm = generate(target, second_prompt, drafter, GenerationConfig(MAX_TOKENS))
