@@ -12,6 +12,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from app.profile_cli import print_candidates
 from engine.errors import InvalidSettingError, TandemError
 from engine.generation import GenerationConfig
 from engine.planner import LAYOUTS, Overrides
@@ -298,7 +299,21 @@ def _measure_acceptance(args: argparse.Namespace, target: Target) -> int:
     return 0
 
 
+def _acceptance_arg(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated numbers: {text!r}") from None
+    if not values or not all(0.0 <= v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"acceptances must be in [0, 1], got {text!r}")
+    return values
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.profile is not None:
+        from app.profile_cli import show_profile_plan
+
+        return show_profile_plan(args.profile, args.acceptance, args.json)
     if args.measure_acceptance:
         with _open_engine(args, drafter="none") as engine:
             return _measure_acceptance(args, engine.target)
@@ -325,12 +340,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for dev, lvl in costs.head_level_s.items():
         print(f"  draft head on {dev}: {lvl * 1000:.2f} ms per level, "
               f"{costs.head_update_s[dev] * 1000:.2f} ms per step to read accepted tokens")
-    print("\nCandidates (predicted):")
-    for c in sorted(plan.candidates, key=lambda c: -c.tok_per_s):
-        what = f"head on {c.head_device}, {c.budget.describe()}" if c.drafter == "head" \
-            else "plain decoding (+ drafts from memory)"
-        est = " (estimated)" if c.estimated else ""
-        print(f"  {c.layout:12s} {c.tok_per_s:7.1f} tok/s  {what}{est}")
+    for dev, tok in costs.draft_token_s.items():
+        print(f"  draft model on the {dev.upper()}: {tok * 1000:.2f} ms per token, "
+              f"{costs.draft_sync_s.get(dev, 0) * 1000:.2f} ms per step to catch up")
+    for note in notes:
+        print(f"  note: {note}")
+    print_candidates(plan)
     return 0
 
 
@@ -378,6 +393,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--measure-acceptance", type=Path, default=None, metavar="PROMPTS",
                    help="measure the draft head's acceptance by depth on these prompts "
                         "(Spec-Bench JSONL) and save it with the head")
+    p.add_argument("--profile", type=Path, default=None, metavar="FILE",
+                   help="plan for a measured profile (tandem profile writes one) instead "
+                        "of this machine and model")
+    p.add_argument("--acceptance", type=_acceptance_arg, default=None, metavar="A1,A2,...",
+                   help="with --profile: the draft's acceptance by depth to assume")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("bench", help="drafters side by side on benchmark prompts")
@@ -408,6 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     from app.models_cli import register as register_models
 
     register_models(sub)
+    from app.profile_cli import register as register_profile
+
+    register_profile(sub)
     return parser
 
 

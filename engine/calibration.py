@@ -46,6 +46,10 @@ class CostProfile:
     head_level_s: dict[str, float] = field(default_factory=dict)  # device -> s per level
     head_update_s: dict[str, float] = field(default_factory=dict)  # device -> s per step
     transfer_s: dict[str, float] = field(default_factory=dict)  # device -> s per step
+    # A draft model ("cpu" or "gpu"): one token's decode, and a step's extra for catching
+    # up on the target's tokens (a 2-token decode less a 1-token one).
+    draft_token_s: dict[str, float] = field(default_factory=dict)
+    draft_sync_s: dict[str, float] = field(default_factory=dict)
     lookup_step_s: float = 0.0002
     features_overhead: float = 0.0  # extra verify time with features on, relative
     measured_s: float = 0.0  # how long the calibration took
@@ -87,11 +91,15 @@ def _file_key(path: Path | None) -> str:
 
 def cache_key(hardware_fingerprint: str, model_path: Path, head_dir: Path | None,
               n_threads: int, target_placements: tuple[str, ...] = ("cpu",),
-              head_devices: tuple[str, ...] = ()) -> str:
+              head_devices: tuple[str, ...] = (), draft_model: Path | None = None) -> str:
     """Changes when the machine, the model file (path, size, modification time), the
-    head's files, the thread count, or where the target and head were measured change."""
-    text = "\n".join([hardware_fingerprint, _file_key(model_path), _file_key(head_dir),
-                      str(n_threads), ",".join(target_placements), ",".join(head_devices)])
+    head's files, the draft model's file, the thread count, or where the target and head
+    were measured change."""
+    parts = [hardware_fingerprint, _file_key(model_path), _file_key(head_dir),
+             str(n_threads), ",".join(target_placements), ",".join(head_devices)]
+    if draft_model is not None:  # keys without one stay as they were
+        parts.append(_file_key(draft_model))
+    text = "\n".join(parts)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -135,13 +143,17 @@ def _median_time(fn: Callable[[], None], repeats: int) -> float:
 
 
 def measure_verify_curve(target: Target, context: int = 256,
-                         sizes: tuple[int, ...] = VERIFY_SIZES, repeats: int = 5
-                         ) -> dict[int, float]:
+                         sizes: tuple[int, ...] = VERIFY_SIZES, repeats: int = 5,
+                         timings: dict[str, float] | None = None) -> dict[int, float]:
     """Median seconds of a verification decode of each size, ``context`` tokens cached.
-    The target's cache is left empty."""
+    The target's cache is left empty. ``timings["prefill_s"]`` gets the time the
+    context took to prefill (a first token's wait) when ``timings`` is given."""
     filler = target.tokenize(_FILLER * (1 + context // 16), special=False)[:context]
     target.reset()
+    t0 = time.perf_counter()
     target.prefill(filler)
+    if timings is not None:
+        timings["prefill_s"] = time.perf_counter() - t0
     root = filler[-1]
     draft_tokens = filler[:max(sizes)]
 
@@ -200,10 +212,25 @@ def measure_head(target: Target, head_dir: Path | None, device: str, repeats: in
     return t_level, t_update, t_transfer
 
 
+def measure_draft_model(path: Path, n_threads: int, context: int = 256,
+                        n_gpu_layers: int = 0, repeats: int = 5) -> tuple[float, float]:
+    """(one token's decode, a step's catching up) of a draft model, ``context`` tokens
+    cached, with the K/V types the draft-model drafter uses."""
+    from engine.target import TargetConfig
+
+    config = TargetConfig(n_ctx=context + 64, n_threads=n_threads, n_seq_max=4,
+                          type_k="f16", type_v="f16", n_gpu_layers=n_gpu_layers)
+    with Target(Path(path), config) as draft:
+        curve = measure_verify_curve(draft, context, sizes=(1, 2), repeats=repeats)
+    return curve[1], max(0.0, curve[2] - curve[1])
+
+
 def calibrate(target: Target, head_dir: Path | None, head_devices: list[str],
               context: int = 256, progress: Callable[[str], None] | None = None,
-              fingerprint: TargetFingerprint | None = None) -> CostProfile:
-    """Measure everything the planner needs for ``target`` as it is loaded."""
+              fingerprint: TargetFingerprint | None = None,
+              draft_model: Path | None = None, draft_on_gpu: bool = False) -> CostProfile:
+    """Measure everything the planner needs for ``target`` as it is loaded (and for the
+    draft model, on the CPU and, with ``draft_on_gpu``, offloaded)."""
     t0 = time.perf_counter()
     note = progress or (lambda _msg: None)
     profile = CostProfile(context=context)
@@ -228,6 +255,16 @@ def calibrate(target: Target, head_dir: Path | None, head_devices: list[str],
             profile.head_level_s[dev] = lvl
             profile.head_update_s[dev] = upd
             profile.transfer_s[dev] = tr
+    if draft_model is not None:
+        for key, layers in (("cpu", 0), ("gpu", -1))[:2 if draft_on_gpu else 1]:
+            note(f"draft model on the {key.upper()}")
+            try:
+                token_s, sync_s = measure_draft_model(draft_model, target.n_threads,
+                                                      context, layers)
+            except Exception:  # noqa: BLE001 - a device that cannot take it is left out
+                continue
+            profile.draft_token_s[key] = token_s
+            profile.draft_sync_s[key] = sync_s
     profile.measured_s = time.perf_counter() - t0
     return profile
 

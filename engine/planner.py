@@ -9,6 +9,11 @@ It predicts tokens per second for every layout the machine allows, from measured
   block while the GPU verifies (in a worker thread; that draft is used when the target
   takes the whole block, so its time is saved in proportion).
 - ``cpu``: both on the CPU, in turn, each with all cores.
+- A draft language model (a small GGUF of the target's family) is priced the same way:
+  its one-token decode is a "level", catching up on what the target committed is the
+  per-step cost; it runs on the CPU beside the target (``cpu``), on the GPU with the
+  target on the CPU (``dovetail``), or on the CPU with the target on the GPU
+  (``duodecoding``, in turn: the draft model does not draft ahead yet).
 - ``plain``: no draft model when none is predicted to gain 5%. Drafts from memory stay
   on (the prompt, the conversation and earlier answers): they cost microseconds when
   nothing matches, and the per-step budget verifies only what pays.
@@ -40,6 +45,12 @@ GPU_VERIFY_SHARE = 0.15  # a GPU-resident small model decodes ~7x faster than 2-
 GPU_LEVEL_S = 0.0006  # one head level on a GPU: a few kernel launches
 HEAD_VRAM_OVERHEAD = 1.3  # head weights + target embeddings/LM head copy + workspace
 DEFAULT_ACCEPTANCE = (0.45, 0.4, 0.38, 0.36, 0.35, 0.34, 0.33, 0.32)
+# A same-family draft model, before this pair has been measured: acceptance of a 0.5-1B
+# draft for a 7-8B target at greedy is 0.6-0.8 per token in llama.cpp and vLLM reports
+# (drafts-for-real-models.md); the prior sits at the cautious end and a pair's own
+# record replaces it (engine.draft_record).
+DRAFT_MODEL_ACCEPTANCE = (0.65, 0.62, 0.6, 0.58, 0.56, 0.55, 0.54, 0.53)
+DRAFT_VRAM_OVERHEAD = 1.2  # a draft model's weights plus its compute buffers
 
 
 @dataclass(frozen=True)
@@ -86,11 +97,23 @@ class HeadFacts:
 
 
 @dataclass(frozen=True)
+class DraftModelFacts:
+    """A draft language model the planner may run: its size and its acceptance by depth
+    (the prior, or what this pair reached in earlier conversations)."""
+
+    name: str
+    size_bytes: int
+    kv_bytes: int = 0
+    acceptance: tuple[float, ...] = DRAFT_MODEL_ACCEPTANCE
+    acceptance_source: str = "prior"  # or "measured over N drafted steps"
+
+
+@dataclass(frozen=True)
 class Overrides:
     layout: str | None = None
     max_draft: int | None = None
     depth: int | None = None
-    drafter: str | None = None  # "head", "memory", "none"
+    drafter: str | None = None  # "head", "draft", "memory", "none"
 
     def __post_init__(self) -> None:
         if self.layout is not None and self.layout not in LAYOUTS:
@@ -104,8 +127,8 @@ class Overrides:
 @dataclass(frozen=True)
 class Candidate:
     layout: str
-    drafter: str
-    head_device: str
+    drafter: str  # "head", "draft" (a draft model) or "memory"
+    head_device: str  # where the head or the draft model runs
     target_gpu_layers: int
     budget: Budget
     tok_per_s: float
@@ -115,8 +138,8 @@ class Candidate:
 @dataclass(frozen=True)
 class Plan:
     layout: str
-    drafter: str  # "head", "memory" or "none"
-    head_device: str  # "cpu", "cuda:0", "mps", "xpu:0"; "" without a head
+    drafter: str  # "head", "draft", "memory" or "none"
+    head_device: str  # where the head or draft model runs: "cpu", "cuda:0", "mps"; "" without
     target_gpu_layers: int
     budget: Budget
     plain_tok_per_s: float
@@ -135,6 +158,8 @@ class Plan:
                   f"target on the CPU with {self.target_gpu_layers} layers on the GPU")
         if self.drafter == "head":
             return f"{self.layout}: {target}, draft head on {self.head_device}"
+        if self.drafter == "draft":
+            return f"{self.layout}: {target}, draft model on {self.head_device}"
         extra = " with drafts from memory" if self.drafter == "memory" else ""
         return f"{self.layout}: {target}{extra}"
 
@@ -240,9 +265,72 @@ def _layout_placements(hw: HardwareProfile, model: ModelFacts, head: HeadFacts |
     return out
 
 
+def _draft_placements(hw: HardwareProfile, model: ModelFacts, draft: DraftModelFacts
+                      ) -> list[tuple[str, str, int, float]]:
+    """(layout, draft device, target GPU layers (-1: all), share of layers on GPU) for a
+    draft model: llama.cpp runs it, so a GPU place needs a build that offloads."""
+    out: list[tuple[str, str, int, float]] = [("cpu", "cpu", 0, 0.0)]
+    gpu = hw.best_gpu
+    if gpu is None or not hw.llama_gpu_offload:
+        return out
+    need_target = model.size_bytes * 1.1 + model.kv_bytes
+    need_draft = draft.size_bytes * DRAFT_VRAM_OVERHEAD + draft.kv_bytes
+    if need_draft < gpu.free_bytes:
+        per_layer = need_target / max(1, model.n_layers)
+        layers = min(model.n_layers, int((gpu.free_bytes - need_draft) // per_layer))
+        share = layers / max(1, model.n_layers)
+        out.append(("dovetail", gpu.device, -1 if layers >= model.n_layers else layers,
+                    share))
+    if need_target < gpu.free_bytes:
+        out.append(("duodecoding", "cpu", -1, 1.0))
+    return out
+
+
+def _draft_model_costs(costs: CostProfile, device: str) -> tuple[float, float, bool]:
+    """(one draft token, per step: catching up on the committed tokens, estimated?) of
+    the draft model on ``device``. Raises KeyError when nothing was measured for it."""
+    key = "cpu" if device == "cpu" else "gpu"
+    if key in costs.draft_token_s:
+        return costs.draft_token_s[key], costs.draft_sync_s.get(key, 0.0), False
+    if key == "cpu":
+        raise KeyError("cpu")
+    cpu = costs.draft_token_s["cpu"]
+    return cpu * GPU_VERIFY_SHARE, costs.draft_sync_s.get("cpu", 0.0) * GPU_VERIFY_SHARE, True
+
+
+def _draft_candidates(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
+                      draft: DraftModelFacts, max_draft: int, depth_cap: int
+                      ) -> list[Candidate]:
+    """The best chain of the draft model in every place it can run. Each step costs
+    catching up (a decode of the tokens the target added) and one decode per drafted
+    token after the first; the draft model's multi-sequence drafting adds side
+    sequences within the same decodes, so the chain's price is the step's price."""
+    out = []
+    for layout, device, layers, share in _draft_placements(hw, model, draft):
+        try:
+            token_s, sync_s, est = _draft_model_costs(costs, device)
+        except KeyError:
+            continue
+        est_v = _verify_time(costs, share, 1)[1]
+
+        def verify(n: int, share: float = share) -> float:
+            return _verify_time(costs, share, n)[0]
+
+        depth, rate = _best_chain(draft.acceptance, token_s, sync_s, verify, False,
+                                  max_draft, depth_cap)
+        if depth:
+            out.append(Candidate(layout, "draft", device, layers,
+                                 Budget(mode="multi", depth=depth,
+                                        max_draft=min(max_draft, depth + 3)),
+                                 rate, est or est_v))
+    return out
+
+
 def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
-                head: HeadFacts | None, overrides: Overrides | None = None) -> Plan:
-    """The fastest predicted layout and budget, honouring ``overrides``."""
+                head: HeadFacts | None, overrides: Overrides | None = None,
+                draft: DraftModelFacts | None = None) -> Plan:
+    """The fastest predicted layout and drafter (draft head, draft model, or plain
+    decoding with drafts from memory) and its budget, honouring ``overrides``."""
     ov = overrides or Overrides()
     max_draft = MAX_DRAFT if ov.max_draft is None else ov.max_draft
     depth_cap = ov.depth or MAX_DRAFT
@@ -282,18 +370,20 @@ def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
                                         Budget(mode=mode, depth=depth,
                                                max_draft=min(max_draft, depth + 3)),
                                         rate, est_head or est_v))
+    if draft is not None and max_draft > 0 and ov.drafter in (None, "draft"):
+        candidates += _draft_candidates(hw, costs, model, draft, max_draft, depth_cap)
     allowed = [c for c in candidates if ov.layout in (None, c.layout)]
     if ov.drafter == "none":
         allowed = [c for c in allowed if c.layout == "plain"]
     if not allowed:
         raise ValueError(f"the layout {ov.layout!r} is not possible here: "
-                         + _why_not(ov.layout, hw, head))
+                         + _why_not(ov.layout, hw, head, draft))
     best = max(allowed, key=lambda c: c.tok_per_s)
-    speculative = [c for c in candidates if c.drafter == "head"]
-    if ov.layout is None and best.drafter == "head" and (
+    speculative = [c for c in candidates if c.drafter in ("head", "draft")]
+    if ov.layout is None and best.drafter != "memory" and (
             best.tok_per_s < (1 + MIN_GAIN) * plain_rate):
         best = candidates[0]
-    reason = _reason(best, candidates, plain_rate, speculative, ov, head)
+    reason = _reason(best, plain_rate, speculative, ov, head, draft)
     drafter = ov.drafter if ov.drafter in ("none", "memory") else best.drafter
     return Plan(layout=best.layout, drafter=drafter, head_device=best.head_device,
                 target_gpu_layers=best.target_gpu_layers,
@@ -302,9 +392,10 @@ def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
                 reason=reason, hardware=hw.describe(), candidates=tuple(candidates))
 
 
-def _why_not(layout: str | None, hw: HardwareProfile, head: HeadFacts | None) -> str:
-    if head is None:
-        return "there is no draft head for this model"
+def _why_not(layout: str | None, hw: HardwareProfile, head: HeadFacts | None,
+             draft: DraftModelFacts | None = None) -> str:
+    if head is None and draft is None:
+        return "there is no draft head or draft model for this model"
     if not hw.has_gpu:
         return "this machine has no GPU that torch can use"
     if layout == "duodecoding" and not hw.llama_gpu_offload:
@@ -312,22 +403,29 @@ def _why_not(layout: str | None, hw: HardwareProfile, head: HeadFacts | None) ->
     return "the model does not fit in the GPU's free memory"
 
 
-def _reason(best: Candidate, candidates: list[Candidate], plain_rate: float,
-            speculative: list[Candidate], ov: Overrides, head: HeadFacts | None) -> str:
+def _reason(best: Candidate, plain_rate: float, speculative: list[Candidate],
+            ov: Overrides, head: HeadFacts | None, draft: DraftModelFacts | None) -> str:
     if ov.layout or ov.drafter:
         chosen = ", ".join(f"{k}={v}" for k, v in asdict(ov).items() if v is not None)
         return f"as you asked ({chosen})."
     est = " (GPU costs estimated: not measurable here)" if best.estimated else ""
-    if best.drafter == "head":
-        return (f"{best.layout} is predicted {best.tok_per_s / plain_rate:.2f}x plain "
-                f"decoding with a chain of depth {best.budget.depth}, the best of "
-                f"{len(speculative)} layout(s){est}.")
-    if head is None:
-        return "no draft head matches this model: plain decoding with drafts from memory."
+    if best.drafter in ("head", "draft"):
+        what = "the draft head" if best.drafter == "head" else f"the draft model {draft.name}"
+        assumed = ""
+        if best.drafter == "draft" and draft is not None:
+            assumed = (f"; acceptance {draft.acceptance[0]:.2f} at the first token, "
+                       f"{draft.acceptance_source}")
+        return (f"{best.layout} with {what} is predicted {best.tok_per_s / plain_rate:.2f}x "
+                f"plain decoding with a chain of depth {best.budget.depth}, the best of "
+                f"{len(speculative)} option(s){assumed}{est}.")
+    if head is None and draft is None:
+        return "no draft head or draft model matches this model: plain decoding with " \
+               "drafts from memory."
     if not speculative:
-        return "the draft head cannot run on any device here: plain decoding."
+        return "the draft cannot run on any device here: plain decoding."
     top = max(speculative, key=lambda c: c.tok_per_s)
-    return (f"the best draft-head layout ({top.layout}, depth {top.budget.depth}) is "
+    what = "draft-head" if top.drafter == "head" else "draft-model"
+    return (f"the best {what} layout ({top.layout}, depth {top.budget.depth}) is "
             f"predicted {top.tok_per_s / plain_rate:.2f}x plain decoding, under the "
             f"{1 + MIN_GAIN:.2f}x it takes to pay: drafting costs more than it saves on "
             f"this machine. Plain decoding, with drafts from memory{est}.")

@@ -14,6 +14,7 @@ The CLI, the bench and the GUI's worker construct an ``Engine`` and nothing else
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -36,8 +37,11 @@ from engine.calibration import (
     calibrate,
     measure_verify_curve,
 )
+from engine.draft_compat import check_draft_model, read_vocab_facts
+from engine.draft_record import DraftRecord, pair_key
 from engine.drafters import DRAFTER_NAMES, DrafterSpec, open_drafter
 from engine.drafters.base import Drafter
+from engine.drafters.draft_model import DraftModelDrafter
 from engine.drafters.head import check_head_fits, load_head_drafter
 from engine.drafters.memory import MemoryDrafter
 from engine.errors import InvalidSettingError, ModelLoadError, TandemError
@@ -46,7 +50,14 @@ from engine.hardware import HardwareProfile, check_device, default_threads, prob
 from engine.kv_cache import KV_MODES, KV_TRADE_OFF
 from engine.model_info import ModelInfo, read_model_info
 from engine.model_store import data_dir, default_model_path, default_model_ready
-from engine.planner import HeadFacts, Overrides, Plan, choose_plan
+from engine.planner import (
+    DRAFT_MODEL_ACCEPTANCE,
+    DraftModelFacts,
+    HeadFacts,
+    Overrides,
+    Plan,
+    choose_plan,
+)
 from engine.stats import StepStats
 from engine.suffix_index import SuffixIndex, open_memory
 from engine.target import Target, TargetConfig
@@ -131,14 +142,12 @@ class Engine:
         target: Target | None = None
         try:
             if config.drafter == "auto":
-                if config.draft_model is not None:  # not silently ignored
-                    self.notes.append(f"the planner does not price draft models yet: "
-                                      f"--drafter draft runs {config.draft_model.name}")
                 head_dir = self._usable_head()
-                target = self._calibrate_and_plan(target_config, head_dir, say)
+                draft = self._usable_draft_model()
+                target = self._calibrate_and_plan(target_config, head_dir, say, draft)
                 assert self.plan is not None
                 target = self._open_target(target_config, self.plan.target_gpu_layers, target)
-                spec = self._planned_spec(head_dir)
+                spec = self._planned_spec(head_dir, draft)
                 self.max_draft = self.plan.budget.max_draft
             else:
                 target = self._open_target(target_config, 0, None)
@@ -157,6 +166,10 @@ class Engine:
                 target.close()
             raise
         self.target = target
+        # A draft model's steps correct the acceptance the next plan assumes for the pair.
+        self._draft_pair = (pair_key(self.model.path, config.draft_model)
+                            if isinstance(self.drafter, DraftModelDrafter)
+                            and config.draft_model is not None else None)
         # The governor guards a draft model, whose every draft costs time. Prompt lookup
         # costs ~nothing when it has no match and its hits come in bursts a pause would
         # miss: the per-step budget is the right judge there. A drafter asked for by
@@ -197,24 +210,50 @@ class Engine:
             return None
         return spec.head_path
 
+    def _usable_draft_model(self) -> Path | None:
+        """The draft model named with auto when llama.cpp's rules let it draft for this
+        model, else None with a note naming the fields that differ."""
+        path = self.config.draft_model
+        if path is None:
+            return None
+        try:
+            check_draft_model(read_vocab_facts(path), read_vocab_facts(self.model.path))
+        except TandemError as exc:
+            self.notes.append(f"{exc}; the planner leaves it out")
+            return None
+        return path
+
+    def _cache_dir(self) -> Path:
+        return Path(self.config.cache_dir or data_dir() / "cache")
+
+    def _draft_facts(self, path: Path, n_ctx: int) -> DraftModelFacts:
+        """Size, KV cache and acceptance (prior, corrected by this pair's record)."""
+        info = read_model_info(path)
+        acceptance, source = DraftRecord(self._cache_dir()).acceptance(
+            pair_key(self.model.path, path), DRAFT_MODEL_ACCEPTANCE)
+        return DraftModelFacts(path.name, info.size_bytes, info.kv_bytes(n_ctx, "f16", "f16"),
+                               acceptance, source)
+
     def _calibrate_and_plan(self, target_config: TargetConfig, head_dir: Path | None,
-                            say: Callable[[str], None]) -> Target | None:
+                            say: Callable[[str], None], draft: Path | None = None
+                            ) -> Target | None:
         """Costs from the cache or measured now, then the plan. Returns the target opened
         for measuring (on the CPU), for reuse when the plan keeps it there."""
         hw, model = self.hardware, self.model
         gpu_target = self._gpu_can_hold_target(target_config)
         placements = ("cpu", "gpu") if gpu_target else ("cpu",)
         head_devices = ["cpu"] + [g.device for g in hw.gpus]
-        cache = CalibrationCache(self.config.cache_dir or data_dir() / "cache")
+        cache = CalibrationCache(self._cache_dir())
         key = cache_key(hw.fingerprint(), model.path, head_dir, self.n_threads,
-                        placements, tuple(head_devices) if head_dir else ())
+                        placements, tuple(head_devices) if head_dir else (), draft)
         costs = None if self.config.recalibrate else cache.get(key)
         target = None
         if costs is None:
             self.calibrated_now = True
             target = Target(model.path, target_config)
             costs = calibrate(target, head_dir, head_devices, progress=say,
-                              fingerprint=model.fingerprint)
+                              fingerprint=model.fingerprint, draft_model=draft,
+                              draft_on_gpu=bool(hw.best_gpu and hw.llama_gpu_offload))
             if gpu_target:
                 self._measure_gpu_target(costs, target_config, say)
             cache.put(key, costs)
@@ -225,7 +264,8 @@ class Engine:
             head = HeadFacts.from_dir(head_dir, matrices)
         facts = model.planner_facts(target_config.n_ctx, target_config.type_k,
                                     target_config.type_v)
-        self.plan = choose_plan(hw, costs, facts, head, self.config.overrides)
+        draft_facts = self._draft_facts(draft, target_config.n_ctx) if draft else None
+        self.plan = choose_plan(hw, costs, facts, head, self.config.overrides, draft_facts)
         return target
 
     def _gpu_can_hold_target(self, target_config: TargetConfig) -> bool:
@@ -281,9 +321,13 @@ class Engine:
         except OSError as exc:  # a full or read-only disk must not stop the chat
             log.warning("could not save the draft memory to %s: %s", self._memory_path, exc)
 
-    def _planned_spec(self, head_dir: Path | None) -> DrafterSpec:
+    def _planned_spec(self, head_dir: Path | None, draft: Path | None = None) -> DrafterSpec:
         plan = self.plan
         assert plan is not None
+        if plan.drafter == "draft" and draft is not None:
+            return DrafterSpec("draft", head_options={
+                "depth": plan.budget.depth,
+                "n_gpu_layers": 0 if plan.head_device == "cpu" else -1}, draft_model=draft)
         if plan.drafter == "head" and head_dir is not None:
             budget = plan.budget
             return DrafterSpec("head", head_dir, plan.head_device,
@@ -326,6 +370,9 @@ class Engine:
                           remember=remember)
         if not plain and remember:
             self._save_memory()
+        if not plain and self._draft_pair is not None:
+            with contextlib.suppress(OSError):  # a read-only disk must not stop the chat
+                DraftRecord(self._cache_dir()).add(self._draft_pair, result.stats.steps)
         return result
 
     @property
