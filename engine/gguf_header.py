@@ -23,7 +23,12 @@ _MAX_KEPT = 4096  # longer numeric arrays are skipped (only per-layer ones matte
 
 
 class _Truncated(Exception):
-    """The prefix ended inside a value."""
+    """The prefix ended inside a value; ``partial`` holds the strings of a kept string
+    array read before the end."""
+
+    def __init__(self, partial: list[bytes] | None = None) -> None:
+        super().__init__()
+        self.partial = partial
 
 
 @dataclass(frozen=True)
@@ -68,9 +73,10 @@ class _Reader:
         self.pos += n
         return raw.decode("utf-8", errors="replace")
 
-    def value(self, vtype: int) -> object:
-        """A scalar, a string, or for arrays ("array", count, first value or None):
-        arrays are skipped, not kept, since only their length matters here."""
+    def value(self, vtype: int, keep_strings: bool = False) -> object:
+        """A scalar, a string, or for arrays ("array", count, values or None): long
+        numeric arrays and string arrays are skipped (only their length matters here)
+        unless ``keep_strings`` asks for a string array's items (as raw bytes)."""
         if vtype in _FIXED:
             return self.take(_FIXED[vtype])
         if vtype == _STRING:
@@ -84,11 +90,30 @@ class _Reader:
                     raise _Truncated
                 return ("array", count, None)
             if etype == _STRING:
-                for _ in range(count):
-                    self.string()
-                return ("array", count, None)
+                return ("array", count, self.strings(count, keep_strings))
             return ("array", count, [self.value(etype) for _ in range(count)])
         raise ValueError(f"unknown GGUF value type {vtype}")
+
+    def strings(self, count: int, keep: bool) -> list[bytes] | None:
+        """``count`` strings as bytes (None when not kept). One tight loop: a
+        vocabulary holds up to ~262k of them (Gemma 3), merges twice that."""
+        data, pos, end = self.data, self.pos, len(self.data)
+        length = struct.Struct(self.endian + "Q").unpack_from
+        out: list[bytes] | None = [] if keep else None
+        for _ in range(count):
+            if pos + 8 > end:
+                self.pos = pos
+                raise _Truncated(out)
+            (n,) = length(data, pos)
+            pos += 8
+            if pos + n > end:
+                self.pos = pos
+                raise _Truncated(out)
+            if out is not None:
+                out.append(bytes(data[pos:pos + n]))
+            pos += n
+        self.pos = pos
+        return out
 
 
 def check_gguf_magic(path: Path) -> None:
@@ -120,9 +145,22 @@ def is_gguf_prefix(data: bytes) -> bool:
     return data[:4] == GGUF_MAGIC
 
 
-def read_kv_prefix(data: bytes) -> dict[str, object]:
-    """The metadata key/values found in a GGUF prefix (arrays as ("array", n, values)).
-    Raises ValueError when the bytes are not a GGUF."""
+@dataclass(frozen=True)
+class KVSection:
+    """The metadata read from a GGUF prefix. ``complete``: every key/value was read (a
+    key absent from ``kv`` is absent from the file); otherwise the prefix ended inside
+    the value of ``cut_key`` (None: between keys), and later keys are unknown."""
+
+    kv: dict[str, object]
+    complete: bool
+    cut_key: str | None = None
+
+
+def read_kv_section(data: bytes, keep_strings: frozenset[str] = frozenset()) -> KVSection:
+    """The metadata of a GGUF prefix (``data`` may be bytes or an mmap). String arrays
+    named in ``keep_strings`` keep their items as bytes; one the prefix cuts keeps the
+    items read so far as ("array", count, partial list). Raises ValueError when the
+    bytes are not a GGUF."""
     if not is_gguf_prefix(data):
         raise ValueError("not a GGUF file (the first bytes are not 'GGUF')")
     # Big-endian GGUFs exist (s390x); their version reads as a huge little-endian number.
@@ -130,6 +168,7 @@ def read_kv_prefix(data: bytes) -> dict[str, object]:
     r = _Reader(data, endian)
     r.pos = 4
     out: dict[str, object] = {}
+    key: str | None = None
     try:
         version = r.take("I")
         if version < 2:
@@ -137,11 +176,29 @@ def read_kv_prefix(data: bytes) -> dict[str, object]:
         r.take("Q")  # tensor count
         n_kv = r.take("Q")
         for _ in range(n_kv):
+            key = None
             key = r.string()
-            out[key] = r.value(r.take("I"))
+            vtype = r.take("I")
+            if vtype == _ARRAY and key in keep_strings:
+                start = r.pos
+                try:
+                    out[key] = r.value(vtype, keep_strings=True)
+                except _Truncated as cut:
+                    if cut.partial is not None:  # the count was read: keep what came
+                        r.pos = start + 4
+                        out[key] = ("array", r.take("Q"), cut.partial)
+                    raise
+            else:
+                out[key] = r.value(vtype)
     except _Truncated:
-        pass
-    return out
+        return KVSection(out, complete=False, cut_key=key)
+    return KVSection(out, complete=True)
+
+
+def read_kv_prefix(data: bytes) -> dict[str, object]:
+    """The metadata key/values found in a GGUF prefix (arrays as ("array", n, values)).
+    Raises ValueError when the bytes are not a GGUF."""
+    return read_kv_section(data).kv
 
 
 def _int(kv: dict[str, object], key: str) -> int | None:
