@@ -1,4 +1,5 @@
-"""Will a model fit this machine? Weights + draft head + KV cache against RAM and VRAM."""
+"""Will a model fit this machine? Weights + draft head + draft model (with its own KV
+cache) + KV cache against RAM and VRAM."""
 
 from __future__ import annotations
 
@@ -50,15 +51,20 @@ class FitEstimate:
     n_kv_bytes: int
     n_total_bytes: int
     kv_from_header: bool
+    n_draft_bytes: int = 0  # the draft model's weights and its own KV cache
 
 
 def estimate_fit(weights_bytes: int, head_bytes: int, n_ctx: int, facts: GGUFFacts | None,
-                 memory: MachineMemory) -> FitEstimate:
+                 memory: MachineMemory, *, draft_bytes: int = 0,
+                 draft_facts: GGUFFacts | None = None) -> FitEstimate:
     """Label a model: "fits on GPU" when everything fits in free VRAM, "fits in RAM" when
     it fits in available RAM, else "too large"; all with headroom for the rest of the
-    machine."""
+    machine. A draft model (``draft_bytes`` > 0) adds its weights and its own KV cache,
+    in F16 as the draft-model drafter makes it."""
     n_kv = kv_cache_bytes(facts, n_ctx, weights_bytes)
-    total = weights_bytes + head_bytes + n_kv + COMPUTE_OVERHEAD_BYTES
+    n_draft = (draft_bytes + kv_cache_bytes(draft_facts, n_ctx, draft_bytes, "f16", "f16")
+               if draft_bytes else 0)
+    total = weights_bytes + head_bytes + n_draft + n_kv + COMPUTE_OVERHEAD_BYTES
     if memory.vram_free is not None and total <= memory.vram_free * VRAM_HEADROOM:
         label = FITS_GPU
     elif total <= memory.ram_available * RAM_HEADROOM:
@@ -66,7 +72,7 @@ def estimate_fit(weights_bytes: int, head_bytes: int, n_ctx: int, facts: GGUFFac
     else:
         label = TOO_LARGE
     from_header = facts is not None and facts.has_kv_shape
-    return FitEstimate(label, weights_bytes, head_bytes, n_kv, total, from_header)
+    return FitEstimate(label, weights_bytes, head_bytes, n_kv, total, from_header, n_draft)
 
 
 def human_bytes(n: float) -> str:

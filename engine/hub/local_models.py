@@ -34,7 +34,8 @@ def default_registry_path() -> Path:
 class LocalModel:
     """One usable model. ``path`` is the GGUF given to llama.cpp (the first shard of a
     split model); ``head_dir`` holds head.json + head.safetensors when a draft head came
-    with it."""
+    with it; ``draft_path`` is the draft model paired with it (downloaded with it from
+    ``draft_repo``, or a GGUF that was already here when ``draft_repo`` is None)."""
 
     name: str
     path: str
@@ -48,10 +49,23 @@ class LocalModel:
     head_repo: str | None = None
     head_commit: str | None = None
     added: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S"))
+    # Fields added later default to None, so older models.json files read unchanged.
+    draft_path: str | None = None
+    draft_repo: str | None = None
+    draft_commit: str | None = None
+    draft_files: tuple[str, ...] = ()
 
     @property
     def available(self) -> bool:
         return Path(self.path).is_file()
+
+    @property
+    def draft_label(self) -> str:
+        """The paired draft in words: its repository and file, or its file name."""
+        if self.draft_path is None:
+            return "-"
+        name = Path(self.draft_path).name
+        return f"{self.draft_repo}/{name}" if self.draft_repo else name
 
 
 class ModelRegistry:
@@ -66,7 +80,9 @@ class ModelRegistry:
             return []
         try:
             rows = json.loads(self.path.read_text())
-            return [LocalModel(**{**r, "files": tuple(r.get("files", ()))}) for r in rows]
+            return [LocalModel(**{**r, "files": tuple(r.get("files", ())),
+                                  "draft_files": tuple(r.get("draft_files", ()))})
+                    for r in rows]
         except (ValueError, TypeError) as exc:
             log.warning("cannot read %s: %s", self.path, exc)
             return []
@@ -94,9 +110,17 @@ class ModelRegistry:
         if delete_files and model.source == "hub" and model.repo_id and model.commit:
             from engine.hub.cache_layout import RepoCache, default_cache_dir
 
+            # A file may serve several models (Llama 3.2 1B as a model and as the draft
+            # of 8B and 70B): it goes only when no other registered model names it.
+            in_use = {p for m in self.list() for p in (m.path, m.draft_path) if p}
             cache = RepoCache(cache_dir or default_cache_dir(), model.repo_id)
-            for filename in model.files:
-                cache.remove_snapshot_file(model.commit, filename)
+            if model.path not in in_use:
+                for filename in model.files:
+                    cache.remove_snapshot_file(model.commit, filename)
+            if model.draft_repo and model.draft_commit and model.draft_path not in in_use:
+                draft_cache = RepoCache(cache_dir or default_cache_dir(), model.draft_repo)
+                for filename in model.draft_files:
+                    draft_cache.remove_snapshot_file(model.draft_commit, filename)
         return model
 
     def _write(self, rows: list[LocalModel]) -> None:

@@ -118,3 +118,21 @@ def fetch_prefix(url: str, n_bytes: int, headers: dict[str, str] | None = None) 
             return resp.read(n_bytes)
     except Exception as exc:  # noqa: BLE001 - typed below
         raise typed_error(exc, f"reading the start of {url.rsplit('/', 1)[-1]}") from exc
+
+
+def fetch_range(url: str, start: int, end: int,
+                headers: dict[str, str] | None = None) -> bytes:
+    """Bytes ``start``..``end`` (inclusive) of a remote file, fewer past its end; a
+    server that ignores Range is read from 0 and the bytes before ``start`` dropped.
+    Raises NetworkUnavailableError or HubServerError."""
+    try:
+        with open_range(url, start, end, headers) as resp:
+            if resp.status == 206 or start == 0:
+                return resp.read(end - start + 1)
+            return resp.read(end + 1)[start:]
+    except urllib.error.HTTPError as exc:
+        if exc.code == 416:  # the file ends before ``start``
+            return b""
+        raise typed_error(exc, f"reading {url.rsplit('/', 1)[-1]}") from exc
+    except Exception as exc:  # noqa: BLE001 - typed below
+        raise typed_error(exc, f"reading {url.rsplit('/', 1)[-1]}") from exc
