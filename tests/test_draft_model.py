@@ -6,13 +6,18 @@ refused naming the fields."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from engine.draft_compat import check_draft_model, mismatches, read_vocab_facts
+from engine.draft_record import DraftRecord, pair_key
 from engine.drafters.draft_model import DraftModelConfig, DraftModelDrafter
 from engine.errors import IncompatibleDraftError
 from engine.generation import GenerationConfig, generate
+from engine.planner import DRAFT_MODEL_ACCEPTANCE
 from engine.session import Engine, EngineConfig
+from engine.stats import StepStats
 from tests.conftest import pick_per_category, plain_answers, second_turn
 from tests.hub_server import write_tiny_gguf
 
@@ -130,3 +135,49 @@ def test_the_engine_drafts_with_a_draft_model(f32_model_path, model_path, tmp_pa
         prompt = engine.chat_prompt([{"role": "user", "content": "Name three colours."}])
         out = engine.generate(prompt, GenerationConfig(24))
         assert out.stats.drafter == "draft" and out.stats.mean_accepted > 1.5
+
+
+def test_auto_prices_the_draft_model_and_drafts_with_it_when_it_pays(
+        f32_model_path, model_path, tmp_path, prompts_and_plain):
+    """auto measures the draft model, weighs it against the head and plain decoding, and
+    runs it when its costs and this pair's record say it pays; the answer is still the
+    target's own, and the record grows."""
+    config = EngineConfig(model_path=f32_model_path, drafter="auto", draft_model=model_path,
+                          n_ctx=1024, n_threads=2, cache_dir=tmp_path, memory_dir=tmp_path)
+    with Engine(config) as engine:
+        assert engine.costs.draft_token_s["cpu"] > 0
+        assert engine.costs.draft_sync_s["cpu"] >= 0
+        drafts = [c for c in engine.plan.candidates if c.drafter == "draft"]
+        assert drafts and drafts[0].layout == "cpu" and drafts[0].budget.mode == "multi"
+    # The same measurements with a draft model 20x cheaper than the target and a pair
+    # that was right almost every time: now it must be chosen.
+    cache = json.loads((tmp_path / "calibration.json").read_text())
+    (key, costs), = cache.items()
+    costs["draft_token_s"]["cpu"] = costs["verify_s"]["cpu"]["1"] / 20
+    (tmp_path / "calibration.json").write_text(json.dumps({key: costs}))
+    record = DraftRecord(tmp_path)
+    pair = pair_key(f32_model_path, model_path)
+    record.add(pair, [StepStats(0.001, 0.01, 8, 8)] * 200)
+    acceptance, source = record.acceptance(pair, DRAFT_MODEL_ACCEPTANCE)
+    assert acceptance[0] > 0.95 and "200 drafting steps" in source
+    rows, plain = prompts_and_plain
+    with Engine(config) as engine:
+        assert engine.plan.drafter == "draft" and engine.drafter_name == "draft"
+        assert "draft model SmolLM2" in engine.plan.reason and "200 drafting" in engine.plan.reason
+        for row in rows[:4]:
+            prompt, ref = plain[row["question_id"]]
+            out = engine.generate(prompt, GenerationConfig(MAX_TOKENS))
+            assert out.tokens == ref, f"question {row['question_id']} ({row['category']})"
+    reached = json.loads((tmp_path / "draft_record.json").read_text())[pair]["reached"]
+    assert reached[0] > 200  # the answers' steps were added
+
+
+def test_auto_leaves_out_a_draft_model_of_another_vocabulary(model_path, tmp_path):
+    other = write_tiny_gguf(tmp_path / "other-vocab.gguf", n_vocab=300)
+    config = EngineConfig(model_path=model_path, drafter="auto", draft_model=other,
+                          n_ctx=512, n_threads=2, cache_dir=tmp_path, memory_dir=tmp_path)
+    with Engine(config) as engine:
+        assert not [c for c in engine.plan.candidates if c.drafter == "draft"]
+        assert any("other-vocab.gguf" in n and "the planner leaves it out" in n
+                   for n in engine.notes)
+        assert not engine.costs.draft_token_s  # nothing measured for it
