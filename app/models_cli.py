@@ -13,10 +13,14 @@ from pathlib import Path
 from engine.errors import TandemError
 from engine.hub.catalog import HeadChoice, load_catalog, matching_heads
 from engine.hub.download import DownloadControl, Downloader, DownloadProgress
-from engine.hub.fit import estimate_fit, human_bytes, machine_memory
+from engine.hub.draft_catalog import DraftPair, load_draft_catalog
+from engine.hub.draft_pairing import DraftOffer, draft_limit, offers_for, remote_drafts
+from engine.hub.fit import human_bytes, machine_memory
 from engine.hub.install import find_choice, install
 from engine.hub.local_models import ModelRegistry, default_registry_path, import_gguf
-from engine.hub.search import list_repo, read_remote_facts, search_gguf
+from engine.hub.remote_header import read_remote_header
+from engine.hub.repo_pairing import RepoPairing, pair_repo
+from engine.hub.search import GGUFChoice, read_remote_facts, search_gguf
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -33,9 +37,26 @@ def _registry() -> ModelRegistry:
     return ModelRegistry()
 
 
+def _data_dir() -> Path:
+    return default_registry_path().parent.parent  # <home>/models/models.json
+
+
 def _heads(repo_id: str, facts, args: argparse.Namespace) -> list[HeadChoice]:  # noqa: ANN001
-    catalog = load_catalog(default_registry_path().parent.parent)  # <home>/models/models.json
-    return matching_heads(repo_id, facts, catalog=catalog, endpoint=args.endpoint)
+    return matching_heads(repo_id, facts, catalog=load_catalog(_data_dir()),
+                          endpoint=args.endpoint)
+
+
+def _pairing(repo_id: str, args: argparse.Namespace) -> RepoPairing:
+    return pair_repo(repo_id, args.ctx, machine_memory(), head_catalog=load_catalog(_data_dir()),
+                     draft_catalog=load_draft_catalog(_data_dir()), registry=_registry(),
+                     endpoint=args.endpoint)
+
+
+def _draft_cell(offer: DraftOffer | None) -> str:
+    if offer is None:
+        return "-"
+    where = "here" if offer.choice is None else human_bytes(offer.n_bytes)
+    return f"{offer.label} ({where})"
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -48,27 +69,72 @@ def cmd_search(args: argparse.Namespace) -> int:
                            [(h.repo_id, h.n_downloads, h.n_likes) for h in hits]))
         print("\nshow a repository's files: tandem models search --repo OWNER/NAME")
         return 0
-    choices = list_repo(args.repo, endpoint=args.endpoint).gguf_choices()
-    if not choices:
+    pairing = _pairing(args.repo, args)
+    if not pairing.rows:
         print(f"{args.repo} has no GGUF files")
         return 0
-    memory = machine_memory()
-    facts = read_remote_facts(choices[0], endpoint=args.endpoint)  # one shape per repo
-    heads = _heads(args.repo, facts, args)
-    n_head = heads[0].n_bytes if heads else 0
-    rows = []
-    for c in choices:
-        fit = estimate_fit(c.n_bytes, n_head, args.ctx, facts, memory)
-        rows.append((c.quant, human_bytes(c.n_bytes), fit.label,
-                     human_bytes(fit.n_total_bytes), c.name))
-    print(format_table(("quant", "size", f"fit (ctx {args.ctx})", "needs", "file"), rows))
-    if heads:
+    rows = [(r.choice.quant, human_bytes(r.choice.n_bytes), r.fit.label,
+             human_bytes(r.fit.n_total_bytes), _draft_cell(r.default_draft), r.choice.name)
+            for r in pairing.rows]
+    print(format_table(("quant", "size", f"fit (ctx {args.ctx})", "needs", "draft model",
+                        "file"), rows))
+    if pairing.heads:
         print("\ndraft heads:")
         print(format_table(("repository", "size", "found by"),
-                           [(h.repo_id, human_bytes(h.n_bytes), h.source) for h in heads]))
+                           [(h.repo_id, human_bytes(h.n_bytes), h.source)
+                            for h in pairing.heads]))
     else:
         print("\nno draft head matches; the model runs with drafts from memory")
+    _print_drafts(pairing)
     return 0
+
+
+def _print_drafts(pairing: RepoPairing) -> None:
+    """Every draft model considered: the catalog's (compatible or not, with the rule
+    broken) and this machine's compatible ones, with the quantizations each suits."""
+    out = []
+    for r in pairing.remote:
+        suits = [row.choice.quant for row in pairing.rows if r.pick(row.choice.n_bytes)]
+        sizes = "/".join(f"{c.quant} {human_bytes(c.n_bytes)}" for c in r.choices)
+        out.append((r.pair.draft_repo, sizes, r.pair.family, r.check.verdict,
+                    ", ".join(suits) or "none (over 1/4 of every quantization)"))
+    for d in pairing.local:
+        if d.check.confirmed:
+            suits = [row.choice.quant for row in pairing.rows
+                     if any(o.path == d.path for o in row.drafts)]
+            out.append((d.name, human_bytes(d.n_bytes), "on this machine", d.check.verdict,
+                        ", ".join(suits) or "none (over 1/4 of every quantization)"))
+    if not out:
+        print("no draft model pairs with this repository")
+        return
+    print("\ndraft models (checked against the header's vocabulary):")
+    print(format_table(("draft", "size", "found by", "vocabulary", "drafts for"), out))
+
+
+def _pick_draft(args: argparse.Namespace, choice: GGUFChoice) -> DraftOffer | None:
+    """The draft ``--draft`` names for ``choice``: auto, none or OWNER/NAME[:QUANT]."""
+    if args.draft == "none":
+        return None
+    if args.draft == "auto":
+        rows = _pairing(args.repo, args).rows
+        return next(r for r in rows if r.choice.name == choice.name).default_draft
+    repo, _, quant = args.draft.partition(":")
+    pairs = [p for p in load_draft_catalog(_data_dir()) if p.draft_repo == repo]
+    pair = pairs[0] if pairs else DraftPair("named", "", repo)
+    if quant:
+        pair = DraftPair(pair.family, pair.target_pattern, repo, quants=(quant,))
+    header = read_remote_header(choice, endpoint=args.endpoint)
+    found = remote_drafts([pair], header.vocab if header else None, endpoint=args.endpoint)
+    if not found:
+        raise ValueError(f"{args.draft} has no GGUF among {', '.join(pair.quants)}")
+    offer = next(iter(offers_for(choice.n_bytes, (), found)), None)
+    if offer is None:
+        raise ValueError(f"{args.draft} is bigger than a quarter of {choice.name} "
+                         f"(at most {human_bytes(draft_limit(choice.n_bytes))})")
+    if not offer.check.compatible:
+        raise ValueError(f"{offer.label} cannot draft for {args.repo}: "
+                         f"{offer.check.verdict}")
+    return offer
 
 
 def cmd_download(args: argparse.Namespace) -> int:
@@ -89,10 +155,14 @@ def cmd_download(args: argparse.Namespace) -> int:
             head = next((h for h in heads if h.repo_id == args.head), None)
             if head is None:
                 raise ValueError(f"{args.head} is not a draft head that fits {args.repo}")
+    draft = _pick_draft(args, choice)
     downloader = Downloader(args.cache_dir, args.endpoint)
-    what = choice.name + (f" + head {head.repo_id}" if head else "")
-    bar = tqdm(total=choice.n_bytes + (head.n_bytes if head else 0), unit="B",
-               unit_scale=True, unit_divisor=1024, desc=what, file=sys.stderr)
+    what = choice.name + (f" + head {head.repo_id}" if head else "") + \
+        (f" + draft {draft.label}" if draft else "")
+    total = choice.n_bytes + (head.n_bytes if head else 0) + \
+        (draft.download_bytes if draft else 0)
+    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=what,
+               file=sys.stderr)
 
     def progress(p: DownloadProgress) -> None:
         bar.n = p.n_done
@@ -103,7 +173,7 @@ def cmd_download(args: argparse.Namespace) -> int:
     try:
         model, result = install(choice, head, downloader, _registry(),
                                 revision=args.revision or "main", control=control,
-                                on_progress=progress)
+                                on_progress=progress, draft=draft)
     except KeyboardInterrupt:
         bar.close()
         print("interrupted; run the same command again to resume", file=sys.stderr)
@@ -112,6 +182,10 @@ def cmd_download(args: argparse.Namespace) -> int:
     print(f"{model.name} ready: {model.path}")
     if model.head_dir:
         print(f"draft head: {model.head_dir}")
+    if model.draft_path:
+        print(f"draft model: {model.draft_path} ({draft.check.verdict if draft else ''})")
+    elif args.draft == "auto":
+        print("no draft model pairs with it")
     if result.n_resumed:
         print(f"(resumed from {human_bytes(result.n_resumed)} already on disk)")
     return 0
@@ -122,9 +196,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not models:
         print("no local models yet: tandem models search QUERY, then download")
         return 0
-    rows = [(m.name, m.quant, human_bytes(m.n_bytes), m.source,
-             m.head_repo or "-", "" if m.available else "missing", m.path) for m in models]
-    print(format_table(("name", "quant", "size", "source", "draft head", "", "path"), rows))
+    rows = [(m.name, m.quant, human_bytes(m.n_bytes), m.source, m.head_repo or "-",
+             m.draft_label, "" if m.available else "missing", m.path) for m in models]
+    print(format_table(("name", "quant", "size", "source", "draft head", "draft model", "",
+                        "path"), rows))
     return 0
 
 
@@ -163,11 +238,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--ctx", type=int, default=4096, help="context length for the fit")
     s.set_defaults(func=cmd_search)
 
-    s = sub.add_parser("download", parents=[common], help="download a model (and its draft head)")
+    s = sub.add_parser("download", parents=[common],
+                       help="download a model (with its draft head and draft model)")
     s.add_argument("repo", help="OWNER/NAME")
     s.add_argument("file", help="quantization (Q4_K_M) or file name")
     s.add_argument("--head", default="auto",
                    help="draft head repository, 'auto' (first match) or 'none'")
+    s.add_argument("--draft", default="auto",
+                   help="draft model: 'auto' (the first compatible pairing, on this "
+                        "machine or on the Hub), 'none', or OWNER/NAME[:QUANT]")
+    s.add_argument("--ctx", type=int, default=4096, help=argparse.SUPPRESS)
     s.add_argument("--revision", default=None)
     s.set_defaults(func=cmd_download)
 

@@ -76,3 +76,53 @@ def test_import(env: Path, capsys) -> None:
     rc, _, err = run(capsys, "import", str(vocab))
     assert rc == 2 and "vocabulary-only" in err and "Traceback" not in err
     assert "vocab" not in run(capsys, "list")[1]
+
+
+@pytest.fixture()
+def draft_hub(tmp_path_factory: pytest.TempPathFactory, model_path: Path):
+    from tests.draft_repos import draft_repos
+
+    with FakeHub(draft_repos(tmp_path_factory.mktemp("drafts"), model_path)) as h:
+        yield h
+
+
+def test_search_lists_paired_drafts_compatible_or_not(draft_hub: FakeHub, env: Path,
+                                                      capsys) -> None:
+    from tests.draft_repos import CATALOG_DRAFT, OTHER_DRAFT, TARGET, write_user_catalog
+
+    write_user_catalog(env / "home")
+    rc, out, err = run(capsys, "search", "--repo", TARGET, "--endpoint", draft_hub.endpoint)
+    assert rc == 0, err
+    table, drafts = out.split("draft models (checked")
+    q8 = next(line for line in table.splitlines() if line.startswith("Q8_0"))
+    q4 = next(line for line in table.splitlines() if line.startswith("Q4_K_M"))
+    # The default draft for each quantization: the first compatible one that fits.
+    assert f"{CATALOG_DRAFT}:Q8_0" in q8 and CATALOG_DRAFT not in q4 and q4.count(" - ") >= 1
+    other = next(line for line in drafts.splitlines() if line.startswith(OTHER_DRAFT))
+    assert "incompatible" in other and "vocabulary type" in other and "text of token 100" in other
+    catalog = next(line for line in drafts.splitlines() if line.startswith(CATALOG_DRAFT))
+    assert "compatible" in catalog and "SmolLM2" in catalog and "Q8_0" in catalog
+
+
+def test_download_with_its_draft_then_list(draft_hub: FakeHub, env: Path, capsys) -> None:
+    from tests.draft_repos import CATALOG_DRAFT, CATALOG_DRAFT_FILE, OTHER_DRAFT, TARGET
+
+    cache = str(env / "cache")
+    rc, _, err = run(capsys, "download", TARGET, "Q8_0", "--draft", OTHER_DRAFT,
+                     "--endpoint", draft_hub.endpoint, "--cache-dir", cache)
+    assert rc == 2 and "cannot draft" in err and "vocabulary type" in err
+    rc, _, err = run(capsys, "download", TARGET, "Q4_K_M", "--draft", CATALOG_DRAFT,
+                     "--endpoint", draft_hub.endpoint, "--cache-dir", cache)
+    assert rc == 2 and "bigger than a quarter" in err
+    assert "no local models" in run(capsys, "list")[1]
+    rc, out, err = run(capsys, "download", TARGET, "Q8_0", "--draft", "auto",
+                       "--endpoint", draft_hub.endpoint, "--cache-dir", cache)
+    assert rc == 0, err
+    assert f"draft model: {cache}" in out and CATALOG_DRAFT_FILE in out
+    assert "+ draft" in err and "100%" in err  # one bar for the one job
+    rc, out, _ = run(capsys, "list")
+    assert f"{CATALOG_DRAFT}/{CATALOG_DRAFT_FILE}" in out and "draft model" in out
+    rc, out, _ = run(capsys, "download", TARGET, "Q4_K_M", "--draft", "none",
+                     "--endpoint", draft_hub.endpoint, "--cache-dir", cache)
+    line = next(x for x in run(capsys, "list")[1].splitlines() if "Q4_K_M" in x)
+    assert CATALOG_DRAFT not in line
