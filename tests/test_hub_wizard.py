@@ -135,3 +135,62 @@ def test_import(qtbot, dialog, tmp_path: Path) -> None:
     with qtbot.waitSignal(d.model_added):
         model = d.import_file(write_tiny_gguf(tmp_path / "mine-Q4_0.gguf"))
     assert model is not None and d.local.count() == 1 and "mine-Q4_0" in d.local.item(0).text()
+
+
+@pytest.fixture()
+def draft_dialog(qtbot, model_path: Path, tmp_path: Path):
+    from app.gui.model_wizard import ModelWizardDialog
+    from engine.hub.local_models import LocalModel
+    from tests.draft_repos import draft_repos, write_user_catalog
+    from tests.vocab_gguf import write_vocab_gguf
+
+    registry = ModelRegistry(tmp_path / "home" / "models" / "models.json")
+    write_user_catalog(tmp_path / "home")  # pairs an incompatible draft too
+    local = write_vocab_gguf(tmp_path / "local-draft.gguf", model_path, name="local")
+    registry.add(LocalModel("local-draft", str(local), "import", local.stat().st_size, "F32"))
+    (tmp_path / "repos").mkdir()
+    with FakeHub(draft_repos(tmp_path / "repos", model_path)) as hub:
+        d = ModelWizardDialog(None, hub_endpoint=hub.endpoint, cache_dir=tmp_path / "cache",
+                              registry=registry, memory=MachineMemory(16 * GiB, 8 * GiB, None))
+        qtbot.addWidget(d)
+        yield d, hub
+        d.shutdown()
+
+
+def test_drafts_shown_checked_and_downloaded_with_the_target(qtbot, draft_dialog) -> None:
+    from tests.draft_repos import CATALOG_DRAFT, OTHER_DRAFT, TARGET
+
+    d, hub = draft_dialog
+    d.query.setText("SmolLM2-Big")
+    qtbot.mouseClick(d.search_button, _left())
+    qtbot.waitUntil(lambda: d.repos.count() == 1, timeout=10_000)
+    d.repos.setCurrentRow(0)
+    qtbot.waitUntil(lambda: d.details is not None, timeout=20_000)
+    cells = {d.files.item(i, 0).text(): d.files.item(i, 3).text()
+             for i in range(d.files.rowCount())}
+    # Each row's default: the compatible local GGUF (nothing to download), checked.
+    assert set(cells) == {"Q4_K_M", "Q8_0"}
+    assert all(c.startswith("local-draft (on this machine, vocabulary ✓") for c in cells.values())
+    # The incompatible pairing is never offered; why is said.
+    assert OTHER_DRAFT in d.draft_note.text() and "vocabulary type" in d.draft_note.text()
+    assert d.files.currentRow() == 1 and d.files.item(1, 0).text() == "Q8_0"
+    offered = [d.drafts.itemText(i) for i in range(d.drafts.count())]
+    assert offered[0] == "none" and len(offered) == 3 and CATALOG_DRAFT in offered[2]
+    assert not any(OTHER_DRAFT in t for t in offered)
+    select_quant(d, "Q4_K_M")  # the 3 MB catalog draft is over a quarter of it
+    assert [d.drafts.itemText(i) for i in range(d.drafts.count())] == offered[:2]
+    select_quant(d, "Q8_0")
+    # The fit counts the draft chosen: the catalog's (downloaded) one is bigger.
+    tip_local = d.files.item(1, 2).toolTip()
+    d.drafts.setCurrentIndex(2)
+    d.drafts.activated.emit(2)
+    assert "draft model with its KV cache" in d.files.item(1, 2).toolTip()
+    assert d.files.item(1, 2).toolTip() != tip_local and CATALOG_DRAFT in d.files.item(1, 3).text()
+    with qtbot.waitSignal(d.model_added, timeout=30_000) as blocker:
+        qtbot.mouseClick(d.download_button, _left())
+    model = blocker.args[0]
+    assert model.name == f"{TARGET}:Q8_0" and model.draft_repo == CATALOG_DRAFT
+    assert Path(model.draft_path).is_file() and Path(model.path).is_file()
+    assert len(hub.file_gets("smollm2-360m-instruct-q8_0.gguf")) >= 2  # header, then file
+    assert any("draft" in d.local.item(i).text() and model.name in d.local.item(i).text()
+               for i in range(d.local.count()))

@@ -1,5 +1,7 @@
-"""The model wizard: search the Hub, pick a quantization that fits, download target and
-draft head as one job (pause, resume, cancel), import a local GGUF, see local models.
+"""The model wizard: search the Hub, pick a quantization that fits, download target,
+draft head and draft model as one job (pause, resume, cancel), import a local GGUF, see
+local models. Each quantization shows the draft model paired with it (checked against
+its vocabulary before download) and the fit of both together.
 
 All Hub work runs in a HubWorker moved to a QThread; this dialog only sends requests by
 signal and shows what comes back, so the window never freezes on the network."""
@@ -34,8 +36,13 @@ from app.gui.model_wizard_worker import DownloadRequest, HubFailure, HubWorker, 
 from engine.errors import ModelLoadError
 from engine.hub.catalog import load_catalog
 from engine.hub.download import DownloadControl, DownloadProgress
-from engine.hub.fit import TOO_LARGE, MachineMemory, human_bytes
+from engine.hub.draft_catalog import load_draft_catalog
+from engine.hub.draft_pairing import DraftOffer
+from engine.hub.fit import TOO_LARGE, FitEstimate, MachineMemory, human_bytes
 from engine.hub.local_models import LocalModel, ModelRegistry, import_gguf
+
+FILE_COLUMNS = ["quant", "size", "fit", "draft model", "file"]
+FIT_COLUMN, DRAFT_COLUMN = 2, 3
 
 
 class ModelWizardDialog(QDialog):
@@ -58,8 +65,9 @@ class ModelWizardDialog(QDialog):
         self.details: RepoDetails | None = None
         self.control: DownloadControl | None = None
         self._build()
-        catalog = load_catalog(self.registry.path.parent.parent)  # <home>/models/models.json
-        self.worker = HubWorker(hub_endpoint, cache_dir, self.registry, catalog, memory)
+        data_dir = self.registry.path.parent.parent  # <home>/models/models.json
+        self.worker = HubWorker(hub_endpoint, cache_dir, self.registry, load_catalog(data_dir),
+                                memory, load_draft_catalog(data_dir))
         self.thread_ = QThread(self)
         self.thread_.setObjectName("model-wizard-hub")
         self.worker.moveToThread(self.thread_)
@@ -87,13 +95,16 @@ class ModelWizardDialog(QDialog):
             top.addWidget(w)
 
         self.repos = QListWidget()
-        self.files = QTableWidget(0, 4)
-        self.files.setHorizontalHeaderLabels(["quant", "size", "fit", "file"])
+        self.files = QTableWidget(0, len(FILE_COLUMNS))
+        self.files.setHorizontalHeaderLabels(FILE_COLUMNS)
         self.files.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.files.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.files.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.files.horizontalHeader().setStretchLastSection(True)
         self.heads = QComboBox()
+        self.drafts = QComboBox()
+        self.draft_note = QLabel()
+        self.draft_note.setWordWrap(True)
 
         self.download_button = QPushButton("Download")
         self.pause_button = QPushButton("Pause")
@@ -122,6 +133,8 @@ class ModelWizardDialog(QDialog):
         heads_row = QHBoxLayout()
         heads_row.addWidget(QLabel("Draft head"))
         heads_row.addWidget(self.heads, 1)
+        heads_row.addWidget(QLabel("Draft model"))
+        heads_row.addWidget(self.drafts, 1)
         bottom = QHBoxLayout()
         bottom.addWidget(self.import_button)
         bottom.addStretch(1)
@@ -131,6 +144,7 @@ class ModelWizardDialog(QDialog):
         root.addLayout(top)
         root.addLayout(grid, 3)
         root.addLayout(heads_row)
+        root.addWidget(self.draft_note)
         root.addLayout(actions)
         root.addWidget(self.progress_bar)
         root.addWidget(self.status)
@@ -141,7 +155,9 @@ class ModelWizardDialog(QDialog):
         self.search_button.clicked.connect(self.start_search)
         self.query.returnPressed.connect(self.start_search)
         self.repos.currentItemChanged.connect(self._on_repo_selected)
-        self.files.itemSelectionChanged.connect(self._update_buttons)
+        self.files.itemSelectionChanged.connect(self._on_row_selected)
+        self.heads.activated.connect(self._update_fit)
+        self.drafts.activated.connect(self._update_fit)
         self.download_button.clicked.connect(self.start_download)
         self.pause_button.clicked.connect(self.toggle_pause)
         self.cancel_button.clicked.connect(self.cancel_download)
@@ -163,6 +179,8 @@ class ModelWizardDialog(QDialog):
             return
         self.files.setRowCount(0)
         self.heads.clear()
+        self.drafts.clear()
+        self.draft_note.clear()
         self.details = None
         self.status.setText(f"Reading {item.text()}…")
         self.list_request.emit(item.data(Qt.ItemDataRole.UserRole), self.ctx.value())
@@ -172,13 +190,15 @@ class ModelWizardDialog(QDialog):
         row = self.files.currentRow()
         if self.details is None or row < 0 or self.control is not None:
             return
-        choice = self.details.rows[row][0]
+        choice = self.details.rows[row].choice
         head = self.heads.currentData()
+        draft = self.drafts.currentData()
         self.control = DownloadControl()
         self._set_busy(True)
         self.progress_bar.setValue(0)
-        self.status.setText(f"Downloading {choice.name}…")
-        self.download_request.emit(DownloadRequest(choice, head, self.control))
+        extra = f" with the draft {draft.label}" if draft is not None else ""
+        self.status.setText(f"Downloading {choice.name}{extra}…")
+        self.download_request.emit(DownloadRequest(choice, head, self.control, draft))
 
     @Slot()
     def toggle_pause(self) -> None:
@@ -233,28 +253,72 @@ class ModelWizardDialog(QDialog):
             return  # the user has moved on to another repository
         self.details = details
         self.files.setRowCount(len(details.rows))
-        for i, (choice, fit) in enumerate(details.rows):
-            cells = (choice.quant, human_bytes(choice.n_bytes), fit.label, choice.name)
+        for i, row in enumerate(details.rows):
+            choice = row.choice
+            cells = (choice.quant, human_bytes(choice.n_bytes), row.fit.label,
+                     _draft_text(row.default_draft), choice.name)
             for j, text in enumerate(cells):
-                cell = QTableWidgetItem(text)
-                if j == 2:
-                    cell.setToolTip(f"needs {human_bytes(fit.n_total_bytes)}: weights, draft "
-                                    f"head and a {details.n_ctx}-token KV cache "
-                                    f"({human_bytes(fit.n_kv_bytes)})")
-                self.files.setItem(i, j, cell)
+                self.files.setItem(i, j, QTableWidgetItem(text))
+            self._show_fit(i, row.fit)
+            self.files.item(i, DRAFT_COLUMN).setToolTip(_draft_tip(row.default_draft))
         self.files.resizeColumnsToContents()
-        fitting = [i for i, (_, fit) in enumerate(details.rows) if fit.label != TOO_LARGE]
-        if fitting:  # preselect the largest quantization that fits: best quality
-            self.files.selectRow(fitting[-1])
         self.heads.clear()
         self.heads.addItem("none (drafts from memory)", None)
         for h in details.heads:
             self.heads.addItem(f"{h.repo_id} ({human_bytes(h.n_bytes)}, {h.source})", h)
         if details.heads:
             self.heads.setCurrentIndex(1)
+        self.draft_note.setText(_not_offered(details))
+        fitting = [i for i, row in enumerate(details.rows) if row.fit.label != TOO_LARGE]
+        if fitting:  # preselect the largest quantization that fits: best quality
+            self.files.selectRow(fitting[-1])
+        self._on_row_selected()
+        n_drafts = len({o.label for r in details.rows for o in r.drafts
+                        if o.check.compatible})
         self.status.setText(f"{details.repo_id}: {len(details.rows)} models, "
-                            f"{len(details.heads)} draft heads.")
+                            f"{len(details.heads)} draft heads, {n_drafts} draft models.")
+
+    @Slot()
+    def _on_row_selected(self) -> None:
+        """List the selected quantization's compatible drafts, its default first."""
+        self.drafts.clear()
+        row = self.files.currentRow()
+        if self.details is not None and 0 <= row < len(self.details.rows):
+            target = self.details.rows[row]
+            self.drafts.addItem("none", None)
+            for o in target.drafts:
+                if o.check.compatible:
+                    self.drafts.addItem(_draft_text(o), o)
+                    self.drafts.setItemData(self.drafts.count() - 1, _draft_tip(o),
+                                            Qt.ItemDataRole.ToolTipRole)
+            default = target.default_draft
+            self.drafts.setCurrentIndex(next((i for i in range(self.drafts.count())
+                                              if default is not None
+                                              and self.drafts.itemData(i) == default), 0))
+            self._update_fit()
         self._update_buttons()
+
+    @Slot()
+    def _update_fit(self) -> None:
+        """The selected row's fit with the head and draft chosen now (pure arithmetic)."""
+        row = self.files.currentRow()
+        if self.details is None or not 0 <= row < len(self.details.rows):
+            return
+        draft = self.drafts.currentData()
+        self._show_fit(row, self.details.fit(self.details.rows[row].choice,
+                                             self.heads.currentData(), draft))
+        self.files.item(row, DRAFT_COLUMN).setText(_draft_text(draft))
+        self.files.item(row, DRAFT_COLUMN).setToolTip(_draft_tip(draft))
+
+    def _show_fit(self, row: int, fit: FitEstimate) -> None:
+        assert self.details is not None
+        cell = self.files.item(row, FIT_COLUMN)
+        cell.setText(fit.label)
+        draft = (f", a draft model with its KV cache ({human_bytes(fit.n_draft_bytes)})"
+                 if fit.n_draft_bytes else "")
+        cell.setToolTip(f"needs {human_bytes(fit.n_total_bytes)}: weights, draft head{draft} "
+                        f"and a {self.details.n_ctx}-token KV cache "
+                        f"({human_bytes(fit.n_kv_bytes)})")
 
     @Slot(object)
     def _on_progress(self, p: DownloadProgress) -> None:
@@ -299,6 +363,7 @@ class ModelWizardDialog(QDialog):
         self.local.clear()
         for m in self.registry.list():
             head = f", head {m.head_repo}" if m.head_repo else ""
+            head += f", draft {m.draft_label}" if m.draft_path else ""
             missing = "" if m.available else "  (file missing)"
             self.local.addItem(f"{m.name}  ({m.quant}, {human_bytes(m.n_bytes)}{head})"
                                f"{missing}")
@@ -312,3 +377,25 @@ class ModelWizardDialog(QDialog):
         if self.thread_.isRunning():
             self.thread_.quit()
             self.thread_.wait(10_000)
+
+
+def _draft_text(offer: DraftOffer | None) -> str:
+    """A draft in a table cell: name, size (or that it is here) and the check."""
+    if offer is None:
+        return "none"
+    where = "on this machine" if offer.choice is None else human_bytes(offer.n_bytes)
+    mark = "vocabulary ✓" if offer.check.confirmed else "vocabulary partly checked"
+    return f"{offer.label} ({where}, {mark})"
+
+
+def _draft_tip(offer: DraftOffer | None) -> str:
+    if offer is None:
+        return "No draft model pairs with this size (none compatible at most 1/4 of it)."
+    return f"{offer.label}: {offer.check.verdict}"
+
+
+def _not_offered(details: RepoDetails) -> str:
+    """The paired drafts left out, and why: a vocabulary that differs."""
+    bad = [f"{r.pair.draft_repo} ({r.check.verdict})" for r in details.remote
+           if not r.check.compatible]
+    return ("Not offered: " + "; ".join(bad)) if bad else ""

@@ -14,12 +14,15 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal, Slot
 
 from engine.errors import DownloadCancelledError, TandemError
-from engine.hub.catalog import HeadChoice, HeadPair, matching_heads
+from engine.hub.catalog import HeadChoice, HeadPair
 from engine.hub.download import DownloadControl, Downloader, DownloadProgress
-from engine.hub.fit import FitEstimate, MachineMemory, estimate_fit, machine_memory
+from engine.hub.draft_catalog import KNOWN_DRAFTS, DraftPair
+from engine.hub.draft_pairing import DraftOffer
+from engine.hub.fit import MachineMemory, machine_memory
 from engine.hub.install import install
 from engine.hub.local_models import ModelRegistry
-from engine.hub.search import GGUFChoice, list_repo, read_remote_facts, search_gguf
+from engine.hub.repo_pairing import RepoPairing, pair_repo
+from engine.hub.search import GGUFChoice, search_gguf
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +36,8 @@ class HubFailure:
     cancelled: bool = False
 
 
-@dataclass(frozen=True)
-class RepoDetails:
-    """One repository's models with their fit, and the draft heads that go with it."""
-
-    repo_id: str
-    n_ctx: int
-    rows: tuple[tuple[GGUFChoice, FitEstimate], ...]
-    heads: tuple[HeadChoice, ...]
+# One repository's models, each with its drafts and fit, and the draft heads for it.
+RepoDetails = RepoPairing
 
 
 @dataclass(frozen=True)
@@ -50,24 +47,27 @@ class DownloadRequest:
     choice: GGUFChoice
     head: HeadChoice | None
     control: DownloadControl
+    draft: DraftOffer | None = None
 
 
 class HubWorker(QObject):
     """Runs searches, listings and downloads, one at a time, off the UI thread."""
 
     searched = Signal(object)  # list[RepoHit]
-    listed = Signal(object)  # RepoDetails
+    listed = Signal(object)  # RepoDetails (RepoPairing)
     progress = Signal(object)  # DownloadProgress
     installed = Signal(object)  # LocalModel
     failed = Signal(object)  # HubFailure
 
     def __init__(self, endpoint: str | None, cache_dir: Path | None, registry: ModelRegistry,
-                 catalog: tuple[HeadPair, ...], memory: MachineMemory | None = None) -> None:
+                 catalog: tuple[HeadPair, ...], memory: MachineMemory | None = None,
+                 draft_catalog: tuple[DraftPair, ...] = KNOWN_DRAFTS) -> None:
         super().__init__()
         self.endpoint = endpoint
         self.cache_dir = cache_dir
         self.registry = registry
         self.catalog = catalog
+        self.draft_catalog = draft_catalog
         self._memory = memory
 
     @Slot(str)
@@ -83,16 +83,13 @@ class HubWorker(QObject):
     @Slot(str, int)
     def list_repo(self, repo_id: str, n_ctx: int) -> None:
         try:
-            choices = list_repo(repo_id, endpoint=self.endpoint).gguf_choices()
-            facts = read_remote_facts(choices[0], endpoint=self.endpoint) if choices else None
-            heads = matching_heads(repo_id, facts, catalog=self.catalog,
-                                   endpoint=self.endpoint)
             if self._memory is None:
                 self._memory = machine_memory()
-            n_head = heads[0].n_bytes if heads else 0
-            rows = tuple((c, estimate_fit(c.n_bytes, n_head, n_ctx, facts, self._memory))
-                         for c in choices)
-            self.listed.emit(RepoDetails(repo_id, n_ctx, rows, tuple(heads)))
+            # Header reads of the target and each paired draft (their vocabularies
+            # checked), heads, and this machine's compatible GGUFs: all off the UI thread.
+            self.listed.emit(pair_repo(repo_id, n_ctx, self._memory, head_catalog=self.catalog,
+                                       draft_catalog=self.draft_catalog,
+                                       registry=self.registry, endpoint=self.endpoint))
         except TandemError as exc:
             self.failed.emit(HubFailure("list", str(exc)))
         except Exception as exc:  # noqa: BLE001 - a bug must not leave the dialog waiting
@@ -104,7 +101,8 @@ class HubWorker(QObject):
         downloader = Downloader(self.cache_dir, self.endpoint)
         try:
             model, _ = install(request.choice, request.head, downloader, self.registry,
-                               control=request.control, on_progress=self._report)
+                               control=request.control, on_progress=self._report,
+                               draft=request.draft)
             self.installed.emit(model)
         except DownloadCancelledError as exc:
             self.failed.emit(HubFailure("download", str(exc), cancelled=True))
