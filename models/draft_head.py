@@ -46,11 +46,11 @@ class DynamicGatingFusion(nn.Module):
 
 
 class FcFusion(nn.Module):
-    """EAGLE-1: fc([emb; feat])."""
+    """EAGLE-1: fc([emb; feat]) (the embedding first, as in EAGLE's cnets1.py)."""
 
-    def __init__(self, d: int) -> None:
+    def __init__(self, d: int, bias: bool = True) -> None:
         super().__init__()
-        self.fc = nn.Linear(2 * d, d, bias=True)
+        self.fc = nn.Linear(2 * d, d, bias=bias)
 
     def forward(self, feat: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.cat([emb, feat], dim=-1))
@@ -72,9 +72,9 @@ class DecoderBlock(nn.Module):
         d, hd = cfg.hidden_size, cfg.head_dim
         self.cfg = cfg
         self.input_norm = RMSNorm(d, cfg.rms_eps) if input_norm else nn.Identity()
-        self.q = nn.Linear(d, cfg.n_heads * hd, bias=False)
-        self.k = nn.Linear(d, cfg.n_kv_heads * hd, bias=False)
-        self.v = nn.Linear(d, cfg.n_kv_heads * hd, bias=False)
+        self.q = nn.Linear(d, cfg.n_heads * hd, bias=cfg.qkv_bias)
+        self.k = nn.Linear(d, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
+        self.v = nn.Linear(d, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
         self.o = nn.Linear(cfg.n_heads * hd, d, bias=False)
         self.post_norm = RMSNorm(d, cfg.rms_eps)
         self.gate = nn.Linear(d, cfg.intermediate_size, bias=False)
@@ -115,7 +115,8 @@ class DraftHead(nn.Module):
         super().__init__()
         self.cfg = cfg
         d = cfg.hidden_size
-        self.fusion = DynamicGatingFusion(d, cfg.rms_eps) if cfg.fusion == "dgf" else FcFusion(d)
+        self.fusion = (DynamicGatingFusion(d, cfg.rms_eps) if cfg.fusion == "dgf"
+                       else FcFusion(d, cfg.fc_bias))
         self.blocks = nn.ModuleList(DecoderBlock(cfg, input_norm=i > 0)
                                     for i in range(cfg.n_layers))
         if d2t is None:

@@ -35,6 +35,10 @@ class HeadConfig:
     rope_theta: float = 10000.0
     draft_vocab_size: int = 0  # 0: the target's full vocabulary
     target: TargetFingerprint | None = field(default=None)
+    # EAGLE-1 checkpoints differ here: Llama-3 heads have no fc bias ("bias": false),
+    # Qwen2 heads have q/k/v biases ("qkv_bias"). The defaults are Tandem's own heads.
+    fc_bias: bool = True
+    qkv_bias: bool = False
 
     def __post_init__(self) -> None:
         if self.fusion not in ("dgf", "fc"):

@@ -108,9 +108,10 @@ def open_drafter(spec: DrafterSpec, target: Target | None = None,
         devices = [spec.device] + (["cpu"] if spec.device != "cpu" else [])
         for device in devices:
             try:
-                return build_drafter(DrafterSpec(spec.name, spec.head_dir, device,
-                                                 spec.head_options), target,
-                                     fingerprint), notes
+                drafter = build_drafter(DrafterSpec(spec.name, spec.head_dir, device,
+                                                    spec.head_options), target, fingerprint)
+                # What could not be checked (an EAGLE-1 head's tokenizer) is said too.
+                return drafter, notes + list(getattr(drafter, "load_notes", []))
             except Exception as exc:  # noqa: BLE001 - bad file, no device, out of memory
                 log.info("draft head on %s failed: %s", device, exc)
                 notes.append(f"the draft head could not run on {device}: {exc}")

@@ -26,8 +26,14 @@ from engine.draft_tree import DraftTree
 from engine.drafters.base import Drafter
 from engine.errors import IncompatibleDraftError
 from models.draft_head import DraftHead, KVCache
+from models.eagle1_config import is_eagle1_dir, read_eagle1_config
 from models.gguf_weights import TargetForHead, target_for_head
 from models.head_config import HeadConfig, TargetFingerprint
+
+# An EAGLE-1 config names no tokenizer: a head for another tokenizer of the same size
+# loads (still lossless, since the target verifies, but it would rarely be accepted).
+EAGLE1_UNCHECKED = ("its config.json names no tokenizer, so only hidden_size and "
+                    "vocab_size could be checked, not the tokenizer")
 
 # Drafts served ahead in a row before an ordinary draft brings the head's cache up to
 # date with the target's true features (drafts ahead build on predicted ones).
@@ -121,6 +127,7 @@ class HeadDrafter(Drafter):
         if self.device.type == "cpu":
             torch.set_num_threads(self.config.n_threads)
         self.calibration = DepthCalibration()
+        self.load_notes: list[str] = []  # what the user should know about this head
         self._tokens: list[int] = []  # the context, last token included
         self._feats = np.zeros((0, head.cfg.hidden_size), np.float32)  # true features
         self._base = 0  # position of the first cache entry
@@ -473,10 +480,14 @@ class HeadDrafter(Drafter):
 def check_head_fits(head_dir: Path, target: TargetFingerprint) -> HeadConfig:
     """The head's config if it was trained for ``target``. Raises FileNotFoundError (no
     head there), IncompatibleDraftError naming each field that differs, ValueError for
-    an unreadable ``head.json`` (the message names the file)."""
+    an unreadable ``head.json`` (the message names the file). A public EAGLE-1 head
+    (config.json) is checked on what it names: its width and vocabulary size."""
+    if is_eagle1_dir(head_dir):
+        return _check_eagle1_fits(head_dir, target)
     path = Path(head_dir) / "head.json"
     if not path.is_file():
-        raise FileNotFoundError(f"no draft head in {head_dir} (head.json missing)")
+        raise FileNotFoundError(f"no draft head in {head_dir} (head.json missing, and no "
+                                "EAGLE-1 config.json)")
     try:
         cfg = HeadConfig.load(path)
     except (ValueError, TypeError, KeyError) as exc:
@@ -488,35 +499,64 @@ def check_head_fits(head_dir: Path, target: TargetFingerprint) -> HeadConfig:
     return cfg
 
 
+def _check_eagle1_fits(head_dir: Path, target: TargetFingerprint) -> HeadConfig:
+    eagle = read_eagle1_config(head_dir)
+    differences = [(name, mine, theirs) for name, mine, theirs in (
+        ("hidden_size", eagle.head.hidden_size, target.hidden_size),
+        ("vocab_size", eagle.vocab_size, target.vocab_size)) if mine != theirs]
+    if differences:
+        raise IncompatibleDraftError(f"the EAGLE-1 head in {head_dir} ({EAGLE1_UNCHECKED})",
+                                     differences)
+    return eagle.head
+
+
 def load_head_drafter(head_dir: Path, model_path: Path, target: TargetFingerprint,
-                      config: HeadDrafterConfig | None = None, device: str = "cpu"
-                      ) -> HeadDrafter:
+                      config: HeadDrafterConfig | None = None, device: str = "cpu",
+                      draft_vocab_size: int = 0) -> HeadDrafter:
     """A drafter for the target at ``model_path`` (whose fingerprint is ``target``) from
-    the head saved in ``head_dir``. Raises what ``check_head_fits`` raises, and
-    ValueError naming the file when the weights are not this head's."""
+    the head saved in ``head_dir`` (Tandem's head.json + head.safetensors, or a public
+    EAGLE-1 checkpoint). ``draft_vocab_size`` keeps that many LM-head rows of an EAGLE-1
+    head (0: all). Raises what ``check_head_fits`` raises, and ValueError naming the file
+    when the weights are not this head's."""
+    from models.eagle1_config import weights_file
+    from models.eagle1_io import load_eagle1
     from models.head_io import WEIGHTS, load_head
 
     check_head_fits(head_dir, target)
-    weights = _target_for_head(model_path)
+    weights = cached_target_for_head(model_path)
+    embed, lm_head = torch.from_numpy(weights.embed), torch.from_numpy(weights.lm_head)
+    eagle1 = is_eagle1_dir(head_dir)
+    path = weights_file(head_dir) if eagle1 else Path(head_dir) / WEIGHTS
     try:
-        head = load_head(Path(head_dir), torch.from_numpy(weights.embed),
-                         torch.from_numpy(weights.lm_head), device=device)
+        if eagle1:
+            keep: frozenset[int] = frozenset()
+            if draft_vocab_size:  # the end tokens stay draftable in any subset
+                from engine.model_info import read_model_info
+
+                keep = read_model_info(model_path).eog_ids
+            head = load_eagle1(Path(head_dir), embed, lm_head, device, draft_vocab_size, keep)
+        else:
+            head = load_head(Path(head_dir), embed, lm_head, device=device)
     except Exception as exc:  # noqa: BLE001 - torch and safetensors raise many kinds
         # On a GPU a failure may be the device's (none, out of memory): let it through
         # so the caller can try the CPU. On the CPU it is the files'.
         if device != "cpu" or isinstance(exc, FileNotFoundError | MemoryError) or (
                 "out of memory" in str(exc).lower()):
             raise
+        if isinstance(exc, ValueError) and str(path) in str(exc):
+            raise  # already names the file and what is wrong in it
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"{Path(head_dir) / WEIGHTS} does not hold this head's weights "
-                         f"({first_line})") from exc
-    return HeadDrafter(head, config)
+        raise ValueError(f"{path} does not hold this head's weights ({first_line})") from exc
+    drafter = HeadDrafter(head, config)
+    if eagle1:
+        drafter.load_notes = [f"the EAGLE-1 head in {head_dir}: {EAGLE1_UNCHECKED}"]
+    return drafter
 
 
 _TARGETS: dict[Path, TargetForHead] = {}
 
 
-def _target_for_head(model_path: Path) -> TargetForHead:
+def cached_target_for_head(model_path: Path) -> TargetForHead:
     """Dequantized embeddings are ~200 MB of float32: read once per model per process."""
     key = Path(model_path).resolve()
     if key not in _TARGETS:
