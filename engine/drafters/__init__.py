@@ -32,7 +32,8 @@ DEFAULT_HEAD_DIR = Path(__file__).resolve().parents[2] / "assets" / "draft-head-
 @dataclass(frozen=True)
 class DrafterSpec:
     """What to draft with. ``head_options`` go to the head drafter's config (mode,
-    depth, top_k, draft_ahead, dynamic_depth)."""
+    depth, top_k, draft_ahead, dynamic_depth); for a draft model, ``depth`` and
+    ``n_gpu_layers``."""
 
     name: str = "memory"
     head_dir: Path | None = None  # None: the head shipped for the bundled model
@@ -68,7 +69,7 @@ def build_drafter(spec: DrafterSpec, target: Target | None = None,
     if target is None:
         raise ValueError(f"the {spec.name} drafter needs the target model")
     if spec.name == "draft":
-        return open_draft_model(spec.draft_model, target)
+        return open_draft_model(spec.draft_model, target, spec.head_options)
     from engine.drafters.head import HeadDrafterConfig, load_head_drafter
 
     options = dict(spec.head_options)
@@ -82,19 +83,23 @@ def build_drafter(spec: DrafterSpec, target: Target | None = None,
                              device=spec.device)
 
 
-def open_draft_model(path: Path | None, target: Target) -> Drafter:
-    """A draft-model drafter for ``target``, after llama.cpp's compatibility rules.
-    Raises ValueError (no path), ModelLoadError, IncompatibleDraftError."""
+def open_draft_model(path: Path | None, target: Target,
+                     options: dict[str, object] | None = None) -> Drafter:
+    """A draft-model drafter for ``target``, after llama.cpp's compatibility rules;
+    ``options``: ``depth`` (tokens per sequence at most), ``n_gpu_layers``. Raises
+    ValueError (no path), ModelLoadError, IncompatibleDraftError."""
     from engine.draft_compat import check_draft_model, read_vocab_facts, vocab_facts
     from engine.drafters.draft_model import DraftModelConfig, DraftModelDrafter
 
     if path is None:
         raise ValueError("the draft drafter needs a draft model (--draft-model PATH)")
     check_draft_model(read_vocab_facts(path), vocab_facts(target.model))
-    config = DraftModelConfig()
+    options = options or {}
+    config = DraftModelConfig(max_depth=int(options.get("depth", DraftModelConfig.max_depth)))
     # Room for the side sequences' cells beside the target's context.
     n_ctx = target.n_ctx + config.max_depth * config.max_sequences
-    return DraftModelDrafter(path, n_ctx, target.n_threads, config)
+    return DraftModelDrafter(path, n_ctx, target.n_threads, config,
+                             n_gpu_layers=int(options.get("n_gpu_layers", 0)))
 
 
 def open_drafter(spec: DrafterSpec, target: Target | None = None,
