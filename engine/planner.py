@@ -87,7 +87,9 @@ class HeadFacts:
     def from_dir(cls, head_dir: Path, target_matrices_bytes: int) -> HeadFacts:
         """Size from the files; acceptance from ``acceptance.json`` (measured on real
         chats with the target) when the head ships one."""
-        size = sum(f.stat().st_size for f in Path(head_dir).glob("*.safetensors"))
+        # Tandem's heads and EAGLE-1 checkpoints (safetensors or a torch .bin).
+        size = sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin")
+                   for f in Path(head_dir).glob(pattern))
         acc = DEFAULT_ACCEPTANCE
         path = Path(head_dir) / "acceptance.json"
         if path.is_file():
