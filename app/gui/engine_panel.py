@@ -1,4 +1,11 @@
-"""Model, draft head and drafter: app-wide choices, remembered in the store."""
+"""Model, drafter and what drafts (a head or a draft model): app-wide choices,
+remembered in the store.
+
+The draft selector lists draft heads and the draft models that can draft for the chosen
+model: GGUFs on this machine whose header passes llama.cpp's vocabulary rules against
+the model's and weigh at most a quarter of it (engine.hub.draft_pairing; header reads
+only, cached per file, so this runs on the UI thread). An incompatible one is never
+listed."""
 
 from __future__ import annotations
 
@@ -21,25 +28,49 @@ from PySide6.QtWidgets import (
 
 from app.conversation_store import ConversationStore
 from app.gui.engine_worker import EngineChoice, EngineReady
+from engine.hub.draft_pairing import (
+    BUNDLED_DRAFT_FILE,
+    LocalDraft,
+    compatible_local_drafts,
+    local_candidates,
+)
+from engine.hub.fit import human_bytes
+from engine.hub.local_models import ModelRegistry
 
 log = logging.getLogger(__name__)
 
 DRAFTER_LABELS = {
     "auto": "Auto (the planner decides)",
     "head": "Draft head",
+    "draft": "Draft model",
     "lookup": "Prompt lookup",
     "none": "None (plain decoding)",
 }
 
 
+DRAFT_PREFIX = "draft:"  # the selector's data for a draft model, beside head paths
+
+
 def _registry_models() -> list:
     """Available models of the wizard's registry; none when it cannot be read."""
     try:
-        from engine.hub.local_models import ModelRegistry
-
         return [m for m in ModelRegistry().list() if m.available]
     except Exception:  # a broken registry must not keep the window from opening
         log.warning("cannot read the local model registry", exc_info=True)
+        return []
+
+
+def _compatible_drafts(model: str, extra: list[str]) -> list[LocalDraft]:
+    """The local draft models for ``model`` ("" = the bundled one); none when its
+    header cannot be read."""
+    registry = ModelRegistry()
+    target = Path(model) if model else registry.path.parent / BUNDLED_DRAFT_FILE
+    try:
+        if not target.is_file():
+            return []
+        return compatible_local_drafts(target, local_candidates(registry, extra))
+    except Exception:  # a bad file must not keep the window from opening
+        log.warning("cannot list draft models for %s", target, exc_info=True)
         return []
 
 
@@ -73,7 +104,7 @@ class EnginePanel(QGroupBox):
         form = QFormLayout()
         form.addRow("Model", model_row)
         form.addRow("Drafter", self.drafter_box)
-        form.addRow("Draft head", head_row)
+        form.addRow("Drafts with", head_row)
         self.state = QLabel("Starting…")
         self.state.setWordWrap(True)
         self.note = QLabel()
@@ -90,50 +121,95 @@ class EnginePanel(QGroupBox):
 
     def _fill(self) -> None:
         """(Re)list the models: the bundled one, GGUF files the user added, and models
-        the model wizard downloaded or imported (with their draft heads)."""
+        the model wizard downloaded or imported (with their draft heads and drafts)."""
         models = list(self.store.get_setting("models", []))
-        heads = list(self.store.get_setting("heads", []))
         self.model_heads: dict[str, str] = {}
+        self.model_drafts: dict[str, str] = {}
         for m in _registry_models():
             if m.path not in models:
                 models.append(m.path)
             if m.head_dir:
                 self.model_heads[m.path] = m.head_dir
-                if m.head_dir not in heads:
-                    heads.append(m.head_dir)
+            if m.draft_path:
+                self.model_drafts[m.path] = m.draft_path
         self.model_box.clear()
         self.model_box.addItem("SmolLM2-135M-Instruct (bundled)", "")
         for p in models:
             self.model_box.addItem(Path(p).name, p)
+        self._select(self.model_box, self.store.get_setting("model", ""))
+        self._fill_drafts()
+        self._select(self.drafter_box, self.store.get_setting("drafter", "auto"))
+
+    def _fill_drafts(self) -> None:
+        """(Re)list what can draft for the selected model: heads, then draft models."""
+        heads = list(self.store.get_setting("heads", []))
+        heads += [h for h in self.model_heads.values() if h not in heads]
         self.head_box.clear()
         self.head_box.addItem("Bundled head (SmolLM2)", "")
         for p in heads:
             self.head_box.addItem(Path(p).name, p)
-        self._select(self.model_box, self.store.get_setting("model", ""))
-        self._select(self.head_box, self.store.get_setting("head", ""))
-        self._select(self.drafter_box, self.store.get_setting("drafter", "auto"))
+        model = self.model_box.currentData() or ""
+        for d in _compatible_drafts(model, list(self.store.get_setting("models", []))):
+            self.head_box.addItem(f"{d.name} (draft model, {human_bytes(d.n_bytes)})",
+                                  DRAFT_PREFIX + d.path)
+        draft = self.store.get_setting("draft_model", "")
+        if not (draft and self.head_box.findData(DRAFT_PREFIX + draft) >= 0):
+            draft = ""
+        self._select(self.head_box, DRAFT_PREFIX + draft if draft
+                     else self.store.get_setting("head", ""))
 
     @staticmethod
     def _select(box: QComboBox, value: object) -> None:
         i = box.findData(value)
         box.setCurrentIndex(max(0, i))
 
+    def _selected_draft(self) -> Path | None:
+        data = self.head_box.currentData() or ""
+        return Path(data[len(DRAFT_PREFIX):]) if data.startswith(DRAFT_PREFIX) else None
+
     def choice(self) -> EngineChoice:
+        """What the boxes say. A draft model selected runs the draft drafter (or is
+        weighed by auto); a head selected runs a head drafter."""
         model = self.model_box.currentData() or None
-        head = self.head_box.currentData() or None
-        return EngineChoice(model_path=Path(model) if model else None,
-                            drafter=self.drafter_box.currentData() or "auto",
-                            head_dir=Path(head) if head else None)
+        drafter = self.drafter_box.currentData() or "auto"
+        draft = self._selected_draft()
+        head = None if draft else (self.head_box.currentData() or None)
+        if draft is not None and drafter == "head":
+            drafter = "draft"
+        elif draft is None and drafter == "draft":
+            drafter = "head"
+        return EngineChoice(model_path=Path(model) if model else None, drafter=drafter,
+                            head_dir=Path(head) if head else None, draft_model=draft)
 
     def _changed(self, *_: object) -> None:
         model = self.model_box.currentData() or ""
-        if self.sender() is self.model_box and model in self.model_heads:
-            # A model that came with a head drafts with it unless the user says otherwise.
-            self._select(self.head_box, self.model_heads[model])
+        if self.sender() is self.model_box:
+            # Another model: other drafts fit it. One that came with a draft drafts with
+            # it (or with its head) unless the user says otherwise.
+            self._fill_drafts()
+            paired = self.model_drafts.get(model)
+            if paired and self.head_box.findData(DRAFT_PREFIX + paired) >= 0:
+                self._select(self.head_box, DRAFT_PREFIX + paired)
+            elif model in self.model_heads:
+                self._select(self.head_box, self.model_heads[model])
+        elif self.sender() is self.head_box and self._selected_draft() is not None:
+            # Choosing a draft model means drafting with it.
+            self._select(self.drafter_box, "draft")
+        elif (self.sender() is self.drafter_box and self.drafter_box.currentData() == "draft"
+              and self._selected_draft() is None):
+            # "Draft model" asked for: the first one listed (none listed: a head drafts).
+            first = next((i for i in range(self.head_box.count())
+                          if str(self.head_box.itemData(i)).startswith(DRAFT_PREFIX)), -1)
+            if first >= 0:
+                self.head_box.setCurrentIndex(first)
+        choice = self.choice()
+        self._select(self.drafter_box, choice.drafter)
         self.store.set_setting("model", model)
-        self.store.set_setting("head", self.head_box.currentData() or "")
-        self.store.set_setting("drafter", self.drafter_box.currentData() or "auto")
-        self.choice_changed.emit(self.choice())
+        if choice.draft_model is None:
+            self.store.set_setting("head", self.head_box.currentData() or "")
+        self.store.set_setting("draft_model", str(choice.draft_model or ""))
+        self.store.set_setting("drafter", choice.drafter)
+        self.choice_changed.emit(choice)
 
     def _remember(self, key: str, path: str) -> None:
         items = list(self.store.get_setting(key, []))
@@ -141,13 +217,16 @@ class EnginePanel(QGroupBox):
             items.append(path)
             self.store.set_setting(key, items)
 
-    def add_model(self, path: Path, head_dir: Path | None = None) -> None:
-        """Offer a local GGUF file and switch to it (and to ``head_dir`` when given)."""
+    def add_model(self, path: Path, head_dir: Path | None = None,
+                  draft_path: Path | None = None) -> None:
+        """Offer a local GGUF file and switch to it (and to ``head_dir`` or the paired
+        ``draft_path`` when given: the draft is selected when it is compatible)."""
         self._remember("models", str(path))
         self.store.set_setting("model", str(path))
         if head_dir is not None:
             self._remember("heads", str(head_dir))
             self.store.set_setting("head", str(head_dir))
+        self.store.set_setting("draft_model", str(draft_path) if draft_path else "")
         self._fill()
         self._changed()
 
@@ -155,8 +234,10 @@ class EnginePanel(QGroupBox):
         """Offer a head folder (head.json + head.safetensors) and draft with it."""
         self._remember("heads", str(path))
         self.store.set_setting("head", str(path))
+        self.store.set_setting("draft_model", "")
         drafter = self.drafter_box.currentData() or "auto"
-        self.store.set_setting("drafter", "head" if drafter in ("none", "lookup") else drafter)
+        self.store.set_setting("drafter", "head" if drafter in ("none", "lookup", "draft")
+                               else drafter)
         self._fill()
         self._changed()
 

@@ -32,13 +32,14 @@ from engine.target import Target
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-DRAFTER_CHOICES = ("auto", "head", "lookup", "none")
+DRAFTER_CHOICES = ("auto", "head", "draft", "lookup", "none")
 
 
 @dataclass(frozen=True)
 class EngineChoice:
     """What to load. ``model_path`` None: the bundled default (prepared on first start);
-    ``head_dir`` None: the head shipped for the bundled model."""
+    ``head_dir`` None: the head shipped for the bundled model; ``draft_model``: the GGUF
+    the "draft" drafter runs (with "auto", one the planner may choose)."""
 
     model_path: Path | None = None
     drafter: str = "auto"
@@ -47,6 +48,7 @@ class EngineChoice:
     n_ctx: int | None = None  # None: the engine's default for the model
     n_threads: int | None = None
     kv_cache: str = "exact"  # or "fast" (engine.kv_cache.KV_TRADE_OFF)
+    draft_model: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class EngineReady:
     """The engine as loaded. ``note`` explains a fallback (empty when none happened)."""
 
     model_path: str
-    drafter: str  # effective: "head", "lookup" or "none"
+    drafter: str  # effective: "head", "draft", "memory", "lookup" or "none"
     requested: str  # what the user chose
     note: str
     n_ctx: int
@@ -202,10 +204,11 @@ class EngineWorker(QObject):
                 # drafter and budget; the governor stops drafting that does not pay.
                 self.status.emit("Measuring this machine (first start with this model only)…")
             overrides = Overrides(max_draft=choice.max_draft)
+            draft = choice.draft_model if choice.drafter in ("auto", "draft") else None
             engine = Engine(EngineConfig(model_path=choice.model_path, drafter=choice.drafter,
                                          head_dir=choice.head_dir, overrides=overrides,
                                          n_ctx=choice.n_ctx, n_threads=choice.n_threads,
-                                         kv_cache=choice.kv_cache),
+                                         kv_cache=choice.kv_cache, draft_model=draft),
                             progress=lambda what: self.status.emit(what[:1].upper() + what[1:]
                                                                    + "…"))
             self._engine = engine

@@ -4,6 +4,7 @@ the engine itself runs in the worker's thread."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QCoreApplication, QEvent, Qt, QThread, Signal, Slot
@@ -168,11 +169,9 @@ class MainWindow(QMainWindow):
     def load_engine(self, choice: EngineChoice) -> None:
         """Ask the worker to (re)load; the chat waits until it is ready."""
         if choice.model_path is None and self.default_model is not None:
-            choice = EngineChoice(self.default_model, choice.drafter, choice.head_dir,
-                                  choice.max_draft, choice.n_ctx, self.n_threads)
+            choice = replace(choice, model_path=self.default_model, n_threads=self.n_threads)
         elif self.n_threads is not None:
-            choice = EngineChoice(choice.model_path, choice.drafter, choice.head_dir,
-                                  choice.max_draft, choice.n_ctx, self.n_threads)
+            choice = replace(choice, n_threads=self.n_threads)
         self.controller.engine_ready = False
         self.engine_panel.show_loading("Loading the model…")
         self.load_request.emit(choice)
@@ -189,10 +188,12 @@ class MainWindow(QMainWindow):
         added: list[object] = []
         dialog.model_added.connect(added.append)
         dialog.exec()
-        if added:  # switch to the last model the user got, with its head if it has one
+        if added:  # switch to the last model the user got, with its head or draft
             model = added[-1]
             head = getattr(model, "head_dir", None)
-            self.engine_panel.add_model(Path(model.path), Path(head) if head else None)
+            draft = getattr(model, "draft_path", None)
+            self.engine_panel.add_model(Path(model.path), Path(head) if head else None,
+                                        Path(draft) if draft else None)
         else:
             self.engine_panel._fill()
 
