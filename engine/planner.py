@@ -13,7 +13,7 @@ It predicts tokens per second for every layout the machine allows, from measured
   its one-token decode is a "level", catching up on what the target committed is the
   per-step cost; it runs on the CPU beside the target (``cpu``), on the GPU with the
   target on the CPU (``dovetail``), or on the CPU with the target on the GPU
-  (``duodecoding``, in turn: the draft model does not draft ahead yet).
+  (``duodecoding``, drafting the next chain while the GPU verifies).
 - ``plain``: no draft model when none is predicted to gain 5%. Drafts from memory stay
   on (the prompt, the conversation and earlier answers): they cost microseconds when
   nothing matches, and the per-step budget verifies only what pays.
@@ -318,8 +318,9 @@ def _draft_candidates(hw: HardwareProfile, costs: CostProfile, model: ModelFacts
         def verify(n: int, share: float = share) -> float:
             return _verify_time(costs, share, n)[0]
 
-        depth, rate = _best_chain(draft.acceptance, token_s, sync_s, verify, False,
-                                  max_draft, depth_cap)
+        # On the CPU beside a GPU target, it drafts the next chain during verification.
+        depth, rate = _best_chain(draft.acceptance, token_s, sync_s, verify,
+                                  layout == "duodecoding", max_draft, depth_cap)
         if depth:
             out.append(Candidate(layout, "draft", device, layers,
                                  Budget(mode="multi", depth=depth,

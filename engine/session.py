@@ -327,7 +327,8 @@ class Engine:
         if plan.drafter == "draft" and draft is not None:
             return DrafterSpec("draft", head_options={
                 "depth": plan.budget.depth,
-                "n_gpu_layers": 0 if plan.head_device == "cpu" else -1}, draft_model=draft)
+                "n_gpu_layers": 0 if plan.head_device == "cpu" else -1,
+                "draft_ahead": plan.layout == "duodecoding"}, draft_model=draft)
         if plan.drafter == "head" and head_dir is not None:
             budget = plan.budget
             return DrafterSpec("head", head_dir, plan.head_device,

@@ -58,6 +58,35 @@ def test_q4_draft_for_an_f32_target_equals_plain(f32_target, model_path, prompts
     assert (side_sequences > 0) == (sequences > 1)  # DuoDecoding's sequences were drafted
 
 
+def test_drafting_ahead_during_verification_equals_plain(f32_target, model_path,
+                                                        prompts_and_plain):
+    """DuoDecoding's overlap: the next chain is drafted while the target verifies (here
+    both on the CPU, in the engine's worker thread); a guess that held is served, one
+    that failed is dropped, and the answers stay the target's."""
+    rows, plain = prompts_and_plain
+    drafter = _drafter(model_path, f32_target, draft_ahead=True)
+    n_ahead = n_steps = 0
+    try:
+        assert drafter.drafts_ahead
+        for row in rows[:6]:
+            prompt, ref = plain[row["question_id"]]
+            f32_target.reset()
+            out = generate(f32_target, prompt, drafter, GenerationConfig(MAX_TOKENS))
+            assert out.tokens == ref, f"question {row['question_id']} ({row['category']})"
+            n_ahead += sum(s.drafted_ahead for s in out.stats.steps)
+            n_steps += len(out.stats.steps)
+            # The cache holds what was committed, then at most the chain drafted ahead.
+            committed = prompt + out.tokens
+            n = min(len(drafter.cached), len(committed))
+            assert drafter.cached[:n] == committed[:n]
+            assert len(drafter.cached) <= len(committed) + drafter.config.max_depth + 1
+        assert drafter.stats()["served_ahead"] == n_ahead
+    finally:
+        drafter.close()
+    # Same weights at another precision: the guess often holds.
+    assert n_ahead > n_steps // 4, (n_ahead, n_steps)
+
+
 def test_a_second_turn_reuses_the_draft_cache(f32_target, model_path, prompts_and_plain):
     rows, plain = prompts_and_plain
     row = next(r for r in rows if len(r["turns"]) == 2)

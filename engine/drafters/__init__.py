@@ -32,8 +32,8 @@ DEFAULT_HEAD_DIR = Path(__file__).resolve().parents[2] / "assets" / "draft-head-
 @dataclass(frozen=True)
 class DrafterSpec:
     """What to draft with. ``head_options`` go to the head drafter's config (mode,
-    depth, top_k, draft_ahead, dynamic_depth); for a draft model, ``depth`` and
-    ``n_gpu_layers``."""
+    depth, top_k, draft_ahead, dynamic_depth); for a draft model, ``depth``,
+    ``n_gpu_layers`` and ``draft_ahead``."""
 
     name: str = "memory"
     head_dir: Path | None = None  # None: the head shipped for the bundled model
@@ -86,7 +86,8 @@ def build_drafter(spec: DrafterSpec, target: Target | None = None,
 def open_draft_model(path: Path | None, target: Target,
                      options: dict[str, object] | None = None) -> Drafter:
     """A draft-model drafter for ``target``, after llama.cpp's compatibility rules;
-    ``options``: ``depth`` (tokens per sequence at most), ``n_gpu_layers``. Raises
+    ``options``: ``depth`` (tokens per sequence at most), ``n_gpu_layers``,
+    ``draft_ahead`` (draft the next chain while the target verifies). Raises
     ValueError (no path), ModelLoadError, IncompatibleDraftError."""
     from engine.draft_compat import check_draft_model, read_vocab_facts, vocab_facts
     from engine.drafters.draft_model import DraftModelConfig, DraftModelDrafter
@@ -95,7 +96,8 @@ def open_draft_model(path: Path | None, target: Target,
         raise ValueError("the draft drafter needs a draft model (--draft-model PATH)")
     check_draft_model(read_vocab_facts(path), vocab_facts(target.model))
     options = options or {}
-    config = DraftModelConfig(max_depth=int(options.get("depth", DraftModelConfig.max_depth)))
+    config = DraftModelConfig(max_depth=int(options.get("depth", DraftModelConfig.max_depth)),
+                              draft_ahead=bool(options.get("draft_ahead", False)))
     # Room for the side sequences' cells beside the target's context.
     n_ctx = target.n_ctx + config.max_depth * config.max_sequences
     return DraftModelDrafter(path, n_ctx, target.n_threads, config,

@@ -13,7 +13,14 @@ which the budget trims by.
 
 The draft's KV cache keeps what the target accepted: the main chain's evaluated tokens
 stay where the target agreed, the rest is removed, and the next step evaluates only what
-is missing (the target's own token, or an accepted side sequence)."""
+is missing (the target's own token, or an accepted side sequence).
+
+With ``draft_ahead`` (the target on a GPU, the draft model on the CPU: DuoDecoding's
+layout) the draft model works while the target verifies: it guesses that the target
+takes the whole main chain and adds the draft's own next token, and drafts the next
+chain from there. When the target's new tokens are exactly that guess the next step's
+draft is ready at once; otherwise it is dropped and the cache falls back to what was
+committed. Either way the target verifies every token, so the output cannot change."""
 
 from __future__ import annotations
 
@@ -35,12 +42,19 @@ class DraftModelConfig:
     p_min: float = 0.5  # stop a sequence before a token less likely than this
     max_depth: int = 8  # tokens per sequence at most
     max_sequences: int = 3  # the main chain plus side sequences (1: chain drafting)
+    draft_ahead: bool = False  # draft the next chain while the target verifies
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.p_min < 1.0:
             raise ValueError(f"p_min must be in [0, 1), got {self.p_min!r}")
         if self.max_depth < 1 or self.max_sequences < 1:
             raise ValueError("max_depth and max_sequences must be >= 1")
+
+
+@dataclass
+class _Ahead:
+    expected: list[int]  # the new tokens the target must commit for ``tree`` to be used
+    tree: DraftTree
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -56,6 +70,7 @@ class DraftModelDrafter(Drafter):
                  config: DraftModelConfig | None = None, n_gpu_layers: int = 0) -> None:
         """Raises ModelLoadError when the GGUF cannot load or its context cannot be made."""
         self.config = config or DraftModelConfig()
+        self.drafts_ahead = self.config.draft_ahead
         self.path = Path(path)
         self.model = NativeModel(self.path, n_gpu_layers=n_gpu_layers)
         try:
@@ -73,19 +88,35 @@ class DraftModelDrafter(Drafter):
         self._n_draft_calls = 0
         self._n_evals = 0
         self._n_side_sequences = 0
+        self._n_served_ahead = 0
         self._t_draft_s = 0.0
+        self._ahead: _Ahead | None = None  # made during the running verification
+        self._ready: DraftTree | None = None  # the next draft, when the guess held
 
     # --- the drafter lifecycle -----------------------------------------------------------
     def begin(self, context: list[int], features: np.ndarray | None) -> None:
         self.context = list(context)
+        self._ahead = self._ready = None
         self._sync()
 
     def accept(self, new_tokens: list[int], features: np.ndarray | None) -> None:
+        ahead, self._ahead = self._ahead, None
         self.context += new_tokens
+        if ahead is not None and new_tokens == ahead.expected:
+            # The cache already holds the new tokens and the ready chain's.
+            self._ready = ahead.tree
+            self._drop_side_sequences()
+            return
+        self._ready = None
         self._sync()
 
     def draft(self, max_tokens: int, token_time_s: float) -> DraftTree:
         tree = DraftTree()
+        if self._ready is not None and max_tokens > 0:
+            tree, self._ready = self._ready.truncated(max_tokens), None
+            tree.made_ahead = True
+            self._n_served_ahead += 1
+            return tree
         if max_tokens <= 0:
             return tree
         t0 = time.perf_counter()
@@ -108,11 +139,41 @@ class DraftModelDrafter(Drafter):
         self._account(t0)
         return tree
 
+    def draft_ahead(self, verifying: DraftTree, max_tokens: int, token_time_s: float) -> None:
+        """While the target verifies: guess it takes ``verifying``'s main chain and adds
+        the draft's own next token, and draft the chain after that (sequence 0 only)."""
+        self._ahead = None
+        chain = _main_chain(verifying)
+        if not chain or max_tokens <= 0:
+            return
+        t0 = time.perf_counter()
+        guessed = self.context + chain
+        n_same = 0
+        for a, b in zip(self.cached, guessed, strict=False):
+            if a != b:
+                break
+            n_same += 1
+        keep = min(n_same, len(guessed) - 1)  # one token evaluated now: its scores
+        if keep < len(self.cached):
+            self.ctx.kv_remove(0, keep)
+            del self.cached[keep:]
+        probs = _softmax(self._eval(guessed[keep:], keep, 0)[-1])
+        self.cached = list(guessed)
+        bonus = int(np.argmax(probs))
+        probs = _softmax(self._eval([bonus], len(self.cached), 0)[-1])
+        self.cached.append(bonus)
+        tree = DraftTree()
+        self._draft_main(tree, probs, max_tokens)
+        self._account(t0)
+        if len(tree):
+            self._ahead = _Ahead(chain + [bonus], tree)
+
     def stats(self) -> dict[str, float]:
         calls = max(1, self._n_draft_calls)
         return {"draft_ms_per_call": 1000 * self._t_draft_s / calls,
                 "draft_evals_per_call": self._n_evals / calls,
-                "side_sequences_per_call": self._n_side_sequences / calls}
+                "side_sequences_per_call": self._n_side_sequences / calls,
+                "served_ahead": float(self._n_served_ahead)}
 
     def close(self) -> None:
         self.batch.close()
@@ -186,6 +247,9 @@ class DraftModelDrafter(Drafter):
         if keep < len(self.cached):
             self.ctx.kv_remove(0, keep)
             del self.cached[keep:]
+        self._drop_side_sequences()
+
+    def _drop_side_sequences(self) -> None:
         for seq in range(1, self.config.max_sequences):
             self.ctx.kv_remove(seq, 0)
 
@@ -211,3 +275,15 @@ class DraftModelDrafter(Drafter):
     def _account(self, t0: float) -> None:
         self._n_draft_calls += 1
         self._t_draft_s += time.perf_counter() - t0
+
+
+def _main_chain(tree: DraftTree) -> list[int]:
+    """The tokens of the chain through each node's first child (the draft model's
+    greedy chain: it is drafted first, so its nodes come first)."""
+    tokens: list[int] = []
+    parent = -1
+    for i, p in enumerate(tree.parents):
+        if p == parent:
+            tokens.append(tree.tokens[i])
+            parent = i
+    return tokens
