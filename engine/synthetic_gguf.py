@@ -58,13 +58,16 @@ def _tensor_plan(shape: ModelShape, n_vocab: int) -> list[tuple[str, tuple[int, 
     return out
 
 
-def _copy_tokenizer(writer, source: Path) -> int:  # noqa: ANN001 - gguf.GGUFWriter
-    """Copy every ``tokenizer.*`` key of ``source`` into ``writer``; returns its
-    vocabulary size."""
+# key -> (value, GGUF value type, array item type or None)
+Fields = dict[str, tuple[object, int, int | None]]
+
+
+def tokenizer_fields(source: Path) -> Fields:
+    """Every ``tokenizer.*`` key of the GGUF ``source`` with its value and types."""
     from gguf import GGUFReader, GGUFValueType
 
     reader = GGUFReader(str(source))
-    n_vocab = 0
+    out: Fields = {}
     for key, field in reader.fields.items():
         if not key.startswith("tokenizer."):
             continue
@@ -72,19 +75,27 @@ def _copy_tokenizer(writer, source: Path) -> int:  # noqa: ANN001 - gguf.GGUFWri
         if vtype == GGUFValueType.ARRAY:
             sub = field.types[1]
             if sub == GGUFValueType.STRING:
-                values = [bytes(field.parts[i]) for i in field.data]
+                value: object = [bytes(field.parts[i]) for i in field.data]
             else:
-                values = [field.parts[i][0].item() for i in field.data]
-            writer.add_key_value(key, values, vtype, sub_type=sub)
-            if key == "tokenizer.ggml.tokens":
-                n_vocab = len(values)
+                value = [field.parts[i][0].item() for i in field.data]
+            out[key] = (value, vtype, sub)
         elif vtype == GGUFValueType.STRING:
-            writer.add_key_value(key, bytes(field.parts[field.data[0]]).decode(), vtype)
+            out[key] = (bytes(field.parts[field.data[0]]).decode(), vtype, None)
         else:
-            writer.add_key_value(key, field.parts[field.data[0]][0].item(), vtype)
-    if not n_vocab:
+            out[key] = (field.parts[field.data[0]][0].item(), vtype, None)
+    return out
+
+
+def _copy_tokenizer(writer, source: Path) -> int:  # noqa: ANN001 - gguf.GGUFWriter
+    """Copy every ``tokenizer.*`` key of ``source`` into ``writer``; returns its
+    vocabulary size."""
+    fields = tokenizer_fields(source)
+    for key, (value, vtype, sub) in fields.items():
+        writer.add_key_value(key, value, vtype, sub_type=sub)
+    tokens = fields.get("tokenizer.ggml.tokens")
+    if tokens is None:
         raise ValueError(f"{source} has no tokenizer.ggml.tokens to copy")
-    return n_vocab
+    return len(tokens[0])  # type: ignore[arg-type]
 
 
 def write_synthetic_gguf(shape: ModelShape, path: Path, tokenizer_from: Path,

@@ -76,6 +76,25 @@ def plain_answers(target, rows: list[dict], max_tokens: int) -> dict:  # noqa: A
     return plain
 
 
+def drafted_equals_plain(target, drafter, rows: list[dict], plain: dict,  # noqa: ANN001
+                         max_tokens: int) -> list:
+    """Generate each row's first turn with ``drafter``, verification priced as free (so
+    every drafted node is verified, not only what the budget keeps), and assert the
+    tokens equal ``plain``'s; the results, for their figures."""
+    from engine.budget import VerifyCostModel
+    from engine.generation import GenerationConfig, generate
+
+    outs = []
+    for row in rows:
+        prompt, ref = plain[row["question_id"]]
+        target.reset()
+        out = generate(target, prompt, drafter, GenerationConfig(max_tokens),
+                       cost=VerifyCostModel(slope=0.0, learn=False))
+        assert out.tokens == ref, f"question {row['question_id']} ({row['category']})"
+        outs.append(out)
+    return outs
+
+
 def second_turn(target, row: dict, first: list[int], max_tokens: int
                 ) -> tuple[list[int], list[int]]:  # noqa: ANN001
     """The second turn's prompt after the model's ``first`` answer, and its plain greedy

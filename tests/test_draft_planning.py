@@ -133,3 +133,39 @@ def test_the_record_corrects_the_prior_and_survives_damage(tmp_path):
     assert record.acceptance(key, prior)[0] == prior
     record.add(key, [StepStats(0, 0, 1, 1)])  # a damaged file is replaced
     assert record.acceptance(key, prior)[1].endswith("over 1 drafting steps with this pair")
+
+
+# Profiles measured on the 2-core development machine (tandem profile): synthetic GGUFs
+# of the real shapes in Q4_0. The plans below are what those measurements imply.
+LIKELY = (0.75, 0.72, 0.7, 0.68, 0.66, 0.64, 0.62, 0.6)
+
+
+def measured(name: str):  # noqa: ANN201
+    from engine.measured_profile import load_measured_profile
+
+    return load_measured_profile(PROFILES / f"measured_{name}_epyc_2core.json")
+
+
+def test_llama_8b_on_two_cores_drafts_with_llama_1b_only_when_the_pair_agrees_often():
+    profile = measured("llama-3.1-8b")
+    assert profile.drafts[0].shape == "llama-3.2-1b"
+    assert profile.drafts[0].token_s < profile.verify_s[256][1] / 4
+    at_prior = profile.plan()
+    assert at_prior.drafter == "memory"  # ~0.99x: drafting would not repay itself
+    likely = profile.plan(LIKELY, head_acceptance=LIKELY)
+    assert (likely.layout, likely.drafter) == ("cpu", "draft")
+    # A batch of 4 costs less than one of 3 here (llama.cpp's repacked Q4_0 kernels
+    # take 4 rows at a time), so the chain stops at 3 drafts plus the target's token.
+    assert profile.verify_s[256][4] < profile.verify_s[256][3]
+    assert likely.budget.depth == 3 and 1.1 < likely.predicted_speedup < 1.25
+    # A float32 head reading a 128k-row LM head every level is far too slow on a CPU.
+    heads = [c for c in likely.candidates if c.drafter == "head"]
+    assert heads and heads[0].tok_per_s < 0.5 * likely.plain_tok_per_s
+
+
+def test_qwen_7b_on_two_cores_drafts_with_its_half_billion_sibling_even_at_the_prior():
+    profile = measured("qwen2.5-7b")
+    plan = profile.plan()
+    assert (plan.layout, plan.drafter) == ("cpu", "draft")
+    assert plan.predicted_speedup > 1.05
+    assert "qwen2.5-0.5b" in plan.reason and "assumed" in plan.reason

@@ -21,7 +21,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.budget import VerifyCostModel
 from engine.drafters import DEFAULT_HEAD_DIR, DrafterSpec, open_drafter, target_fingerprint
 from engine.drafters.head import (
     HeadDrafter,
@@ -31,13 +30,12 @@ from engine.drafters.head import (
 )
 from engine.drafters.memory import MemoryDrafter
 from engine.errors import IncompatibleDraftError
-from engine.generation import GenerationConfig, generate
 from models.draft_head import DraftHead
 from models.eagle1_io import load_eagle1
 from models.gguf_weights import read_facts
 from models.head_config import HeadConfig
 from models.head_io import load_head
-from tests.conftest import pick_per_category, plain_answers
+from tests.conftest import drafted_equals_plain, pick_per_category, plain_answers
 
 MAX_TOKENS = 40
 
@@ -259,15 +257,9 @@ def test_eagle1_head_through_the_engine_equals_plain(target, prompts_and_plain,
     assert isinstance(drafter, HeadDrafter)
     assert drafter.head.cfg.fusion == "fc" and drafter.head.cfg.fc_bias
     assert any("EAGLE-1" in n and "tokenizer" in n for n in notes), notes
-    n_accepted = n_steps = 0
-    for row in rows:
-        prompt, ref = plain[row["question_id"]]
-        target.reset()
-        out = generate(target, prompt, drafter, GenerationConfig(MAX_TOKENS),
-                       cost=VerifyCostModel(slope=0.0, learn=False))
-        assert out.tokens == ref, f"question {row['question_id']} ({row['category']})"
-        n_accepted += sum(s.n_accepted for s in out.stats.steps)
-        n_steps += out.stats.n_steps
+    outs = drafted_equals_plain(target, drafter, rows, plain, MAX_TOKENS)
+    n_accepted = sum(s.n_accepted for out in outs for s in out.stats.steps)
+    n_steps = sum(out.stats.n_steps for out in outs)
     # The head reads the target's real features: its drafts are taken (a head wired
     # wrongly, e.g. the concat swapped, stays near 0).
     assert n_accepted > 0.15 * n_steps, (n_accepted, n_steps)

@@ -15,7 +15,7 @@ from engine.drafters import DEFAULT_HEAD_DIR, make_drafter
 from engine.errors import IncompatibleDraftError
 from engine.generation import GenerationConfig, generate
 from engine.sampling import SamplingParams
-from tests.conftest import pick_per_category, plain_answers, second_turn
+from tests.conftest import drafted_equals_plain, pick_per_category, plain_answers, second_turn
 from tests.stats_helpers import two_sample_z
 
 MAX_TOKENS = 48
@@ -33,18 +33,12 @@ def test_head_greedy_equals_plain(target, prompts_and_plain, mode):
     # "ahead": DuoDecoding's overlap, the next chain drafted during verification.
     drafter = (make_drafter("head-ahead", target=target) if mode == "ahead"
                else make_drafter("head", target=target, mode=mode))
-    n_accepted = n_steps = n_ahead = 0
-    for row in rows:
-        prompt, ref = plain[row["question_id"]]
-        target.reset()
-        # Verification priced as free: every drafted node goes to the target, so the
-        # tree paths (not only what the budget would keep) are checked for equality.
-        out = generate(target, prompt, drafter, GenerationConfig(MAX_TOKENS),
-                       cost=VerifyCostModel(slope=0.0, learn=False))
-        assert out.tokens == ref, f"question {row['question_id']} ({row['category']})"
-        n_accepted += sum(s.n_accepted for s in out.stats.steps)
-        n_steps += out.stats.n_steps
-        n_ahead += out.stats.n_drafted_ahead
+    # Verification priced as free: the tree paths, not only what the budget would keep,
+    # are checked for equality.
+    outs = drafted_equals_plain(target, drafter, rows, plain, MAX_TOKENS)
+    n_accepted = sum(s.n_accepted for out in outs for s in out.stats.steps)
+    n_steps = sum(out.stats.n_steps for out in outs)
+    n_ahead = sum(out.stats.n_drafted_ahead for out in outs)
     # A trained head earns its keep (here ~0.5 accepted per verification as a chain; an
     # untrained or mismatched one stays near 0).
     assert n_accepted > 0.3 * n_steps

@@ -7,32 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-# key -> (value, GGUF value type, array item type or None)
-Fields = dict[str, tuple[object, int, int | None]]
-
-
-def tokenizer_fields(source: Path) -> Fields:
-    """Every ``tokenizer.*`` key of ``source`` with its value and types."""
-    from gguf import GGUFReader, GGUFValueType
-
-    reader = GGUFReader(str(source))
-    out: Fields = {}
-    for key, field in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        vtype = field.types[0]
-        if vtype == GGUFValueType.ARRAY:
-            sub = field.types[1]
-            if sub == GGUFValueType.STRING:
-                value: object = [bytes(field.parts[i]) for i in field.data]
-            else:
-                value = [field.parts[i][0].item() for i in field.data]
-            out[key] = (value, vtype, sub)
-        elif vtype == GGUFValueType.STRING:
-            out[key] = (bytes(field.parts[field.data[0]]).decode(), vtype, None)
-        else:
-            out[key] = (field.parts[field.data[0]][0].item(), vtype, None)
-    return out
+from engine.synthetic_gguf import Fields, tokenizer_fields
 
 
 def write_vocab_gguf(path: Path, tokenizer_from: Path, *, name: str = "Tiny SmolLM2",
