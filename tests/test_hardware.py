@@ -10,7 +10,8 @@ import engine.hardware as hardware
 from engine.hardware import GpuInfo, HardwareProfile, load_profile, probe_hardware
 
 PROFILES = sorted((Path(__file__).parent / "profiles").glob("*.json"))
-HW_PROFILES = [p for p in PROFILES if "costs_" not in p.name]
+# Hardware profiles only: not calibration costs, not measured model profiles.
+HW_PROFILES = [p for p in PROFILES if "costs_" not in p.name and "measured_" not in p.name]
 
 
 def test_probe_reads_this_machine():
