@@ -14,7 +14,7 @@ from pathlib import Path
 
 import llama_cpp
 
-from engine.errors import IncompatibleDraftError
+from engine.errors import IncompatibleDraftError, describe_mismatches
 from engine.native import NativeModel
 
 VOCAB_SIZE_TOLERANCE = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
@@ -116,9 +116,8 @@ def unchecked(draft: VocabFacts, target: VocabFacts) -> list[str]:
 
 
 def describe(found: list[tuple[str, object, object]]) -> str:
-    """Mismatches in words, as IncompatibleDraftError words them."""
-    return "; ".join(f"{name}: the draft has {mine!r}, the target {theirs!r}"
-                     for name, mine, theirs in found)
+    """Mismatches in words, values quoted (as the wizard and ``tandem models`` show them)."""
+    return describe_mismatches(found, quoted=True)
 
 
 def check_draft_model(draft: VocabFacts, target: VocabFacts) -> None:

@@ -64,14 +64,21 @@ class ClosedError(TandemError):
         super().__init__(f"the {what} has been closed; load the model again")
 
 
+def describe_mismatches(mismatches: list[tuple[str, object, object]],
+                        quoted: bool = False) -> str:
+    """(field, the draft's value, the target's value) rows in words; ``quoted`` shows
+    values as Python literals (where a text value needs its quotes to be read)."""
+    show = repr if quoted else str
+    return "; ".join(f"{name}: the draft has {show(mine)}, the target {show(theirs)}"
+                     for name, mine, theirs in mismatches)
+
+
 class IncompatibleDraftError(TandemError):
     """A draft (head or draft model) does not fit the target it was paired with.
     ``mismatches`` holds (field, the draft's value, the target's value) per field."""
 
     def __init__(self, draft: str, mismatches: list[tuple[str, object, object]]) -> None:
-        details = "; ".join(f"{name}: the draft has {mine}, the target {theirs}"
-                            for name, mine, theirs in mismatches)
-        super().__init__(f"{draft} does not fit this model ({details})")
+        super().__init__(f"{draft} does not fit this model ({describe_mismatches(mismatches)})")
         self.draft = draft
         self.mismatches = mismatches
 

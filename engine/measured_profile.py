@@ -91,9 +91,9 @@ class MeasuredProfile:
                                     acceptance_source="assumed (the prior)")
         head = None
         if head_acceptance is not None and self.heads:
-            head_bytes = next(iter(self.heads.values())).vocab * 2 * 4 * (
-                next(iter(self.heads.values())).width)
-            head = HeadFacts(head_bytes, head_acceptance)
+            measured = next(iter(self.heads.values()))
+            # The embedding and LM head it reads, in float32.
+            head = HeadFacts(2 * measured.vocab * measured.width * 4, head_acceptance)
         return choose_plan(hw, self.costs(), model, head, overrides, draft)
 
     # --- files ------------------------------------------------------------------------

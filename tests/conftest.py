@@ -77,10 +77,13 @@ def plain_answers(target, rows: list[dict], max_tokens: int) -> dict:  # noqa: A
 
 
 def drafted_equals_plain(target, drafter, rows: list[dict], plain: dict,  # noqa: ANN001
-                         max_tokens: int) -> list:
-    """Generate each row's first turn with ``drafter``, verification priced as free (so
-    every drafted node is verified, not only what the budget keeps), and assert the
-    tokens equal ``plain``'s; the results, for their figures."""
+                         max_tokens: int, *, free_verification: bool = True,
+                         after=None) -> list:  # noqa: ANN001
+    """Generate each row's first turn with ``drafter`` and assert the tokens equal
+    ``plain``'s; the results, for their figures. With ``free_verification`` every drafted
+    node is verified (the tree paths, not only what the budget keeps); else the budget
+    trims by this machine's measured costs, as in use. ``after(prompt, result)`` runs
+    after each row."""
     from engine.budget import VerifyCostModel
     from engine.generation import GenerationConfig, generate
 
@@ -88,9 +91,11 @@ def drafted_equals_plain(target, drafter, rows: list[dict], plain: dict,  # noqa
     for row in rows:
         prompt, ref = plain[row["question_id"]]
         target.reset()
-        out = generate(target, prompt, drafter, GenerationConfig(max_tokens),
-                       cost=VerifyCostModel(slope=0.0, learn=False))
+        cost = VerifyCostModel(slope=0.0, learn=False) if free_verification else None
+        out = generate(target, prompt, drafter, GenerationConfig(max_tokens), cost=cost)
         assert out.tokens == ref, f"question {row['question_id']} ({row['category']})"
+        if after is not None:
+            after(prompt, out)
         outs.append(out)
     return outs
 

@@ -39,17 +39,16 @@ def test_q4_draft_for_an_f32_target_equals_plain(f32_target, model_path, prompts
                                                 sequences):
     rows, plain = prompts_and_plain
     drafter = _drafter(model_path, f32_target, max_sequences=sequences)
-    n_accepted = 0
+
+    def cache_follows(prompt: list[int], out) -> None:  # noqa: ANN001
+        # The draft's cache holds a prefix of what the target committed, no more.
+        committed = prompt + out.tokens
+        assert drafter.cached == committed[:len(drafter.cached)]
+
     try:
-        for row in rows:
-            prompt, ref = plain[row["question_id"]]
-            f32_target.reset()
-            out = generate(f32_target, prompt, drafter, GenerationConfig(MAX_TOKENS))
-            assert out.tokens == ref, f"question {row['question_id']} ({row['category']})"
-            n_accepted += sum(s.n_accepted for s in out.stats.steps)
-            # The draft's cache holds a prefix of what the target committed, no more.
-            committed = prompt + out.tokens
-            assert drafter.cached == committed[:len(drafter.cached)]
+        outs = drafted_equals_plain(f32_target, drafter, rows, plain, MAX_TOKENS,
+                                    free_verification=False, after=cache_follows)
+        n_accepted = sum(s.n_accepted for out in outs for s in out.stats.steps)
         side_sequences = drafter.stats()["side_sequences_per_call"]
     finally:
         drafter.close()
