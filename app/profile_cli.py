@@ -74,7 +74,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     target = shape_named(args.shape)
     drafts = shapes(args.draft or [])
-    contexts = tuple(int(c) for c in args.contexts.split(","))
+    try:
+        contexts = tuple(int(c) for c in args.contexts.split(","))
+    except ValueError:
+        raise ValueError(f"--contexts must be comma-separated token counts, got "
+                         f"{args.contexts!r}") from None
     if any(c < 16 for c in contexts):
         raise ValueError(f"--contexts must be at least 16 tokens each, got {args.contexts}")
     steps = tqdm(total=len(contexts) + len(drafts) + 2, desc=target.name, file=sys.stderr)

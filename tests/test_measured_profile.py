@@ -70,6 +70,12 @@ def test_a_file_that_is_not_a_profile_is_refused(tmp_path, capsys):
     assert "\n" not in err
     assert main(["plan", "--profile", str(tmp_path / "missing.json")]) == 2
     assert "cannot read the profile" in capsys.readouterr().err
+    for contexts, message in (("1k", "comma-separated token counts"),
+                              ("8", "at least 16 tokens")):
+        assert main(["profile", "--shape", "smollm2-135m", "--contexts", contexts,
+                     "--out", str(tmp_path / "p.json")]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()
 
 
 @pytest.mark.skipif(not MEASURED, reason="no measured profiles recorded")
