@@ -137,13 +137,19 @@ def summarize(results: list[dict[str, Any]], baseline: str = "none") -> dict[str
             own_rows = groups.get((cat, OWN_BASELINE.get(d, "")), [])
             if own_rows:
                 table[cat][d]["ratio_own"] = speed / _decode_speed(own_rows)
+    base_text = {r["question_id"]: r.get("text") for r in results if r["drafter"] == baseline}
     overall = {}
     for d in drafters:
+        # Whether a runner wrote the baseline's answer: speeds compare like for like only
+        # on the same text (a text that loops drafts far better than one that does not).
+        answers = [r for r in results if r["drafter"] == d and r["question_id"] in base_text]
+        same = sum(r.get("text") == base_text[r["question_id"]] for r in answers)
         ratios = [table[c][d]["ratio"] for c in categories if d in table[c]]
         speeds = [table[c][d]["tok_per_s"] for c in categories if d in table[c]]
         overall[d] = {"mean_ratio": statistics.fmean(ratios) if ratios else float("nan"),
                       "min_ratio": min(ratios) if ratios else float("nan"),
-                      "mean_tok_per_s": statistics.fmean(speeds) if speeds else 0.0}
+                      "mean_tok_per_s": statistics.fmean(speeds) if speeds else 0.0,
+                      "same_answer": same, "n_answers": len(answers)}
         own = [table[c][d]["ratio_own"] for c in categories if "ratio_own" in table[c].get(d, {})]
         if own:
             overall[d]["mean_ratio_own"] = statistics.fmean(own)
@@ -181,6 +187,11 @@ def format_table(summary: dict[str, Any]) -> str:
         text = f"{o['mean_tok_per_s']:.1f}" + ("" if d == base else f" {o['mean_ratio']:.2f}x")
         mean += f"{text:>{width}}"
     lines.append(mean)
+    same = f"{'same answer':<16}"
+    for d in drafters:
+        o = summary["overall"][d]
+        same += f"{o.get('same_answer', 0)}/{o.get('n_answers', 0)}".rjust(width)
+    lines.append(same)
     lines += ["", "time to first token, ms", head, "-" * len(head)]
     for cat, row in cats.items():
         lines.append(f"{cat:<16}" + "".join(

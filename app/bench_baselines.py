@@ -63,7 +63,7 @@ class LlamaServer:
     """A ``llama-server`` process of llama.cpp's own, on a free loopback port."""
 
     def __init__(self, binary: str, model: str, n_ctx: int, n_threads: int,
-                 extra: list[str]) -> None:
+                 extra: list[str], type_k: str = "f16", type_v: str = "f16") -> None:
         import socket
         import subprocess
 
@@ -72,7 +72,7 @@ class LlamaServer:
             self.port = s.getsockname()[1]
         cmd = [binary, "-m", model, "-c", str(n_ctx), "-t", str(n_threads), "-tb",
                str(n_threads), "-np", "1", "--host", "127.0.0.1", "--port", str(self.port),
-               "--no-webui", *extra]
+               "--no-webui", "--cache-type-k", type_k, "--cache-type-v", type_v, *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._wait_ready()
 
@@ -112,13 +112,18 @@ class LlamaServer:
 def server_runner(name: str, target: Target, binary: str) -> Runner:
     """llama.cpp's ``llama-server``: plain, or with ``--spec-type ngram-mod``.
 
+    It gets the target's KV-cache types (``--kv-cache``): the cache's numbers decide
+    greedy near-ties, so with other types it writes another answer (with llama-server's
+    default F16 K, 33 of 39 dev answers differed from Tandem's exact mode), and a speed
+    comparison on different texts mostly measures which text loops.
     Times are the server's own (``timings``): prompt processing is the TTFT, generation
     time the decode time; no HTTP overhead is charged to it.
     """
     if name not in SERVER_NAMES:
         raise ValueError(f"unknown server baseline {name!r}")
     extra = ["--spec-type", "ngram-mod"] if name == "server-ngram" else []
-    server = LlamaServer(binary, str(target.path), target.n_ctx, target.n_threads, extra)
+    server = LlamaServer(binary, str(target.path), target.n_ctx, target.n_threads, extra,
+                         target.config.type_k, target.config.type_v)
     import atexit
 
     atexit.register(server.close)

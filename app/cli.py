@@ -259,6 +259,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         meta = {"model": str(target.path), "threads": target.n_threads,
                 "max_tokens": args.max_tokens, "prompts": str(args.prompts),
                 "per_category": args.per_category, "drafters": names, "repeat": args.repeat,
+                "kv_cache": args.kv_cache,
                 "date": time.strftime("%Y-%m-%d %H:%M:%S")}
         bar = tqdm(total=len(prompts) * len(names) * args.repeat, unit="run",
                    file=sys.stderr)

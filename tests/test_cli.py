@@ -71,6 +71,9 @@ def test_bench_writes_results_and_resumes(tandem_home, model_path, tmp_path):
                           "tok_per_s", "mean_accepted", "ttft_s", "text"}
     assert set(data["summary"]["categories"]) == {"summarization", "qa"}
     assert "ratio to 'none'" in out.stdout and "summarization" in out.stdout
+    # Prompt lookup is lossless: it wrote plain decoding's answer to both prompts.
+    assert data["summary"]["overall"]["lookup"]["same_answer"] == 2
+    assert "same answer" in out.stdout
     # A second run finds everything done and keeps the same results.
     again = _tandem("bench", "--prompts", str(prompts), "--max-tokens", "16", "--threads",
                     "2", "--json", str(out_json), home=tandem_home)
