@@ -9,8 +9,10 @@ path probabilities; divide by the measured cost of verifying them).
 from __future__ import annotations
 
 import statistics
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from engine.draft_tree import DraftTree
 
@@ -36,14 +38,14 @@ class _Recent:
     def __init__(self, size: int) -> None:
         self.values: deque[float] = deque(maxlen=size)
         self.stamp = 0  # the bucket's decode count at the last measurement
+        self.value = 0.0  # the median, kept current (it is read every step)
 
     def add(self, value: float, stamp: int) -> None:
         self.values.append(value)
         self.stamp = stamp
-
-    @property
-    def value(self) -> float:
-        return statistics.median(self.values)
+        ordered = sorted(self.values)  # a handful: cheaper than statistics.median
+        mid = len(ordered) // 2
+        self.value = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 @dataclass
@@ -68,6 +70,8 @@ class VerifyCostModel:
     _t1: dict[int, _Recent] = field(default_factory=dict)
     _ratios: dict[tuple[int, int], _Recent] = field(default_factory=dict)
     _clock: dict[int, int] = field(default_factory=dict)  # decodes seen per bucket
+    # bucket -> (shaped ratios, the bucket's clock after which one of them expires)
+    _tables: dict[int, tuple[dict[int, float], int]] = field(default_factory=dict)
 
     @classmethod
     def from_curve(cls, curve: dict[int, float]) -> VerifyCostModel:
@@ -80,15 +84,26 @@ class VerifyCostModel:
         """The costs at a context of ``n_past`` cached tokens, read once: the budget asks
         for many batch sizes every step, so the view holds plain numbers."""
         bucket = context_bucket(n_past)
-        table = self._fresh(bucket)
-        if not table and self.prior:
-            table = self.prior
-        # Unseen sizes: the slope this context bucket has shown lately (long contexts make
-        # batches much dearer than calibration's), else the calibrated curve's, else the
-        # prior slope.
-        slope = (max(0.0, statistics.median((r - 1) / (n - 1) for n, r in table.items()))
-                 if table else self.slope)
-        return VerifyCost(self.t1_in(bucket), table, slope)
+        cached = self._tables.get(bucket)
+        if cached is None or self._clock.get(bucket, 0) > cached[1]:
+            fresh, expiry = self._fresh(bucket)
+            cached = self._tables[bucket] = (self._shaped(fresh), expiry)
+        return VerifyCost(self.t1_in(bucket), cached[0], self.slope)
+
+    def _shaped(self, fresh: dict[int, float]) -> dict[int, float]:
+        """Ratios for every size the calibration measured, at this context: the sizes
+        verified lately as measured, the others from the calibrated curve with its extra
+        cost scaled as the recent sizes' was (long contexts make batches dearer than at
+        calibration). Sizes never verified must keep a fair price: priced by a guess,
+        a size the budget never picks is never measured, so the guess would stand."""
+        if not self.prior:
+            return fresh
+        excess = [(r - 1) / (self.prior[n] - 1) for n, r in fresh.items()
+                  if self.prior.get(n, 1.0) > 1.0]
+        scale = statistics.median(excess) if excess else 1.0
+        table = {n: 1 + (r - 1) * scale for n, r in self.prior.items()}
+        table.update(fresh)
+        return table
 
     def observe(self, n_past: int, n_tokens: int, t_s: float) -> None:
         """A verification of ``n_tokens`` at ``n_past`` cached tokens took ``t_s``."""
@@ -101,17 +116,21 @@ class VerifyCostModel:
         else:
             ratio = t_s / self.t1_in(bucket)
             self._ratios.setdefault((bucket, n_tokens), _Recent(self.window)).add(ratio, clock)
+            self._tables.pop(bucket, None)
 
     def t1_in(self, bucket: int) -> float:
         if bucket in self._t1:
             return self._t1[bucket].value
         return max((r.value for r in self._t1.values()), default=0.012)
 
-    def _fresh(self, bucket: int) -> dict[int, float]:
-        """The ratios this bucket measured recently enough, by batch size."""
+    def _fresh(self, bucket: int) -> tuple[dict[int, float], int]:
+        """The ratios this bucket measured recently enough, by batch size, and the
+        bucket's clock after which the first of them will be forgotten."""
         clock = self._clock.get(bucket, 0)
-        return {n: r.value for (b, n), r in self._ratios.items()
-                if b == bucket and clock - r.stamp <= self.max_age}
+        fresh = {n: r for (b, n), r in self._ratios.items()
+                 if b == bucket and clock - r.stamp <= self.max_age}
+        expiry = min((r.stamp for r in fresh.values()), default=1 << 62) + self.max_age
+        return {n: r.value for n, r in fresh.items()}, expiry
 
 @dataclass(frozen=True)
 class VerifyCost:
@@ -119,13 +138,28 @@ class VerifyCost:
 
     t1: float  # seconds of a plain single-token step at this context
     ratios: dict[int, float]  # batch size -> cost relative to one token, where known
-    slope: float  # extra cost per extra token for the sizes not in ``ratios``
+    slope: float  # extra cost per extra token when no batch size is known
+
+    @cached_property
+    def _sizes(self) -> list[int]:
+        return sorted(n for n in self.ratios if n > 1)
 
     def ratio(self, n_tokens: int) -> float:
-        if n_tokens == 1:
+        """Known sizes as known; others on straight lines between the nearest known
+        sizes, and past the largest on the line from one token through it."""
+        if n_tokens <= 1:
             return 1.0
         known = self.ratios.get(n_tokens)
-        return known if known is not None else 1 + self.slope * (n_tokens - 1)
+        if known is not None:
+            return known
+        sizes = self._sizes
+        i = bisect_left(sizes, n_tokens)
+        lo, r_lo = (sizes[i - 1], self.ratios[sizes[i - 1]]) if i else (1, 1.0)
+        if i < len(sizes):
+            hi = sizes[i]
+            return r_lo + (self.ratios[hi] - r_lo) * (n_tokens - lo) / (hi - lo)
+        slope = (r_lo - 1) / (lo - 1) if lo > 1 else self.slope
+        return r_lo + max(0.0, slope) * (n_tokens - lo)
 
     def cost(self, n_tokens: int) -> float:
         """Expected seconds to verify a batch of ``n_tokens`` at this context."""

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine.budget import MAX_MEMORY_DRAFT
 from engine.draft_tree import DraftTree
 from engine.target import Target
 
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
     from models.head_config import TargetFingerprint
 
 CACHE_FILE = "calibration.json"
-VERIFY_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+# Up to a long repeat drafted from memory, verified whole with its root.
+VERIFY_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, MAX_MEMORY_DRAFT + 1)
 # A neutral filler for the calibration context: the cost of a decode depends on how
 # many tokens are cached, not on which.
 _FILLER = ("The engine measures how long the model takes to check a batch of tokens. "
@@ -96,7 +98,8 @@ def cache_key(hardware_fingerprint: str, model_path: Path, head_dir: Path | None
     head's files, the draft model's file, the thread count, or where the target and head
     were measured change."""
     parts = [hardware_fingerprint, _file_key(model_path), _file_key(head_dir),
-             str(n_threads), ",".join(target_placements), ",".join(head_devices)]
+             str(n_threads), ",".join(target_placements), ",".join(head_devices),
+             ",".join(map(str, VERIFY_SIZES))]  # a curve of other sizes is measured again
     if draft_model is not None:  # keys without one stay as they were
         parts.append(_file_key(draft_model))
     text = "\n".join(parts)

@@ -1,6 +1,6 @@
 import pytest
 
-from engine.budget import VerifyCostModel, best_node_count, trim_to_budget
+from engine.budget import VerifyCost, VerifyCostModel, best_node_count, trim_to_budget
 from engine.draft_tree import DraftTree
 from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
 
@@ -95,3 +95,29 @@ def test_one_slow_decode_cannot_stop_drafting_for_good():
     for _ in range(3):  # and re-measured, the median forgets the hiccup
         model.observe(100, 2, 0.0134)
     assert model.at(100).ratio(2) == pytest.approx(1.34)
+
+
+def test_sizes_between_and_beyond_the_known_ones_lie_on_straight_lines():
+    cost = VerifyCost(0.01, {2: 1.5, 4: 2.0}, slope=0.35)
+    assert cost.ratio(3) == pytest.approx(1.75)
+    assert cost.ratio(8) == pytest.approx(2.0 + 4 * (1.0 / 3))  # the chord from 1 through 4
+    assert VerifyCost(0.01, {}, slope=0.35).ratio(5) == pytest.approx(2.4)
+
+
+def test_sizes_not_verified_lately_keep_the_calibrated_price():
+    """Verifying only chains of 4 must not leave longer chains priced by a guess, which
+    the budget would then never test: they keep the calibrated curve, scaled by how much
+    dearer the sizes verified lately came out (a longer context)."""
+    curve = {1: 0.010, 2: 0.016, 3: 0.020, 4: 0.019, 8: 0.031, 16: 0.051, 33: 0.099}
+    model = VerifyCostModel.from_curve(curve)
+    for _ in range(5):
+        model.observe(100, 1, 0.010)
+        model.observe(100, 2, 0.016)
+        model.observe(100, 4, 0.019)
+    cost = model.at(100)
+    assert cost.ratio(16) == pytest.approx(5.1) and cost.ratio(33) == pytest.approx(9.9)
+    assert best_node_count([0.99] * 15, cost) == 15  # a long sure repeat is verified whole
+    for _ in range(5):  # later, at a context where batches cost twice the extra
+        model.observe(700, 1, 0.010)
+        model.observe(700, 4, 0.010 + 2 * 0.009)
+    assert model.at(700).ratio(16) == pytest.approx(1 + 2 * 4.1)

@@ -305,3 +305,24 @@ def test_bad_token_ids_leave_the_index_as_it_was():
         with pytest.raises(ValueError):
             idx.extend(bad)
     assert idx.n_entries == 4 and idx.continuations([1, 2], 4, 4).tree.tokens == [3, 4]
+
+
+def test_deep_levels_learn_apart_for_prompt_copies_and_an_answer_repeating_itself():
+    """A summary that copies its prompt drifts off after a few tokens; a model repeating
+    its own answer goes on. Past the first levels each is priced by its own record."""
+    d = MemoryDrafter()
+    copied = list(range(1, 13))
+    for _ in range(20):  # copies of the prompt that hold for two tokens only
+        d.begin([*copied, 99, 1, 2, 3], None)
+        assert len(d.draft(16)) >= 6
+        d.accept([4, 5, 77], None)
+    d.begin([*copied, 99, 1, 2, 3], None)
+    prompt_copy = d.draft(16).scores
+    d.begin([50, 1], None)  # the answer writes the pattern, then starts it again
+    d.accept([*copied[1:], 1, 2, 3], None)
+    repeat = d.draft(16).scores
+    assert len(prompt_copy) >= 6 and len(repeat) >= 6
+    # The third level, given the second: twenty failures for prompt copies...
+    assert prompt_copy[2] / prompt_copy[1] < 0.2
+    assert repeat[2] / repeat[1] > 0.8  # ...and the prior for a repeat, which goes on
+    assert prompt_copy[5] < repeat[5]

@@ -8,8 +8,10 @@ a question asked again, a template answered before or boilerplate code drafts fr
 earlier text. Needs no weights; drafting costs tens of microseconds.
 
 A node's score starts as the empirical conditional frequency of its token among the
-earlier continuations, times a learnt calibration per (source, match length, depth):
-how often such nodes were accepted relative to their frequency. A ``LocalCalibration``
+earlier continuations, times a learnt calibration per (where the match was, match length,
+depth): how often such nodes were accepted relative to their frequency. Where the match
+was matters: an answer repeating itself (a model looping) goes on far more reliably than
+a summary copying its prompt, which drifts off after a few tokens. A ``LocalCalibration``
 then follows this conversation, so the scores become acceptance probabilities the budget
 (``engine.budget``) can trust. Learnt rates survive across generations of one drafter.
 """
@@ -25,9 +27,14 @@ from engine.drafters.base import Drafter
 from engine.drafters.lookup import AcceptanceRates, LocalCalibration
 from engine.suffix_index import IndexConfig, Speculation, SuffixIndex
 
-REQUEST, MEMORY = 0, 1  # sources, in the calibration key
-RateKey = tuple[int, int, int]  # (source, match-length bucket, depth)
-_MAX_DEPTH_KEY = 2  # deeper nodes share one calibration: they are rarely judged alone
+REQUEST, MEMORY = 0, 1  # the two indexes
+# Where a match was found, in the calibration key: this request's prompt, this answer
+# (the model repeating itself), or the memory of earlier answers.
+PROMPT, ANSWER, EARLIER = 0, 1, 2
+RateKey = tuple[int, int, int]  # (where, match-length bucket, depth bucket)
+_LOCAL_DEPTH = 2  # the conversation's local factor scales the first levels only
+_DEPTH_TOPS = (1, 2, 3, 5, 8, 16)  # depth buckets: 1, 2, 3, 4-5, 6-8, 9-16, 17+
+_MATCH_TOPS = (2, 3, 5, 8, 12, 20)  # match-length buckets; above 20 is a long exact repeat
 
 
 def _request_index_config() -> IndexConfig:
@@ -45,6 +52,9 @@ class MemoryConfig:
     nodes_per_match: float = 2.0  # a match of m tokens proposes at most this x m nodes
     min_score: float = 0.05  # conditional-frequency product below which nothing is proposed
     prior_ratio: float = 0.5  # acceptance / frequency assumed before any evidence
+    # Past the first levels a continuation whose start held usually goes on as it did
+    # before (SuffixDecoding trusts the frequencies there); the evidence corrects it.
+    deep_prior_ratio: float = 0.85
     prior_weight: float = 3.0  # how many observations the prior is worth
     prompt_tail: int = 256  # prompt tokens kept with the answer (about the last user turn)
     min_insert: int = 8  # shorter generations are not worth remembering
@@ -53,7 +63,17 @@ class MemoryConfig:
 class FrequencyCalibration(AcceptanceRates):
     """Acceptance relative to empirical frequency, by key: ``rate(key)`` is (hits + prior
     x weight) / (summed frequency of the proposals + weight), so ``frequency x rate`` is
-    a calibrated P(accepted | parent accepted)."""
+    a calibrated P(accepted | parent accepted). Levels past ``_LOCAL_DEPTH`` start from
+    ``deep_prior``."""
+
+    def __init__(self, prior_rate: float, deep_prior: float, prior_weight: float) -> None:
+        super().__init__(prior_rate, prior_weight)
+        self.deep_prior = deep_prior
+
+    def rate(self, key: RateKey) -> float:  # type: ignore[override]
+        acc, tot = self.counts[key]
+        prior = self.prior_rate if key[2] < _LOCAL_DEPTH else self.deep_prior
+        return (acc + prior * self.prior_weight) / (tot + self.prior_weight)
 
     def observe(self, key: RateKey, accepted: bool, frequency: float) -> None:
         counts = self.counts[key]
@@ -69,11 +89,11 @@ class _Proposal:
     from_memory: bool
 
 
-def _match_bucket(match_len: int) -> int:
-    for bucket, top in enumerate((2, 3, 5, 8, 12)):
-        if match_len <= top:
+def _bucket(value: int, tops: tuple[int, ...]) -> int:
+    for bucket, top in enumerate(tops):
+        if value <= top:
             return bucket
-    return 5
+    return len(tops)
 
 
 class MemoryDrafter(Drafter):
@@ -87,7 +107,9 @@ class MemoryDrafter(Drafter):
                  config: MemoryConfig | None = None) -> None:
         self.config = config or MemoryConfig()
         self.memory = memory if memory is not None else SuffixIndex(self.config.memory_index)
-        self.rates = FrequencyCalibration(self.config.prior_ratio, self.config.prior_weight)
+        self.rates = FrequencyCalibration(self.config.prior_ratio,
+                                          self.config.deep_prior_ratio,
+                                          self.config.prior_weight)
         self.local = LocalCalibration()
         self.request: SuffixIndex | None = None  # None outside a generation
         self.context: list[int] = []
@@ -135,22 +157,21 @@ class MemoryDrafter(Drafter):
         """Add one source's nodes to ``proposals``, scored as calibrated path products.
         A path both sources propose keeps the higher score: since each source's scores
         fall along its paths, the maximum still never beats the parent's."""
-        bucket = _match_bucket(spec.match_len)
+        bucket = _bucket(spec.match_len, _MATCH_TOPS)
+        if source == MEMORY:
+            where = EARLIER
+        else:  # the latest occurrence ends in this answer: the model repeats itself
+            where = ANSWER if spec.positions and max(spec.positions) > self._n_prompt else PROMPT
         factor = self.local.factor
         paths: list[tuple[int, ...]] = []
         scores: list[float] = []
         tree = spec.tree
         for tok, parent, freq in zip(tree.tokens, tree.parents, spec.cond, strict=True):
             path = (*paths[parent], tok) if parent >= 0 else (tok,)
-            key = (source, bucket, min(len(path), _MAX_DEPTH_KEY))
-            if len(path) <= _MAX_DEPTH_KEY:
-                q_base = min(1.0, freq * self.rates.rate(key))
-                q = min(1.0, q_base * factor)
-            else:
-                # Past the calibrated levels the frequencies are trusted as they are
-                # (SuffixDecoding's scoring): once a repeat's first tokens were right, the
-                # rest follows as often as it did before, so a long repeat drafts deep.
-                q_base = q = freq
+            depth_bucket = _bucket(len(path), _DEPTH_TOPS)
+            key = (where, bucket, depth_bucket)
+            q_base = min(1.0, freq * self.rates.rate(key))
+            q = min(1.0, q_base * factor) if len(path) <= _LOCAL_DEPTH else q_base
             score = (scores[parent] if parent >= 0 else 1.0) * q
             paths.append(path)
             scores.append(score)
