@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -220,6 +221,57 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_convert(args: argparse.Namespace) -> int:
+    """Write a local model (default: the bundled one) at another weight type, register
+    it with its source's draft head and draft model (same vocabulary), say where it is."""
+    from tqdm import tqdm
+
+    from engine.convert import check_type, convert, converted_path
+    from engine.hardware import default_threads
+    from engine.hub.local_models import LocalModel
+    from engine.model_store import data_dir, default_model_path
+
+    check_type(args.type)
+    registry = _registry()
+    source: LocalModel | None = None
+    if args.source is None:
+        src = default_model_path()
+    elif Path(args.source).is_file():
+        src = Path(args.source)
+    else:
+        try:
+            source = registry.get(args.source)
+        except KeyError:
+            raise ValueError(f"{args.source} is neither a GGUF file nor a local model "
+                             "(tandem models list shows them)") from None
+        src = Path(source.path)
+    dst = args.out or converted_path(src, args.type, data_dir() / "models")
+    bar = tqdm(unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
+               desc=f"{src.name} -> {args.type.upper()}")
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = min(done, total)
+        bar.refresh()
+
+    t0 = time.perf_counter()
+    try:
+        out = convert(src, dst, args.type, args.threads or default_threads(), progress)
+    finally:
+        bar.close()
+    model = registry.add(LocalModel(
+        name=args.name or out.stem, path=str(out), source="convert",
+        n_bytes=out.stat().st_size, quant=args.type.upper(),
+        head_dir=source.head_dir if source else None,
+        head_repo=source.head_repo if source else None,
+        draft_path=source.draft_path if source else None,
+        draft_repo=source.draft_repo if source else None))
+    print(f"{model.name} ({model.quant}, {human_bytes(model.n_bytes)}) written in "
+          f"{time.perf_counter() - t0:.1f} s: {out}")
+    print(f"run it: tandem chat --model {out}")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``models`` and its sub-commands to the ``tandem`` command's sub-parsers."""
     common = argparse.ArgumentParser(add_help=False)
@@ -259,6 +311,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--delete-files", action="store_true",
                    help="also delete a downloaded model's files from the cache")
     s.set_defaults(func=cmd_remove)
+
+    s = sub.add_parser("convert", parents=[common],
+                       help="write a model at another weight type (f32, f16, bf16, q8_0, "
+                            "q4_0) and register it")
+    s.add_argument("source", nargs="?", default=None,
+                   help="a local model's name or a GGUF file (default: the bundled model)")
+    s.add_argument("--type", required=True, type=str.lower,
+                   help="f32, f16, bf16, q8_0 or q4_0. A float target verifies drafts for "
+                        "little more than one token costs; converting up does not restore "
+                        "precision lost to quantization")
+    s.add_argument("--out", type=Path, default=None,
+                   help="output file (default: <data dir>/models/<name>.<TYPE>.gguf)")
+    s.add_argument("--name", default=None, help="name in tandem models list")
+    s.add_argument("--threads", type=int, default=None)
+    s.set_defaults(func=cmd_convert)
 
     s = sub.add_parser("import", parents=[common], help="register a GGUF file on this machine")
     s.add_argument("path", type=Path)

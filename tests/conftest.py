@@ -119,13 +119,10 @@ def f32_model_path(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -
     """The bundled model's weights in F32: the same vocabulary and answers' model, but
     memory-bound like a 7B on a laptop (where verifying a batch is cheap), and a real
     target for the bundled Q4_0 as its draft model."""
-    import llama_cpp
-
-    from engine.native import quantize
+    from engine.convert import convert
 
     path = tmp_path_factory.mktemp("f32") / "SmolLM2-135M-Instruct.F32.gguf"
-    quantize(model_path, path, llama_cpp.LLAMA_FTYPE_ALL_F32, 2)
-    return path
+    return convert(model_path, path, "f32", 2)
 
 
 @pytest.fixture(scope="session")

@@ -39,7 +39,7 @@ class LocalModel:
 
     name: str
     path: str
-    source: str  # "hub" or "import"
+    source: str  # "hub", "import" or "convert" (a file Tandem wrote from another model)
     n_bytes: int
     quant: str
     repo_id: str | None = None
@@ -103,10 +103,14 @@ class ModelRegistry:
     def remove(self, name: str, delete_files: bool = False, cache_dir: Path | None = None
                ) -> LocalModel:
         """Unregister ``name``; ``delete_files`` also deletes a downloaded model's files
-        from the cache (blobs no other snapshot uses). Imported files are never deleted:
-        Tandem did not make them. Raises KeyError."""
+        from the cache (blobs no other snapshot uses), or a converted model's file.
+        Imported files are never deleted: Tandem did not make them. Raises KeyError."""
         model = self.get(name)
         self._write([m for m in self.list() if m.name != name])
+        if delete_files and model.source == "convert":
+            if model.path not in {m.path for m in self.list()}:
+                Path(model.path).unlink(missing_ok=True)
+            return model
         if delete_files and model.source == "hub" and model.repo_id and model.commit:
             from engine.hub.cache_layout import RepoCache, default_cache_dir
 
