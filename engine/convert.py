@@ -14,27 +14,19 @@ never leaves a file that looks like a model.
 from __future__ import annotations
 
 import os
-import re
-import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
-import llama_cpp
-
 from engine.errors import TandemError
 from engine.gguf_check import check_gguf
-from engine.native import quantize
+from engine.hub.cache_layout import free_disk_bytes
+from engine.hub.fit import human_bytes
+from engine.hub.quant import strip_quant
+from engine.native import FTYPES, quantize
 
-# type -> (llama.cpp file type, bytes per weight)
-CONVERT_TYPES: dict[str, tuple[int, float]] = {
-    "f32": (llama_cpp.LLAMA_FTYPE_ALL_F32, 4.0),
-    "f16": (llama_cpp.LLAMA_FTYPE_MOSTLY_F16, 2.0),
-    "bf16": (llama_cpp.LLAMA_FTYPE_MOSTLY_BF16, 2.0),
-    "q8_0": (llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, 34 / 32),
-    "q4_0": (llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, 18 / 32),
-}
-_QUANT_SUFFIX = re.compile(r"[.\-_](I?Q\d\w*|F16|F32|BF16)$", re.IGNORECASE)
+BYTES_PER_WEIGHT = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+CONVERT_TYPES = tuple(BYTES_PER_WEIGHT)
 _HEADER_ALLOWANCE = 8 << 20  # vocabulary and metadata, copied as they are
 
 
@@ -48,7 +40,7 @@ def check_type(to_type: str) -> int:
     if to_type not in CONVERT_TYPES:
         raise ConvertError(f"cannot convert to {to_type!r}: choose one of "
                            f"{', '.join(CONVERT_TYPES)}")
-    return CONVERT_TYPES[to_type][0]
+    return FTYPES[to_type]
 
 
 def weight_count(path: Path) -> int:
@@ -60,13 +52,12 @@ def weight_count(path: Path) -> int:
 
 def estimated_size(path: Path, to_type: str) -> int:
     """Bytes the converted file takes, about (every tensor at the new type)."""
-    return int(weight_count(path) * CONVERT_TYPES[to_type][1]) + _HEADER_ALLOWANCE
+    return int(weight_count(path) * BYTES_PER_WEIGHT[to_type]) + _HEADER_ALLOWANCE
 
 
 def converted_path(src: Path, to_type: str, out_dir: Path) -> Path:
     """``out_dir/<name without its quantization>.<TYPE>.gguf``."""
-    stem = _QUANT_SUFFIX.sub("", Path(src).stem)
-    return Path(out_dir) / f"{stem}.{to_type.upper()}.gguf"
+    return Path(out_dir) / f"{strip_quant(Path(src).stem)}.{to_type.upper()}.gguf"
 
 
 def convert(src: Path, dst: Path, to_type: str, n_threads: int,
@@ -83,10 +74,11 @@ def convert(src: Path, dst: Path, to_type: str, n_threads: int,
     check_gguf(src)
     dst.parent.mkdir(parents=True, exist_ok=True)
     need = estimated_size(src, to_type)
-    free = shutil.disk_usage(dst.parent).free if free_bytes is None else free_bytes
+    free = free_disk_bytes(dst.parent) if free_bytes is None else free_bytes
     if need > free:
         raise ConvertError(f"converting {src.name} to {to_type.upper()} needs about "
-                           f"{_gb(need)} in {dst.parent}, which has {_gb(free)} free")
+                           f"{human_bytes(need)} in {dst.parent}, which has "
+                           f"{human_bytes(free)} free")
     part = dst.with_name(dst.name + ".part")
     failure: list[BaseException] = []
 
@@ -121,7 +113,3 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
-
-
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB"

@@ -383,4 +383,12 @@ def quantize(src: Path, dst: Path, ftype: int, n_threads: int) -> None:
         raise NativeError("llama_model_quantize", rc)
 
 
-FTYPE_Q4_0 = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+# llama.cpp's file types for quantize, by the name Tandem's commands use.
+FTYPES = {
+    "f32": llama_cpp.LLAMA_FTYPE_ALL_F32,
+    "f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16,
+    "bf16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16,
+    "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
+    "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
+}
+FTYPE_Q4_0 = FTYPES["q4_0"]

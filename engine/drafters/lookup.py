@@ -44,7 +44,11 @@ class AcceptanceRates:
 
     def rate(self, key: NodeKey) -> float:
         acc, tot = self.counts[key]
-        return (acc + self.prior_rate * self.prior_weight) / (tot + self.prior_weight)
+        return (acc + self.prior_for(key) * self.prior_weight) / (tot + self.prior_weight)
+
+    def prior_for(self, key: NodeKey) -> float:
+        """The rate assumed for ``key`` before any evidence."""
+        return self.prior_rate
 
     def update(self, key: NodeKey, accepted: bool) -> None:
         c = self.counts[key]

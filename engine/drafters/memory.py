@@ -70,10 +70,8 @@ class FrequencyCalibration(AcceptanceRates):
         super().__init__(prior_rate, prior_weight)
         self.deep_prior = deep_prior
 
-    def rate(self, key: RateKey) -> float:  # type: ignore[override]
-        acc, tot = self.counts[key]
-        prior = self.prior_rate if key[2] < _LOCAL_DEPTH else self.deep_prior
-        return (acc + prior * self.prior_weight) / (tot + self.prior_weight)
+    def prior_for(self, key: RateKey) -> float:  # type: ignore[override]
+        return self.prior_rate if key[2] < _LOCAL_DEPTH else self.deep_prior
 
     def observe(self, key: RateKey, accepted: bool, frequency: float) -> None:
         counts = self.counts[key]

@@ -106,17 +106,16 @@ class ModelRegistry:
         from the cache (blobs no other snapshot uses), or a converted model's file.
         Imported files are never deleted: Tandem did not make them. Raises KeyError."""
         model = self.get(name)
-        self._write([m for m in self.list() if m.name != name])
-        if delete_files and model.source == "convert":
-            if model.path not in {m.path for m in self.list()}:
-                Path(model.path).unlink(missing_ok=True)
-            return model
+        remaining = [m for m in self.list() if m.name != name]
+        self._write(remaining)
+        # A file may serve several models (Llama 3.2 1B as a model and as the draft of
+        # 8B and 70B): it goes only when no other registered model names it.
+        in_use = {p for m in remaining for p in (m.path, m.draft_path) if p}
+        if delete_files and model.source == "convert" and model.path not in in_use:
+            Path(model.path).unlink(missing_ok=True)
         if delete_files and model.source == "hub" and model.repo_id and model.commit:
             from engine.hub.cache_layout import RepoCache, default_cache_dir
 
-            # A file may serve several models (Llama 3.2 1B as a model and as the draft
-            # of 8B and 70B): it goes only when no other registered model names it.
-            in_use = {p for m in self.list() for p in (m.path, m.draft_path) if p}
             cache = RepoCache(cache_dir or default_cache_dir(), model.repo_id)
             if model.path not in in_use:
                 for filename in model.files:

@@ -36,6 +36,12 @@ def parse_quant(filename: str) -> str:
     return {"FP16": "F16", "FP32": "F32"}.get(tag, tag)
 
 
+def strip_quant(stem: str) -> str:
+    """A GGUF file stem without its quantization tag: "SmolLM2-135M-Instruct.Q4_0" ->
+    "SmolLM2-135M-Instruct"."""
+    return _QUANT.sub("", stem)
+
+
 @dataclass(frozen=True)
 class Shard:
     """Where one file sits in a split GGUF: ``index`` of ``count`` (1-based)."""
