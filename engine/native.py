@@ -59,6 +59,49 @@ def _native_errors_since(mark: int) -> str:
     return "; ".join(errors[-3:])
 
 
+class GgmlRowKernels:
+    """ggml's own SIMD row conversions (libggml-cpu), ~3x numpy's for moving KV cells."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._to_f32 = lib.ggml_cpu_fp16_to_fp32
+        self._to_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        self._to_f32.restype = None
+        self._q8_0 = lib.quantize_row_q8_0
+        self._q8_0.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        self._q8_0.restype = None
+
+    def f16_to_f32(self, x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float16)
+        out = np.empty(x.shape, dtype=np.float32)
+        self._to_f32(x.ctypes.data, out.ctypes.data, x.size)
+        return out
+
+    def quantize_q8_0(self, x: np.ndarray) -> np.ndarray:
+        """Rows of float32 (a multiple of 32 long) -> their Q8_0 bytes."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty((x.shape[0], x.shape[1] // 32 * 34), dtype=np.uint8)
+        self._q8_0(x.ctypes.data, out.ctypes.data, x.size)
+        return out
+
+
+_row_kernels: list[GgmlRowKernels | None] = []
+
+
+def ggml_row_kernels() -> GgmlRowKernels | None:
+    """The CPU backend's row kernels; None where the build names them otherwise."""
+    if not _row_kernels:
+        lib_dir = Path(llama_cpp.__file__).parent / "lib"
+        kernels = None
+        for name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
+            try:
+                kernels = GgmlRowKernels(ctypes.CDLL(str(lib_dir / name)))
+                break
+            except (OSError, AttributeError):
+                continue
+        _row_kernels.append(kernels)
+    return _row_kernels[0]
+
+
 def utf8_bytes(text: str) -> bytes:
     """``text`` as UTF-8 for llama.cpp. Bytes that were not valid UTF-8 (a command line's
     surrogate escapes, lone surrogates from JSON) become U+FFFD, as an editor shows them,
@@ -127,6 +170,11 @@ class NativeModel:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def n_head_kv(self) -> int:
+        """KV heads (of layer 0); llama.cpp aborts on this for a vocab-only load."""
+        return int(llama_cpp.llama_model_n_head_kv(self.handle))
 
     def metadata(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(1 << 16)
@@ -363,6 +411,24 @@ class NativeContext:
 
     def kv_clear(self) -> None:
         llama_cpp.llama_memory_clear(self.memory, True)
+
+    def state_seq_get(self, seq_id: int) -> bytes:
+        """llama.cpp's serialized cells of one sequence (engine.kv_transfer reads it)."""
+        mark = len(_recent_native_log)
+        size = int(llama_cpp.llama_state_seq_get_size(self.handle, seq_id))
+        buffer = (ctypes.c_uint8 * size)()
+        written = int(llama_cpp.llama_state_seq_get_data(self.handle, buffer, size, seq_id))
+        if not written:
+            raise NativeError("llama_state_seq_get_data", 0, _native_errors_since(mark))
+        return ctypes.string_at(buffer, written)
+
+    def state_seq_set(self, seq_id: int, blob: bytes) -> None:
+        """Replace the sequence's cells with a blob from ``state_seq_get`` (of a cache of
+        the same types); on failure llama.cpp leaves the sequence empty."""
+        mark = len(_recent_native_log)
+        buffer = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        if not llama_cpp.llama_state_seq_set_data(self.handle, buffer, len(blob), seq_id):
+            raise NativeError("llama_state_seq_set_data", 0, _native_errors_since(mark))
 
     def kv_pos_max(self, seq_id: int) -> int:
         """Largest position held by the sequence, -1 when it is empty."""

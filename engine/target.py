@@ -23,12 +23,18 @@ import numpy as np
 
 from engine.chat_template import ChatTemplate, check_messages
 from engine.draft_tree import DraftTree
-from engine.errors import ContextFullError, InvalidPromptError
+from engine.errors import ContextFullError, InvalidPromptError, ModelLoadError, NativeError
 from engine.hardware import default_threads
 from engine.kv_cache import TYPE_K, TYPE_V
+from engine.kv_transfer import StateFormatError, f16_to_q8_0_keys, llama_rotates_quantized_k
 from engine.native import NativeBatch, NativeContext, NativeModel
 
 log = logging.getLogger(__name__)
+
+# Shortest run of prompt tokens worth prefilling in the F16 context: llama.cpp's tiled
+# attention kernel needs 64 queries in a batch, and below ~100 tokens attention is too
+# small a share of the prefill to repay moving the cells (~8 us per token here).
+F16_PREFILL_MIN_TOKENS = 128
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,9 @@ class TargetConfig:
     # sequence its own stream, cheaper for independent sequences (training data).
     unified_kv: bool = True
     flash_attn: bool = True
+    # Long prompts are prefilled in a second, F16/F16 context and moved into this one
+    # (engine.kv_transfer says why); off, or when it cannot apply, they are prefilled here.
+    f16_prefill: bool = True
 
 
 @dataclass
@@ -95,10 +104,15 @@ class Target:
         self.park_seq = self.config.n_seq_max - 1
         self.n_parked = 0  # cells parked (see module docstring)
         self._parked_from = 0  # every parked cell sits at a position >= this
+        # The F16 prefill context, made on the first long prompt, and the tokens its
+        # sequence 0 holds; why it is not used, once that is known.
+        self._f16_ctx: NativeContext | None = None
+        self._f16_tokens: list[int] = []
+        self.f16_prefill_off = self._why_no_f16_prefill()
 
     # --- lifecycle -------------------------------------------------------------------
     def close(self) -> None:
-        for owner in ("batch", "ctx", "model"):
+        for owner in ("_f16_ctx", "batch", "ctx", "model"):
             handle = getattr(self, owner, None)
             if handle is not None:
                 handle.close()
@@ -223,17 +237,103 @@ class Target:
         n_keep = min(n_same, len(prompt) - 1)
         self.rollback(n_keep)
         todo = prompt[n_keep:]
-        tail = len(todo) if feature_tail is None else max(1, min(feature_tail, len(todo)))
-        if self.ctx.embeddings and tail < len(todo):
+        tail = 1  # the last token's logits choose the first new token
+        if self.ctx.embeddings:
+            tail = len(todo) if feature_tail is None else max(1, min(feature_tail, len(todo)))
+        # A long prompt's cells, all but the last token's, come from the F16 context
+        # (the same cells whatever the drafter asks of features; it gets those too).
+        moved = self._prefill_in_f16(todo[:-1], n_features=tail - 1)
+        feats: list[np.ndarray] = []
+        if moved is not None:
+            feats += [moved] if len(moved) else []
+            todo = todo[-1:]
+        elif self.ctx.embeddings and tail < len(todo):
             self.ctx.set_embeddings(False)
             try:
                 self._evaluate(todo[:-tail], self.config.n_batch)
             finally:
                 self.ctx.set_embeddings(True)
             todo = todo[-tail:]
-        logits, feats = self._evaluate(todo, self.config.n_batch)
+        logits, tail_feats = self._evaluate(todo, self.config.n_batch)
+        feats += tail_feats
         features = np.concatenate(feats) if feats else None
         return Prefill(logits=logits, features=features, n_reused=n_keep)
+
+    # --- F16 prefill (engine.kv_transfer) --------------------------------------------
+    def _why_no_f16_prefill(self) -> str | None:
+        c = self.config
+        if not c.f16_prefill:
+            return "turned off"
+        if c.type_k != "q8_0" or c.type_v != "f16":
+            return f"the cache is {c.type_k}/{c.type_v}, not Q8_0/F16"
+        if not (c.flash_attn and c.unified_kv):
+            return "needs flash attention and one KV stream"
+        if self.n_gpu_layers:
+            return "layers run on a GPU"
+        return None
+
+    def _prefill_in_f16(self, tokens: list[int], n_features: int) -> np.ndarray | None:
+        """Append ``tokens`` to sequence 0 by prefilling them in the F16 context and
+        moving their cells here. Returns the hidden states of the last ``n_features`` of
+        them ([0, n_embd] when none are asked), or None (nothing changed) when it does not
+        apply or fails; a failure turns it off for this target, with a warning."""
+        if self.f16_prefill_off or len(tokens) < F16_PREFILL_MIN_TOKENS:
+            return None
+        try:
+            return self._prefill_f16_and_move(tokens, n_features)
+        except (ModelLoadError, NativeError, StateFormatError, ContextFullError) as exc:
+            self.f16_prefill_off = f"failed: {exc}"
+            log.warning("F16 prefill off, prompts are prefilled in the Q8_0 cache: %s", exc)
+            self.ctx.kv_remove(1, -1, -1)
+            self.ctx.kv_remove(0, self.n_past, -1)
+            if self._f16_ctx is not None:
+                self._f16_ctx.close()
+                self._f16_ctx = None
+            return None
+
+    def _prefill_f16_and_move(self, tokens: list[int], n_features: int) -> np.ndarray:
+        if self._f16_ctx is None:
+            self._f16_tokens = []
+            self._f16_ctx = NativeContext(self.model, n_ctx=self.n_ctx,
+                                          n_batch=self.config.n_batch, n_seq_max=2,
+                                          n_threads=self.n_threads, embeddings=False,
+                                          type_k="f16", type_v="f16")
+        f16 = self._f16_ctx
+        full = self.tokens + tokens
+        first_feature = len(full) - n_features
+        n_same = 0
+        for a, b in zip(self._f16_tokens, full[:first_feature], strict=False):
+            if a != b:
+                break
+            n_same += 1
+        # Chunks start at multiples of n_batch, so the cells a prompt gets do not depend
+        # on which earlier prompt left how much in this context, nor on features asked.
+        step = self.config.n_batch
+        start = n_same - n_same % step
+        f16.kv_remove(0, start, -1)
+        del self._f16_tokens[start:]
+        feats = [np.empty((0, self.n_embd), dtype=np.float32)]
+        for pos0 in range(start, len(full), step):
+            chunk = full[pos0:pos0 + step]
+            wanted = pos0 + len(chunk) - first_feature  # features from this chunk
+            f16.set_embeddings(wanted > 0)  # then every token is an output
+            self.batch.fill(chunk, list(range(pos0, pos0 + len(chunk))), None, wanted > 0)
+            f16.decode(self.batch)
+            self._f16_tokens.extend(chunk)
+            if wanted > 0:
+                feats.append(f16.hidden_states(len(chunk))[-min(wanted, len(chunk)):])
+        # Sequence 1 is free outside a verification: the cells travel through it.
+        f16.kv_copy(0, 1, self.n_past, -1)
+        try:
+            blob = f16.state_seq_get(1)
+        finally:
+            f16.kv_remove(1, -1, -1)
+        moved = f16_to_q8_0_keys(blob, self.model.n_head_kv, llama_rotates_quantized_k())
+        self.ctx.state_seq_set(1, moved)
+        self.ctx.kv_copy(1, 0, -1, -1)
+        self.ctx.kv_remove(1, -1, -1)
+        self.tokens.extend(tokens)
+        return np.concatenate(feats)
 
     def _evaluate(self, tokens: list[int], chunk_size: int
                   ) -> tuple[np.ndarray, list[np.ndarray]]:

@@ -103,7 +103,9 @@ def drafted_equals_plain(target, drafter, rows: list[dict], plain: dict,  # noqa
 def second_turn(target, row: dict, first: list[int], max_tokens: int
                 ) -> tuple[list[int], list[int]]:  # noqa: ANN001
     """The second turn's prompt after the model's ``first`` answer, and its plain greedy
-    answer from a cold cache."""
+    answer with the first turn in the cache, as in a chat. (From a cold cache it may
+    differ at a near-tie: a long prompt's cells come from the F16 prefill context,
+    while a warm cache holds the first answer as decoding wrote it.)"""
     from engine.generation import GenerationConfig, generate
 
     messages = [{"role": "user", "content": row["turns"][0]},
@@ -111,6 +113,7 @@ def second_turn(target, row: dict, first: list[int], max_tokens: int
                 {"role": "user", "content": row["turns"][1]}]
     prompt = target.chat_prompt(messages)
     target.reset()
+    generate(target, target.chat_prompt(messages[:1]), None, GenerationConfig(max_tokens))
     return prompt, generate(target, prompt, None, GenerationConfig(max_tokens)).tokens
 
 

@@ -1,0 +1,163 @@
+"""Long prompts prefilled in an F16 context and moved into the Q8_0-K cache."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from engine import kv_transfer
+from engine.generation import GenerationConfig, generate
+from engine.native import NativeContext
+from engine.target import F16_PREFILL_MIN_TOKENS, Target, TargetConfig
+
+
+@pytest.fixture(scope="module")
+def long_prompts(target, dev_prompts) -> list[list[int]]:
+    """Rag and summarization prompts: 600-800 tokens, past llama.cpp's 512-cell split."""
+    prompts = []
+    for category in ("rag", "summarization"):
+        rows = [r for r in dev_prompts if r["category"] == category]
+        prompts += [p for r in rows
+                    if len(p := target.chat_prompt([{"role": "user", "content": r["turns"][0]}]))
+                    > 512][:1]
+    assert len(prompts) == 2
+    return prompts
+
+
+def _dequantize_q8_0(rows: np.ndarray) -> np.ndarray:
+    blocks = rows.reshape(-1, 34)
+    scale = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+    return (scale * blocks[:, 2:].copy().view(np.int8)).reshape(rows.shape[0], -1)
+
+
+def _layer0_keys(blob: bytes, row_bytes: int) -> np.ndarray:
+    n_cells = int.from_bytes(blob[12:16], "little")
+    at = 16 + 12 * n_cells + 8 + 12  # cells, then v_trans and n_layer, then K's header
+    return np.frombuffer(blob, np.uint8, n_cells * row_bytes, at).reshape(n_cells, row_bytes)
+
+
+def test_moved_keys_are_stored_as_llama_cpp_stores_them(target, long_prompts):
+    """Layer 0's keys do not depend on attention: rotated and quantized here, they equal
+    the keys llama.cpp writes into its own Q8_0 cache, up to one quantization step."""
+    prompt = long_prompts[0][:250]
+    target.reset()
+    target.f16_prefill_off = "test"
+    try:
+        target.prefill(prompt)
+    finally:
+        target.f16_prefill_off = None
+    own = _dequantize_q8_0(_layer0_keys(target.ctx.state_seq_get(0), 204))
+    with NativeContext(target.model, n_ctx=512, n_batch=256, n_seq_max=1, n_threads=2,
+                       embeddings=False, type_k="f16", type_v="f16") as f16:
+        target.batch.fill(prompt, list(range(len(prompt))), None, False)
+        f16.decode(target.batch)
+        blob = f16.state_seq_get(0)
+    n_head_kv = target.model.n_head_kv
+    ours = _dequantize_q8_0(_layer0_keys(kv_transfer.f16_to_q8_0_keys(blob, n_head_kv, True),
+                                         204))
+    unrotated = _dequantize_q8_0(_layer0_keys(
+        kv_transfer.f16_to_q8_0_keys(blob, n_head_kv, False), 204))
+    step = np.abs(own).max() / 127
+    assert np.abs(ours - own).max() <= 2 * step
+    assert np.abs(unrotated - own).max() > 20 * step  # the rotation is what makes them equal
+
+
+def test_first_token_logits_close_to_the_q8_0_prefill(target, long_prompts):
+    for prompt in long_prompts:
+        target.reset()
+        moved = target.prefill(prompt).logits
+        target.reset()
+        target.f16_prefill_off = "test"
+        try:
+            own = target.prefill(prompt).logits
+        finally:
+            target.f16_prefill_off = None
+        assert moved.argmax() == own.argmax()
+        assert 0 < np.abs(moved - own).max() < 3.0  # F16 attention in the prompt, not Q8_0
+
+
+def test_a_prompts_cells_do_not_depend_on_the_f16_contexts_history(model_path, long_prompts):
+    """Chunks start at multiples of n_batch, so a prompt gets the same cells whether the
+    F16 context held a shorter version of it or nothing."""
+    prompt = long_prompts[1]
+    with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2)) as cold:
+        cold.prefill(prompt)
+        want = cold.ctx.state_seq_get(0)
+    with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2)) as warm:
+        warm.prefill(prompt[:300])
+        warm.reset()
+        warm.prefill(prompt)
+        assert warm.ctx.state_seq_get(0) == want
+
+
+def test_greedy_after_a_long_second_turn_equals_plain(target, dev_prompts):
+    """A short first turn, then a long document: the second prompt's new part goes
+    through the F16 context onto a warm cache; drafted output equals plain."""
+    from engine.drafters.lookup import PromptLookupDrafter
+    from engine.drafters.memory import MemoryDrafter
+
+    doc = next(r for r in dev_prompts if r["category"] == "summarization")["turns"][0]
+    first_messages = [{"role": "user", "content": "Say hello in French."}]
+    first_prompt = target.chat_prompt(first_messages)
+    outputs = {}
+    for name, drafter in (("plain", None), ("lookup", PromptLookupDrafter()),
+                          ("memory", MemoryDrafter())):
+        target.reset()
+        first = generate(target, first_prompt, drafter, GenerationConfig(20)).tokens
+        messages = first_messages + [{"role": "assistant", "content": target.detokenize(first)},
+                                     {"role": "user", "content": doc}]
+        second_prompt = target.chat_prompt(messages)
+        out = generate(target, second_prompt, drafter, GenerationConfig(60))
+        assert len(second_prompt) - out.stats.n_prompt_reused > F16_PREFILL_MIN_TOKENS
+        outputs[name] = (first, out.tokens)
+    assert target.f16_prefill_off is None
+    assert outputs["lookup"] == outputs["plain"] == outputs["memory"]
+
+
+def test_a_failed_move_falls_back_to_the_q8_0_prefill(model_path, long_prompts, monkeypatch,
+                                                      caplog):
+    """A blob llama.cpp refuses: the prompt is prefilled the usual way, with a warning,
+    and the answer is the one a target without F16 prefill writes."""
+    prompt = long_prompts[0]
+    with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2, f16_prefill=False)) as t:
+        want = t.prefill(prompt).logits
+    real = kv_transfer.f16_to_q8_0_keys
+    monkeypatch.setattr("engine.target.f16_to_q8_0_keys",
+                        lambda blob, *a, **k: real(blob, *a, **k)[:-1000])  # cut short
+    with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2)) as t:
+        with caplog.at_level(logging.WARNING, logger="engine.target"):
+            got = t.prefill(prompt).logits
+        assert np.array_equal(got, want)
+        assert t.f16_prefill_off and "llama_state_seq_set_data" in t.f16_prefill_off
+        assert "F16 prefill off" in caplog.text
+        assert t.n_past == len(prompt) and t.ctx.kv_pos_max(0) == len(prompt) - 1
+        assert t.ctx.kv_pos_max(1) == -1
+
+
+def test_blobs_of_another_layout_are_refused(target, long_prompts):
+    target.reset()
+    target.f16_prefill_off = "test"
+    try:
+        target.prefill(long_prompts[0][:200])
+    finally:
+        target.f16_prefill_off = None
+    q8_blob = target.ctx.state_seq_get(0)  # K already Q8_0
+    with pytest.raises(kv_transfer.StateFormatError, match="not F16"):
+        kv_transfer.f16_to_q8_0_keys(q8_blob, target.model.n_head_kv, rotate=True)
+    with pytest.raises(kv_transfer.StateFormatError, match="ends"):
+        kv_transfer.f16_to_q8_0_keys(q8_blob[:40], target.model.n_head_kv, rotate=True)
+
+
+def test_rotation_and_quantization_reference():
+    h = kv_transfer.hadamard(64)
+    assert np.allclose(h @ h, np.eye(64), atol=1e-6) and np.allclose(h, h.T)
+    assert [kv_transfer.rotation_size(d) for d in (64, 96, 128, 192, 256)] == [64, 0, 128, 64, 256]
+    x = np.random.default_rng(0).normal(size=(5, 64)).astype(np.float32)
+    packed = kv_transfer.quantize_q8_0(x)
+    assert packed.shape == (5, 68)
+    assert np.abs(_dequantize_q8_0(packed) - x).max() <= np.abs(x).max() / 127
+    kernels = kv_transfer.ggml_row_kernels()
+    if kernels is not None:  # ggml's own kernel writes the same bytes
+        assert np.array_equal(kernels.quantize_q8_0(x), packed)
