@@ -56,7 +56,7 @@ def baseline_runner(name: str, target: Target) -> Runner:
     return run
 
 
-SERVER_NAMES = ("server", "server-ngram")
+SERVER_NAMES = ("server", "server-ngram", "server-f16")
 
 
 class LlamaServer:
@@ -110,20 +110,23 @@ class LlamaServer:
 
 
 def server_runner(name: str, target: Target, binary: str) -> Runner:
-    """llama.cpp's ``llama-server``: plain, or with ``--spec-type ngram-mod``.
+    """llama.cpp's ``llama-server``: plain, or with ``--spec-type ngram-mod``, or plain
+    with its default F16/F16 cache (``server-f16``: the first token users get from it).
 
-    It gets the target's KV-cache types (``--kv-cache``): the cache's numbers decide
-    greedy near-ties, so with other types it writes another answer (with llama-server's
-    default F16 K, 33 of 39 dev answers differed from Tandem's exact mode), and a speed
-    comparison on different texts mostly measures which text loops.
+    ``server`` and ``server-ngram`` get the target's KV-cache types (``--kv-cache``): the
+    cache's numbers decide greedy near-ties, so with other types it writes another answer
+    (with llama-server's default F16 K, 33 of 39 dev answers differed from Tandem's exact
+    mode), and a speed comparison on different texts mostly measures which text loops.
     Times are the server's own (``timings``): prompt processing is the TTFT, generation
     time the decode time; no HTTP overhead is charged to it.
     """
     if name not in SERVER_NAMES:
         raise ValueError(f"unknown server baseline {name!r}")
     extra = ["--spec-type", "ngram-mod"] if name == "server-ngram" else []
+    types = (("f16", "f16") if name == "server-f16"
+             else (target.config.type_k, target.config.type_v))
     server = LlamaServer(binary, str(target.path), target.n_ctx, target.n_threads, extra,
-                         target.config.type_k, target.config.type_v)
+                         *types)
     import atexit
 
     atexit.register(server.close)

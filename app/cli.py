@@ -410,7 +410,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated: auto (the plan), auto@LAYOUT, none, lookup, "
                         "head, head-chain, head-multi, head-ahead, NAME:N (fixed budget of N); "
                         "baselines: lcp, lcp-lookup (llama-cpp-python's "
-                        "own), server, server-ngram (llama.cpp's llama-server)")
+                        "own), server, server-ngram (llama.cpp's llama-server, with "
+                        "Tandem's KV-cache types), server-f16 (llama-server with its "
+                        "default F16 cache)")
     p.add_argument("--sweep", action="store_true",
                    help="the automatic plan next to fixed budgets and every possible layout")
     p.add_argument("--max-tokens", type=int, default=128)

@@ -25,6 +25,7 @@ import struct
 from functools import lru_cache
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from engine.native import ggml_row_kernels
 
@@ -111,7 +112,19 @@ def llama_rotates_quantized_k() -> bool:
         return True  # llama.cpp reads it with atoi: text counts as 0
 
 
+_threadpools: list[ThreadpoolController] = []
+
+
 def f16_to_q8_0_keys(blob: bytes, n_head_kv: int, rotate: bool) -> bytes:
+    """``_f16_to_q8_0_keys`` with numpy's BLAS on one thread: its idle threads spin for a
+    while after a call and slowed llama.cpp's next decode by up to ~100 ms on 2 cores."""
+    if not _threadpools:
+        _threadpools.append(ThreadpoolController())
+    with _threadpools[0].limit(limits=1, user_api="blas"):
+        return _f16_to_q8_0_keys(blob, n_head_kv, rotate)
+
+
+def _f16_to_q8_0_keys(blob: bytes, n_head_kv: int, rotate: bool) -> bytes:
     """Rewrite a sequence-state blob of an F16/F16 cache for a Q8_0-K/F16-V cache.
 
     ``rotate``: llama.cpp's rotation of quantized K is on (``llama_rotates_quantized_k``);
