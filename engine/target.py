@@ -104,11 +104,19 @@ class Target:
         self.park_seq = self.config.n_seq_max - 1
         self.n_parked = 0  # cells parked (see module docstring)
         self._parked_from = 0  # every parked cell sits at a position >= this
-        # The F16 prefill context, made on the first long prompt, and the tokens its
-        # sequence 0 holds; why it is not used, once that is known.
+        # The F16 prefill context and the tokens its sequence 0 holds; why it is not
+        # used, if it is not. Made now: made on the first long prompt, it cost that
+        # prompt's first token ~0.3 s.
         self._f16_ctx: NativeContext | None = None
         self._f16_tokens: list[int] = []
         self.f16_prefill_off = self._why_no_f16_prefill()
+        if not self.f16_prefill_off:
+            try:
+                self._f16_ctx = self._open_f16_context()
+            except ModelLoadError as exc:
+                self.f16_prefill_off = f"no memory for it: {exc}"
+                log.warning("F16 prefill off, prompts are prefilled in the Q8_0 cache: %s",
+                            exc)
 
     # --- lifecycle -------------------------------------------------------------------
     def close(self) -> None:
@@ -291,13 +299,15 @@ class Target:
                 self._f16_ctx = None
             return None
 
+    def _open_f16_context(self) -> NativeContext:
+        return NativeContext(self.model, n_ctx=self.n_ctx, n_batch=self.config.n_batch,
+                             n_seq_max=2, n_threads=self.n_threads, embeddings=False,
+                             type_k="f16", type_v="f16")
+
     def _prefill_f16_and_move(self, tokens: list[int], n_features: int) -> np.ndarray:
         if self._f16_ctx is None:
             self._f16_tokens = []
-            self._f16_ctx = NativeContext(self.model, n_ctx=self.n_ctx,
-                                          n_batch=self.config.n_batch, n_seq_max=2,
-                                          n_threads=self.n_threads, embeddings=False,
-                                          type_k="f16", type_v="f16")
+            self._f16_ctx = self._open_f16_context()
         f16 = self._f16_ctx
         full = self.tokens + tokens
         first_feature = len(full) - n_features
