@@ -22,24 +22,25 @@ from __future__ import annotations
 
 import os
 import struct
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import quantize
 from threadpoolctl import ThreadpoolController
 
 from engine.native import ggml_row_kernels
 
-GGML_TYPE_F16 = 1
-GGML_TYPE_Q8_0 = 8
-_Q8_BLOCK = 32
-_Q8_BLOCK_BYTES = 2 + _Q8_BLOCK  # F16 scale, 32 int8
+_F16 = GGMLQuantizationType.F16
+_Q8_0 = GGMLQuantizationType.Q8_0
+_Q8_BLOCK = GGML_QUANT_SIZES[_Q8_0][0]
 
 
 class StateFormatError(ValueError):
     """A sequence-state blob this module cannot rewrite."""
 
 
-@lru_cache(maxsize=4)
+@cache
 def hadamard(n: int) -> np.ndarray:
     """llama.cpp's orthonormal Sylvester-Walsh-Hadamard matrix of order n (a power of 2)."""
     h = np.ones((1, 1), dtype=np.float64)
@@ -59,19 +60,6 @@ def rotation_size(head_dim: int) -> int:
     return n
 
 
-def quantize_q8_0(x: np.ndarray) -> np.ndarray:
-    """Rows of float32 (length a multiple of 32) -> Q8_0 bytes, one row per input row."""
-    rows = x.shape[0]
-    blocks = x.reshape(-1, _Q8_BLOCK)
-    scale = np.abs(blocks).max(axis=1) / 127.0
-    inverse = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)
-    q = np.rint(blocks * inverse[:, None]).astype(np.int8)
-    out = np.empty((blocks.shape[0], _Q8_BLOCK_BYTES), dtype=np.uint8)
-    out[:, :2] = scale.astype(np.float16).view(np.uint8).reshape(-1, 2)
-    out[:, 2:] = q.view(np.uint8)
-    return out.reshape(rows, -1)
-
-
 def _f16_to_f32(x: np.ndarray) -> np.ndarray:
     kernels = ggml_row_kernels()
     return kernels.f16_to_f32(x) if kernels else x.astype(np.float32)
@@ -79,7 +67,8 @@ def _f16_to_f32(x: np.ndarray) -> np.ndarray:
 
 def _quantize_q8_0(x: np.ndarray) -> np.ndarray:
     kernels = ggml_row_kernels()
-    return kernels.quantize_q8_0(x) if kernels else quantize_q8_0(x)
+    # gguf's numpy reference writes the same bytes, slower.
+    return kernels.quantize_q8_0(x) if kernels else quantize(x, _Q8_0)
 
 
 class _Reader:
@@ -112,15 +101,15 @@ def llama_rotates_quantized_k() -> bool:
         return True  # llama.cpp reads it with atoi: text counts as 0
 
 
-_threadpools: list[ThreadpoolController] = []
+@cache
+def _threadpools() -> ThreadpoolController:
+    return ThreadpoolController()
 
 
 def f16_to_q8_0_keys(blob: bytes, n_head_kv: int, rotate: bool) -> bytes:
     """``_f16_to_q8_0_keys`` with numpy's BLAS on one thread: its idle threads spin for a
     while after a call and slowed llama.cpp's next decode by up to ~100 ms on 2 cores."""
-    if not _threadpools:
-        _threadpools.append(ThreadpoolController())
-    with _threadpools[0].limit(limits=1, user_api="blas"):
+    with _threadpools().limit(limits=1, user_api="blas"):
         return _f16_to_q8_0_keys(blob, n_head_kv, rotate)
 
 
@@ -146,7 +135,7 @@ def _f16_to_q8_0_keys(blob: bytes, n_head_kv: int, rotate: bool) -> bytes:
            struct.pack("<II", 0, n_layer)]
     for _ in range(n_layer):
         k_type, row_bytes = read.take("<iQ")
-        if k_type != GGML_TYPE_F16:
+        if k_type != _F16:
             raise StateFormatError(f"K of ggml type {k_type}, not F16")
         keys = _f16_to_f32(read.rows(n_cells, row_bytes).view(np.float16))
         width = keys.shape[1]
@@ -156,7 +145,7 @@ def _f16_to_q8_0_keys(blob: bytes, n_head_kv: int, rotate: bool) -> bytes:
         if block:
             keys = (keys.reshape(-1, block) @ hadamard(block)).reshape(keys.shape)
         packed = _quantize_q8_0(keys)
-        out += [struct.pack("<iQ", GGML_TYPE_Q8_0, packed.shape[1]), packed.tobytes()]
+        out += [struct.pack("<iQ", _Q8_0, packed.shape[1]), packed.tobytes()]
     for _ in range(n_layer):
         v_type, row_bytes = read.take("<iQ")
         out += [struct.pack("<iQ", v_type, row_bytes), read.rows(n_cells, row_bytes).tobytes()]

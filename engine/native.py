@@ -7,6 +7,7 @@ Each owner has an idempotent ``close()`` and works as a context manager.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import threading
@@ -84,22 +85,16 @@ class GgmlRowKernels:
         return out
 
 
-_row_kernels: list[GgmlRowKernels | None] = []
-
-
+@functools.cache
 def ggml_row_kernels() -> GgmlRowKernels | None:
     """The CPU backend's row kernels; None where the build names them otherwise."""
-    if not _row_kernels:
-        lib_dir = Path(llama_cpp.__file__).parent / "lib"
-        kernels = None
-        for name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
-            try:
-                kernels = GgmlRowKernels(ctypes.CDLL(str(lib_dir / name)))
-                break
-            except (OSError, AttributeError):
-                continue
-        _row_kernels.append(kernels)
-    return _row_kernels[0]
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    for name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
+        try:
+            return GgmlRowKernels(ctypes.CDLL(str(lib_dir / name)))
+        except (OSError, AttributeError):
+            continue
+    return None
 
 
 def utf8_bytes(text: str) -> bytes:

@@ -28,6 +28,7 @@ from engine.hardware import default_threads
 from engine.kv_cache import TYPE_K, TYPE_V
 from engine.kv_transfer import StateFormatError, f16_to_q8_0_keys, llama_rotates_quantized_k
 from engine.native import NativeBatch, NativeContext, NativeModel
+from engine.sequences import common_prefix_length
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,9 @@ class Target:
         self.f16_prefill_off = self._why_no_f16_prefill()
         if not self.f16_prefill_off:
             try:
-                self._f16_ctx = self._open_f16_context()
+                self._f16_ctx = NativeContext(
+                    self.model, n_ctx=self.n_ctx, n_batch=self.config.n_batch, n_seq_max=2,
+                    n_threads=self.n_threads, embeddings=False, type_k="f16", type_v="f16")
             except ModelLoadError as exc:
                 self.f16_prefill_off = f"no memory for it: {exc}"
                 log.warning("F16 prefill off, prompts are prefilled in the Q8_0 cache: %s",
@@ -236,11 +239,7 @@ class Target:
                                      f"vocabulary (0 to {self.n_vocab - 1})")
         if len(prompt) + 1 > self.n_ctx:
             raise ContextFullError(len(prompt) + 1, self.n_ctx)
-        n_same = 0
-        for a, b in zip(self.tokens, prompt, strict=False):
-            if a != b:
-                break
-            n_same += 1
+        n_same = common_prefix_length(self.tokens, prompt)
         # Evaluate at least the last prompt token: its logits choose the first new token.
         n_keep = min(n_same, len(prompt) - 1)
         self.rollback(n_keep)
@@ -289,7 +288,7 @@ class Target:
             return None
         try:
             return self._prefill_f16_and_move(tokens, n_features)
-        except (ModelLoadError, NativeError, StateFormatError, ContextFullError) as exc:
+        except (NativeError, StateFormatError, ContextFullError) as exc:
             self.f16_prefill_off = f"failed: {exc}"
             log.warning("F16 prefill off, prompts are prefilled in the Q8_0 cache: %s", exc)
             self.ctx.kv_remove(1, -1, -1)
@@ -299,23 +298,13 @@ class Target:
                 self._f16_ctx = None
             return None
 
-    def _open_f16_context(self) -> NativeContext:
-        return NativeContext(self.model, n_ctx=self.n_ctx, n_batch=self.config.n_batch,
-                             n_seq_max=2, n_threads=self.n_threads, embeddings=False,
-                             type_k="f16", type_v="f16")
-
     def _prefill_f16_and_move(self, tokens: list[int], n_features: int) -> np.ndarray:
-        if self._f16_ctx is None:
-            self._f16_tokens = []
-            self._f16_ctx = self._open_f16_context()
         f16 = self._f16_ctx
+        if f16 is None:  # made with the target; dropped only when turned off
+            raise NativeError("F16 prefill context", 0, "closed")
         full = self.tokens + tokens
         first_feature = len(full) - n_features
-        n_same = 0
-        for a, b in zip(self._f16_tokens, full[:first_feature], strict=False):
-            if a != b:
-                break
-            n_same += 1
+        n_same = common_prefix_length(self._f16_tokens, full[:first_feature])
         # Chunks start at multiples of n_batch, so the cells a prompt gets do not depend
         # on which earlier prompt left how much in this context, nor on features asked.
         step = self.config.n_batch

@@ -6,6 +6,8 @@ import logging
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
 
 from engine import kv_transfer
 from engine.generation import GenerationConfig, generate
@@ -27,9 +29,7 @@ def long_prompts(target, dev_prompts) -> list[list[int]]:
 
 
 def _dequantize_q8_0(rows: np.ndarray) -> np.ndarray:
-    blocks = rows.reshape(-1, 34)
-    scale = blocks[:, :2].copy().view(np.float16).astype(np.float32)
-    return (scale * blocks[:, 2:].copy().view(np.int8)).reshape(rows.shape[0], -1)
+    return dequantize(rows, GGMLQuantizationType.Q8_0)
 
 
 def _layer0_keys(blob: bytes, row_bytes: int) -> np.ndarray:
@@ -155,7 +155,7 @@ def test_rotation_and_quantization_reference():
     assert np.allclose(h @ h, np.eye(64), atol=1e-6) and np.allclose(h, h.T)
     assert [kv_transfer.rotation_size(d) for d in (64, 96, 128, 192, 256)] == [64, 0, 128, 64, 256]
     x = np.random.default_rng(0).normal(size=(5, 64)).astype(np.float32)
-    packed = kv_transfer.quantize_q8_0(x)
+    packed = quantize(x, GGMLQuantizationType.Q8_0)  # gguf's reference, the fallback
     assert packed.shape == (5, 68)
     assert np.abs(_dequantize_q8_0(packed) - x).max() <= np.abs(x).max() / 127
     kernels = kv_transfer.ggml_row_kernels()

@@ -33,6 +33,7 @@ import numpy as np
 from engine.draft_tree import DraftTree
 from engine.drafters.base import Drafter
 from engine.native import NativeBatch, NativeContext, NativeModel
+from engine.sequences import common_prefix_length
 
 PREFILL_BATCH = 256  # tokens the draft model evaluates per decode when catching up
 
@@ -148,12 +149,8 @@ class DraftModelDrafter(Drafter):
             return
         t0 = time.perf_counter()
         guessed = self.context + chain
-        n_same = 0
-        for a, b in zip(self.cached, guessed, strict=False):
-            if a != b:
-                break
-            n_same += 1
-        keep = min(n_same, len(guessed) - 1)  # one token evaluated now: its scores
+        # One token is evaluated now: its scores.
+        keep = min(common_prefix_length(self.cached, guessed), len(guessed) - 1)
         if keep < len(self.cached):
             self.ctx.kv_remove(0, keep)
             del self.cached[keep:]
@@ -238,12 +235,7 @@ class DraftModelDrafter(Drafter):
         """Keep in sequence 0 the longest prefix of the context it already holds (at
         least one token stays unevaluated: its scores start the next draft), and drop
         the side sequences."""
-        n_same = 0
-        for a, b in zip(self.cached, self.context, strict=False):
-            if a != b:
-                break
-            n_same += 1
-        keep = min(n_same, len(self.context) - 1)
+        keep = min(common_prefix_length(self.cached, self.context), len(self.context) - 1)
         if keep < len(self.cached):
             self.ctx.kv_remove(0, keep)
             del self.cached[keep:]

@@ -25,6 +25,7 @@ import torch
 from engine.draft_tree import DraftTree
 from engine.drafters.base import Drafter
 from engine.errors import IncompatibleDraftError
+from engine.sequences import common_prefix_length
 from models.draft_head import DraftHead, KVCache
 from models.eagle1_config import is_eagle1_dir, read_eagle1_config
 from models.gguf_weights import TargetForHead, target_for_head
@@ -186,11 +187,7 @@ class HeadDrafter(Drafter):
             raise ValueError("the head drafter needs the target's features")
         prompt_len = len(context) - 1
         start = prompt_len - len(features)  # prompt tokens the target reused from its cache
-        shared = 0
-        for a, b in zip(self._tokens, context, strict=False):
-            if a != b:
-                break
-            shared += 1
+        shared = common_prefix_length(self._tokens, context)
         if start <= min(shared, len(self._feats)) and self._base == 0:
             # The reused prefix is one we saw: keep its features and cache entries.
             feats = np.concatenate([self._feats[:start], features])
