@@ -106,8 +106,7 @@ def measure(target: Target, drafter: HeadDrafter, text: Text, report: SourceRepo
     target.set_features(True)
     pre = target.prefill(full, feature_tail=None)
     assert pre.features is not None and len(pre.features) == len(full)
-    # What the target itself would say after each token (the answer is greedy, so
-    # within it this is the answer's next token).
+    # The answer is greedy: the token at each position is what the target would say.
     n_prompt = len(text.prompt)
     window = drafter.prompt_features or n_prompt
     full_guess = teacher_guesses(drafter, full, pre.features, 0)
@@ -120,7 +119,8 @@ def measure(target: Target, drafter: HeadDrafter, text: Text, report: SourceRepo
         if pos < n_prompt + 9:
             report.teacher_first_answer.add(window_guess[pos] == full[pos])
 
-    # The real drafter, chain mode, every step drafting (no budget trimming below one).
+    # The real drafter: every step's first guess is recorded, kept by the budget or not.
+    # It drafts the position after its context (prompt, answer so far, the root).
     first_tokens: list[tuple[int, int]] = []  # (position drafted, token)
     real_draft = drafter.draft
 
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         texts += list(sharegpt_texts(target, args.sharegpt, args.max_tokens,
                                     args.sharegpt_split))
         for k, text in enumerate(texts, 1):
-            for key in (text.source.split(":")[0], text.source):
+            for key in dict.fromkeys((text.source.split(":")[0], text.source)):
                 measure(target, drafter, text, reports.setdefault(key, SourceReport()))
             print(f"\r{k}/{len(texts)} texts", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
