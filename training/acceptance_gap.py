@@ -75,6 +75,12 @@ class SourceReport:
     engine_equals_teacher: Tally = field(default_factory=Tally)  # same guess as teacher
     teacher_first_answer: Tally = field(default_factory=Tally)  # answer's 2nd..9th token
 
+    def merge(self, other: SourceReport) -> None:
+        for name, tally in vars(other).items():
+            mine = getattr(self, name)
+            mine.hit += tally.hit
+            mine.total += tally.total
+
     def as_dict(self) -> dict[str, float | int]:
         out: dict[str, float | int] = {}
         for name, tally in vars(self).items():
@@ -149,23 +155,18 @@ def measure(target: Target, drafter: HeadDrafter, text: Text, report: SourceRepo
 
 def dev_texts(target: Target, path: Path, per_category: int, max_tokens: int
               ) -> Iterator[Text]:
-    seen: dict[str, int] = {}
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        cat = row["category"]
-        if seen.get(cat, 0) >= per_category:
-            continue
-        seen[cat] = seen.get(cat, 0) + 1
-        yield _greedy(target, f"dev:{cat}", [{"role": "user", "content": row["turns"][0]}],
-                      max_tokens)
+    from app.bench import load_prompts
+
+    for row in load_prompts(path, per_category):
+        yield _greedy(target, f"dev:{row.category}",
+                      [{"role": "user", "content": row.turns[0]}], max_tokens)
 
 
 def sharegpt_texts(target: Target, n: int, max_tokens: int, split: str) -> Iterator[Text]:
-    from training.distill_data import _mostly_text
+    from training.distill_data import BuildConfig, _mostly_text
     from training.sharegpt import iter_conversations
 
+    max_prompt_tokens = BuildConfig().max_prompt_tokens  # the training data's cut
     made = built = 0
     for i, conv in enumerate(iter_conversations()):
         if split == "unseen" and i < SHAREGPT_UNSEEN_FROM:
@@ -174,7 +175,7 @@ def sharegpt_texts(target: Target, n: int, max_tokens: int, split: str) -> Itera
         if not pair or not (_mostly_text(pair[0]) and _mostly_text(pair[1])):
             continue  # the training data's filters, in its order
         prompt = target.chat_prompt([{"role": "user", "content": pair[0]}])
-        if len(prompt) > 384:
+        if len(prompt) > max_prompt_tokens:
             continue
         built += 1
         if split == "eval" and built - 1 < EVAL_SPLIT[0]:
@@ -229,8 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         texts += list(sharegpt_texts(target, args.sharegpt, args.max_tokens,
                                     args.sharegpt_split))
         for k, text in enumerate(texts, 1):
+            report = SourceReport()
+            measure(target, drafter, text, report)
+            # Each text counts for its source and its group ("dev:math" and "dev").
             for key in dict.fromkeys((text.source.split(":")[0], text.source)):
-                measure(target, drafter, text, reports.setdefault(key, SourceReport()))
+                reports.setdefault(key, SourceReport()).merge(report)
             print(f"\r{k}/{len(texts)} texts", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
     table = {k: r.as_dict() for k, r in sorted(reports.items())}
