@@ -174,13 +174,21 @@ def measure_verify_curve(target: Target, context: int = 256,
 def measure_head(target: Target, head_dir: Path | None, device: str, repeats: int = 5,
                  fingerprint: TargetFingerprint | None = None
                  ) -> tuple[float, float, float]:
-    """(seconds per drafting level, per accepted-token update, per feature transfer) of
-    the head on ``device``."""
+    """(seconds per drafting level, per step's update, per feature transfer) of the head
+    on ``device``, with the weights the drafter uses there. A level is what each drafted
+    token beyond the first adds (a forward pass and the LM head's top-k); the update is
+    what every step pays (the pass over 3 accepted tokens and the first token's top-k)."""
+    import dataclasses
+
     import torch
 
     from engine.drafters import DrafterSpec, build_drafter
+    from engine.drafters.head import HeadDrafter
 
-    drafter = build_drafter(DrafterSpec("head-chain", head_dir, device), target, fingerprint)
+    # A chain of fixed depth: dynamic depth would stop early on unlikely tokens.
+    spec = DrafterSpec("head-chain", head_dir, device, {"depth": 2, "dynamic_depth": False})
+    drafter = build_drafter(spec, target, fingerprint)
+    assert isinstance(drafter, HeadDrafter)
     prompt = target.tokenize(_FILLER * 4, special=False)[:64]
     target.reset()
     target.set_features(True)
@@ -192,13 +200,17 @@ def measure_head(target: Target, head_dir: Path | None, device: str, repeats: in
     drafter.begin(prompt + [prompt[0]], pre.features)
     d = target.n_embd
     step_feats = np.zeros((3, d), np.float32)
+    one_level = drafter.config
+    root_only = dataclasses.replace(one_level, depth=1)
 
-    def level() -> None:
-        drafter.draft(1, 0.01)  # the root's top-k alone: one level
+    def draft(config: object) -> None:
+        drafter.config = config  # type: ignore[assignment]
+        drafter.draft(1, 0.01)
+        sync()
 
     def update() -> None:
         drafter.accept(prompt[:3], step_feats)
-        drafter.draft(1, 0.01)
+        draft(root_only)
 
     def sync() -> None:
         if device.startswith("cuda"):
@@ -208,9 +220,10 @@ def measure_head(target: Target, head_dir: Path | None, device: str, repeats: in
         torch.from_numpy(step_feats).to(device)
         sync()
 
-    level()
-    t_level = _median_time(lambda: (level(), sync()), repeats)
-    t_update = max(0.0, _median_time(lambda: (update(), sync()), repeats) - t_level)
+    draft(one_level)
+    t_root = _median_time(lambda: draft(root_only), repeats)
+    t_level = max(0.0, _median_time(lambda: draft(one_level), repeats) - t_root)
+    t_update = _median_time(update, repeats)
     t_transfer = 0.0 if device == "cpu" else _median_time(transfer, repeats)
     return t_level, t_update, t_transfer
 

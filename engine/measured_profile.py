@@ -133,31 +133,38 @@ def measure_head_level(width: int, n_heads: int, n_kv_heads: int, ffn: int, voca
                        context: int = PLAN_CONTEXT, repeats: int = 7) -> tuple[float, float]:
     """(one drafting level: the head on one token with ``context`` cached entries, its
     LM head over ``vocab`` rows and the top 4; a step's update over 3 accepted tokens)
-    of an EAGLE-1 head of that width on the CPU, in float32 as the head drafter runs."""
+    of an EAGLE-1 head of that width on the CPU, with the int8 weights the head drafter
+    uses there."""
     import statistics
 
     import torch
 
     from models.draft_head import DraftHead
     from models.head_config import HeadConfig
+    from models.int8_linear import int8_available
 
     torch.manual_seed(0)
     cfg = HeadConfig(hidden_size=width, n_heads=n_heads, n_kv_heads=n_kv_heads,
                      intermediate_size=ffn, fusion="fc")
     embed = torch.randn(vocab, width) * 0.02
     head = DraftHead(cfg, embed, embed).eval()
+    if int8_available():  # as the head drafter runs on a CPU
+        head.to_int8()
     feats = torch.randn(1, context, width)
+    cache = head.new_cache()
     with torch.inference_mode():
-        _, cache = head(feats, torch.zeros(1, context, dtype=torch.long),
-                        torch.arange(context)[None])
+        head(feats, torch.zeros(1, context, dtype=torch.long), torch.arange(context)[None],
+             cache)
 
         def run(n: int) -> float:
             t0 = time.perf_counter()
             out, _ = head(torch.randn(1, n, width), torch.ones(1, n, dtype=torch.long),
                           torch.arange(context, context + n)[None], cache)
-            if n == 1:
-                torch.softmax(head.logits(out[0]), dim=-1).topk(4)
-            return time.perf_counter() - t0
+            torch.softmax(head.logits(out[0, -1:]), dim=-1).topk(4)
+            took = time.perf_counter() - t0
+            for buffer in cache:
+                buffer.truncate(context)
+            return took
 
         run(1), run(3)
         level = statistics.median(run(1) for _ in range(repeats))

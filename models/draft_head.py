@@ -13,8 +13,42 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.head_config import HeadConfig
+from models.int8_linear import Int8Linear, quantize_linears
 
-KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per block: k, v [B, n_kv, P, hd]
+
+class KVBuffer:
+    """One block's keys and values, preallocated for inference: ``append`` writes the new
+    entries in place and returns views of all of them, so a drafting level does not copy
+    the whole past (as ``torch.cat`` would). ``truncate`` drops entries from the end
+    (draft-time ones, or the rejected part of a conversation)."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None  # [B, n_kv, capacity, hd]
+        self.v: torch.Tensor | None = None
+        self.length = 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.length + k.shape[2]
+        if self.k is None or self.v is None or end > self.k.shape[2]:
+            capacity = max(256, 2 * end)
+            grown_k = k.new_empty(k.shape[0], k.shape[1], capacity, k.shape[3])
+            grown_v = v.new_empty(v.shape[0], v.shape[1], capacity, v.shape[3])
+            if self.k is not None and self.v is not None and self.length:
+                grown_k[:, :, :self.length] = self.k[:, :, :self.length]
+                grown_v[:, :, :self.length] = self.v[:, :, :self.length]
+            self.k, self.v = grown_k, grown_v
+        self.k[:, :, self.length:end] = k
+        self.v[:, :, self.length:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def truncate(self, length: int) -> None:
+        self.length = max(0, min(self.length, length))
+
+
+# Per block: k, v [B, n_kv, P, hd] (training: new tensors each call, so autograd sees
+# them), or a KVBuffer (inference: written in place).
+KVCache = list[tuple[torch.Tensor, torch.Tensor]] | list[KVBuffer]
 
 
 class RMSNorm(nn.Module):
@@ -56,12 +90,34 @@ class FcFusion(nn.Module):
         return self.fc(torch.cat([emb, feat], dim=-1))
 
 
+_ROPE_TABLES: dict[tuple[int, float], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _rope_angles(hd: int, theta: float, positions: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [B, 1, T, hd/2] of the positions' rotary angles. On a CPU they come
+    from a table (the same float32 values) grown as positions do: computing them costs a
+    drafting level more than its attention."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, device=positions.device,
+                                             dtype=torch.float32) / hd))
+    if positions.device.type != "cpu":
+        ang = positions.to(torch.float32)[:, None, :, None] * inv_freq
+        return ang.cos(), ang.sin()
+    key = (hd, theta)
+    table = _ROPE_TABLES.get(key)
+    needed = int(positions.max()) + 1 if positions.numel() else 0
+    if table is None or table[0].shape[0] < needed:
+        n = max(1024, 2 * needed)
+        ang = torch.arange(n, dtype=torch.float32)[:, None] * inv_freq
+        table = _ROPE_TABLES[key] = (ang.cos(), ang.sin())
+    return table[0][positions][:, None], table[1][positions][:, None]
+
+
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary embedding (LLaMA's half-split layout). x: [B, H, T, hd], positions [B, T]."""
     hd = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
-    ang = positions.to(torch.float32)[:, None, :, None] * inv  # [B, 1, T, hd/2]
-    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    cos, sin = _rope_angles(hd, theta, positions)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
@@ -82,8 +138,9 @@ class DecoderBlock(nn.Module):
         self.down = nn.Linear(cfg.intermediate_size, d, bias=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor,
-                past: tuple[torch.Tensor, torch.Tensor] | None,
-                mask: torch.Tensor | None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+                past: tuple[torch.Tensor, torch.Tensor] | KVBuffer | None,
+                mask: torch.Tensor | None
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | KVBuffer]:
         cfg = self.cfg
         b, t, _ = x.shape
         h = self.input_norm(x)
@@ -91,19 +148,25 @@ class DecoderBlock(nn.Module):
         k = self.k(h).view(b, t, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
         v = self.v(h).view(b, t, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
         q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
-        if past is not None:
-            k = torch.cat([past[0], k], dim=2)  # [B, n_kv, P+T, hd]
-            v = torch.cat([past[1], v], dim=2)
-        rep = cfg.n_heads // cfg.n_kv_heads
-        kk, vv = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        if mask is None:  # causal over the new positions, full view of the past
-            n_past = kk.shape[2] - t
+        present: tuple[torch.Tensor, torch.Tensor] | KVBuffer
+        if isinstance(past, KVBuffer):
+            k, v = past.append(k, v)  # views of every entry, the new ones included
+            present = past
+        else:
+            if past is not None:
+                k = torch.cat([past[0], k], dim=2)  # [B, n_kv, P+T, hd]
+                v = torch.cat([past[1], v], dim=2)
+            present = (k, v)
+        if mask is None and t > 1:  # causal over the new positions, full view of the past
+            n_past = k.shape[2] - t
             mask = torch.ones(t, n_past + t, dtype=torch.bool, device=x.device).tril(n_past)
-        att = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)
+        # One new position sees everything: no mask. GQA without copying K/V per head.
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                             enable_gqa=cfg.n_heads != cfg.n_kv_heads)
         x = x + self.o(att.transpose(1, 2).reshape(b, t, -1))
         h = self.post_norm(x)
         x = x + self.down(F.silu(self.gate(h)) * self.up(h))
-        return x, (k, v)
+        return x, present
 
 
 class DraftHead(nn.Module):
@@ -124,18 +187,39 @@ class DraftHead(nn.Module):
         self.register_buffer("embed", embed, persistent=False)
         self.register_buffer("d2t", d2t.long(), persistent=True)
         self.register_buffer("lm_head", lm_head[d2t].contiguous(), persistent=False)
+        self.lm_head_int8: Int8Linear | None = None
+
+    def to_int8(self, lm_head: bool = True) -> DraftHead:
+        """Int8 weights for inference on a CPU (``models.int8_linear``): the fusion's and
+        blocks' linears and, with ``lm_head``, the LM head's rows. Not trainable after."""
+        quantize_linears(self.fusion)
+        quantize_linears(self.blocks)
+        if lm_head:
+            self.lm_head_int8 = Int8Linear(self.lm_head)
+        return self
+
+    @property
+    def is_int8(self) -> bool:
+        return self.lm_head_int8 is not None or any(
+            isinstance(m, Int8Linear) for m in self.modules())
+
+    def new_cache(self) -> list[KVBuffer]:
+        """An empty preallocated cache (one buffer per block) for inference."""
+        return [KVBuffer() for _ in self.blocks]
 
     def forward(self, feats: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
                 cache: KVCache | None = None, mask: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, KVCache]:
         """Predicted features [B, T, d] and the extended cache."""
         x = self.fusion(feats, F.embedding(next_tokens, self.embed))
-        new_cache: KVCache = []
+        new_cache = []
         for i, block in enumerate(self.blocks):
             x, kv = block(x, positions, cache[i] if cache else None, mask)
             new_cache.append(kv)
-        return x, new_cache
+        return x, new_cache  # type: ignore[return-value]  # one kind, as passed in
 
     def logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """Draft logits [.., V_draft] from predicted (post-norm) features."""
+        if self.lm_head_int8 is not None:
+            return self.lm_head_int8(predicted)
         return predicted @ self.lm_head.T

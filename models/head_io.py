@@ -15,6 +15,9 @@ CONFIG = "head.json"
 
 
 def save_head(head: DraftHead, directory: Path) -> None:
+    if head.is_int8:
+        raise ValueError("an int8 head is for drafting only: save the float head it was "
+                         "made from")
     directory.mkdir(parents=True, exist_ok=True)
     # Weights in float16 halve the file (the head computes in float32 on a CPU: it is
     # loaded back as float32).

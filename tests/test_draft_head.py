@@ -7,7 +7,7 @@ import torch
 
 from engine.drafters.head import check_head_fits
 from engine.errors import IncompatibleDraftError
-from models.draft_head import DraftHead
+from models.draft_head import DraftHead, rope
 from models.head_config import HeadConfig, TargetFingerprint
 from models.head_io import load_head, save_head
 
@@ -36,6 +36,59 @@ def test_incremental_decoding_with_cache_equals_one_pass(fusion):
         rest, _ = head(feats[:, 4:], toks[:, 4:], pos[:, 4:], cache)
     torch.testing.assert_close(torch.cat([first, rest], 1), full, atol=1e-5, rtol=1e-5)
     assert head.logits(full).shape == (1, 6, 50)
+
+
+@pytest.mark.parametrize("fusion", ["dgf", "fc"])
+def test_preallocated_cache_gives_the_functional_cache_outputs(fusion):
+    """The drafter's KV buffers (written in place, draft entries truncated away) give
+    exactly what the training path's concatenated cache gives, tree mask included."""
+    head = _head(fusion)
+    feats, toks = torch.randn(1, 9, 32), torch.randint(0, 50, (1, 9))
+    pos = torch.arange(9)[None]
+    buffers = head.new_cache()
+    with torch.inference_mode():
+        _, cache = head(feats[:, :5], toks[:, :5], pos[:, :5])
+        head(feats[:, :5], toks[:, :5], pos[:, :5], buffers)
+        # Two draft nodes at the same position (siblings): each sees the past and itself.
+        mask = torch.tensor([[True] * 5 + [True, False], [True] * 5 + [False, True]])
+        tree = (feats[:, 5:7], toks[:, 5:7], torch.tensor([[5, 5]]))
+        want, _ = head(*tree, cache, mask)
+        got, _ = head(*tree, buffers, mask)
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+        for buffer in buffers:  # drop the draft, commit the real continuation
+            buffer.truncate(5)
+        want, _ = head(feats[:, 5:], toks[:, 5:], pos[:, 5:], cache)
+        got, _ = head(feats[:, 5:], toks[:, 5:], pos[:, 5:], buffers)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert buffers[0].length == 9
+
+
+def test_rope_from_the_table_equals_the_direct_angles():
+    x = torch.randn(2, 4, 3, 16)
+    positions = torch.tensor([[0, 7, 3000], [5, 5, 1]])  # beyond the first table's size
+    inv = 1.0 / (10000.0 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16))
+    ang = positions.float()[:, None, :, None] * inv
+    x1, x2 = x[..., :8], x[..., 8:]
+    direct = torch.cat([x1 * ang.cos() - x2 * ang.sin(), x1 * ang.sin() + x2 * ang.cos()], -1)
+    torch.testing.assert_close(rope(x, positions, 10000.0), direct, atol=0, rtol=0)
+
+
+def test_int8_head_stays_close_to_the_float_head():
+    """Int8 weights change the drafts a little, not the head: its predicted features and
+    top draft token stay close to the float head's."""
+    head = _head(n_layers=1)
+    feats, toks, pos = torch.randn(1, 64, 32), torch.randint(0, 50, (1, 64)), torch.arange(64)[None]
+    with torch.inference_mode():
+        want, _ = head(feats, toks, pos)
+        want_logits = head.logits(want)
+        head.to_int8()
+        got, _ = head(feats, toks, pos)
+        got_logits = head.logits(got)
+    assert "Int8Linear" in repr(head.blocks[0].gate) and head.lm_head_int8 is not None
+    rel = (got - want).norm() / want.norm()
+    assert 0 < rel < 0.05, rel  # really quantized, and close
+    agree = (got_logits.argmax(-1) == want_logits.argmax(-1)).float().mean()
+    assert agree > 0.9, agree
 
 
 def test_reduced_vocabulary_logits_map_back_to_target_ids():
