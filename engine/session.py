@@ -44,6 +44,7 @@ from engine.drafters.base import Drafter
 from engine.drafters.draft_model import DraftModelDrafter
 from engine.drafters.head import check_head_fits, load_head_drafter
 from engine.drafters.memory import MemoryDrafter
+from engine.drafters.merged import MergedDrafter
 from engine.errors import InvalidSettingError, ModelLoadError, TandemError
 from engine.generation import GenerationConfig, GenerationResult, generate
 from engine.hardware import HardwareProfile, check_device, default_threads, probe_hardware
@@ -149,11 +150,16 @@ class Engine:
                 target = self._open_target(target_config, self.plan.target_gpu_layers, target)
                 spec = self._planned_spec(head_dir, draft)
                 self.max_draft = self.plan.budget.max_draft
+                if spec.name == "head+memory" and config.overrides.max_draft is None:
+                    # A memory match may run long: the per-step budget trims what the
+                    # head's depth would cut off.
+                    self.max_draft = max(self.max_draft, MAX_MEMORY_DRAFT)
             else:
                 target = self._open_target(target_config, 0, None)
                 spec = self._asked_spec()
                 ov = config.overrides
-                cap = MAX_MEMORY_DRAFT if config.drafter == "memory" else MAX_DRAFT
+                cap = (MAX_MEMORY_DRAFT if config.drafter in ("memory", "head+memory")
+                       else MAX_DRAFT)
                 self.max_draft = cap if ov.max_draft is None else ov.max_draft
             check_first_forward(target)
             self.memory = self._open_memory() if spec.name not in ("none", "lookup") else None
@@ -313,7 +319,7 @@ class Engine:
 
     def _save_memory(self) -> None:
         if self.memory is None or self._memory_path is None or not isinstance(
-                self.drafter, MemoryDrafter):
+                self.drafter, MemoryDrafter | MergedDrafter):
             return
         try:
             self._memory_path.parent.mkdir(parents=True, exist_ok=True)
@@ -331,10 +337,13 @@ class Engine:
                 "draft_ahead": plan.layout == "duodecoding"}, draft_model=draft)
         if plan.drafter == "head" and head_dir is not None:
             budget = plan.budget
-            return DrafterSpec("head", head_dir, plan.head_device,
+            # Drafts from memory cost microseconds: they join the head's (except with
+            # DuoDecoding's drafts ahead, which are the head's alone).
+            overlap = plan.layout == "duodecoding"
+            return DrafterSpec("head" if overlap else "head+memory", head_dir, plan.head_device,
                                {"mode": budget.mode, "depth": budget.depth,
                                 "top_k": budget.top_k,
-                                "draft_ahead": plan.layout == "duodecoding"})
+                                "draft_ahead": overlap})
         return DrafterSpec("memory" if plan.drafter != "none" else "none")
 
     def _asked_spec(self) -> DrafterSpec:

@@ -111,7 +111,7 @@ def test_a_drafter_failing_mid_answer_falls_back_to_plain(target, plain_answer, 
 
     def failing_forward(*args, **kwargs):
         calls["n"] += 1
-        if calls["n"] > 4:  # the GPU goes away after a few steps
+        if calls["n"] > 12:  # the GPU goes away after a few steps (up to 5 calls each)
             raise failure
         return forward(*args, **kwargs)
 

@@ -216,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--prompt-features", type=int, default=8,
                    help="prompt tokens the head reads (the engine's default: 8)")
+    p.add_argument("--weights", choices=("int8", "float"), default="int8",
+                   help="the head's weights on the CPU (the engine's default: int8)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
 
@@ -224,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         fingerprint = target_fingerprint(target)
         drafter = load_head_drafter(
             args.head, model, fingerprint,
-            HeadDrafterConfig(mode="chain", depth=1, prompt_features=args.prompt_features))
+            HeadDrafterConfig(mode="chain", depth=1, prompt_features=args.prompt_features,
+                              weights=args.weights))
         reports: dict[str, SourceReport] = {}
         texts = list(dev_texts(target, args.prompts, args.per_category, args.max_tokens))
         texts += list(sharegpt_texts(target, args.sharegpt, args.max_tokens,

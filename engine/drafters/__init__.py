@@ -8,7 +8,7 @@ drafter that cannot be built at all means plain decoding.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-HEAD_DRAFTERS = ("head", "head-chain", "head-multi", "head-ahead")
+# "head+memory": the head's tree and the memory's as one draft (engine.drafters.merged).
+HEAD_DRAFTERS = ("head", "head-chain", "head-multi", "head-ahead", "head+memory")
 DRAFTER_NAMES = ("none", "memory", "lookup", *HEAD_DRAFTERS, "draft")
 # The head trained for the bundled model (README says how it was made).
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parents[2] / "assets" / "draft-head-smollm2-135m"
@@ -72,6 +73,12 @@ def build_drafter(spec: DrafterSpec, target: Target | None = None,
         return open_draft_model(spec.draft_model, target, spec.head_options)
     from engine.drafters.head import HeadDrafterConfig, load_head_drafter
 
+    if spec.name == "head+memory":
+        from engine.drafters.merged import MergedDrafter
+
+        head = build_drafter(replace(spec, name="head"), target, fingerprint)
+        assert head is not None
+        return MergedDrafter(head, MemoryDrafter(memory))
     options = dict(spec.head_options)
     if spec.name == "head-ahead":
         options = {"mode": "chain", "draft_ahead": True, **options}

@@ -1,0 +1,102 @@
+"""The draft head and drafts from memory as one drafter: the union of their trees, lossless
+greedy output across conversations (on the F32 target, where auto plans the head), the
+target's distribution under sampling, and the session choosing it when auto plans the
+head."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.budget import VerifyCostModel
+from engine.draft_tree import DraftTree
+from engine.drafters import make_drafter
+from engine.drafters.merged import MergedDrafter, merge_trees
+from engine.generation import GenerationConfig, generate
+from engine.sampling import SamplingParams
+from tests.conftest import drafted_equals_plain, pick_per_category, plain_answers
+from tests.stats_helpers import two_sample_z
+
+MAX_TOKENS = 48
+
+
+def _paths(tree: DraftTree) -> dict[tuple[int, ...], float]:
+    out: dict[tuple[int, ...], float] = {}
+    keys: list[tuple[int, ...]] = []
+    for tok, parent, score in zip(tree.tokens, tree.parents, tree.scores, strict=True):
+        keys.append((*keys[parent], tok) if parent >= 0 else (tok,))
+        out[keys[-1]] = score
+    return out
+
+
+def test_merged_tree_is_the_best_scored_union():
+    memory = DraftTree()
+    a = memory.add(5, -1, 0.9)
+    b = memory.add(6, a, 0.8)
+    memory.add(7, b, 0.7)
+    head = DraftTree()
+    c = head.add(5, -1, 0.5)  # the same first token, scored lower: memory's score stays
+    head.add(9, c, 0.45)
+    head.add(4, -1, 0.3)
+    merged = merge_trees([memory, head], 10)
+    assert _paths(merged) == {(5,): 0.9, (5, 6): 0.8, (5, 6, 7): 0.7, (5, 9): 0.45,
+                              (4,): 0.3}
+    for i, parent in enumerate(merged.parents):
+        assert parent < i and (parent < 0 or merged.scores[parent] >= merged.scores[i])
+    assert _paths(merge_trees([memory, head], 3)) == {(5,): 0.9, (5, 6): 0.8,
+                                                       (5, 6, 7): 0.7}
+    assert len(merge_trees([], 4)) == 0
+
+
+@pytest.fixture(scope="module")
+def rows_and_plain(f32_target, dev_prompts):
+    rows = pick_per_category(dev_prompts, 2)  # 26 prompts, every category
+    return rows, plain_answers(f32_target, rows, MAX_TOKENS)
+
+
+def test_head_with_memory_greedy_equals_plain_across_conversations(f32_target,
+                                                                   rows_and_plain):
+    """One memory for the run: later prompts draft from earlier answers and from the
+    head; every budget-kept node is verified and the output is the target's own. The
+    second pass asks every question again, so memory drafts whole answers."""
+    rows, plain = rows_and_plain
+    assert len(rows) >= 20 and len({r["category"] for r in rows}) == 13
+    drafter = make_drafter("head+memory", target=f32_target)
+    assert isinstance(drafter, MergedDrafter)
+    first = drafted_equals_plain(f32_target, drafter, rows, plain, MAX_TOKENS,
+                                 free_verification=False)
+    again = drafted_equals_plain(f32_target, drafter, rows, plain, MAX_TOKENS,
+                                 free_verification=False)
+    accepted = [sum(s.n_accepted for out in outs for s in out.stats.steps)
+                for outs in (first, again)]
+    assert accepted[0] > 0 and accepted[1] > 2 * accepted[0]  # memory drafts repeats
+    assert drafter.memory.memory.n_sequences == 2 * len(rows)
+
+
+def test_head_with_memory_sampling_keeps_the_target_distribution(fresh_target):
+    t = fresh_target
+    prompt = t.chat_prompt([{"role": "user", "content": "Name a colour and say why you like it."}])
+    drafter = make_drafter("head+memory", target=t)
+    n_runs = 250
+    plain = np.zeros(t.n_vocab)
+    spec = np.zeros(t.n_vocab)
+    params = dict(temperature=1.0, top_k=50)
+    n_proposed = 0
+    for seed in range(n_runs):
+        cfg = GenerationConfig(max_tokens=3, sampling=SamplingParams(seed=seed, **params))
+        t.reset()
+        out_p = generate(t, prompt, None, cfg).tokens
+        cfg = GenerationConfig(max_tokens=3,
+                               sampling=SamplingParams(seed=10_000 + seed, **params))
+        t.reset()
+        # Every answer is remembered, so memory drafts from earlier samples too.
+        out_s = generate(t, prompt, drafter, cfg, cost=VerifyCostModel(slope=0.0, learn=False))
+        n_proposed += sum(s.n_proposed for s in out_s.stats.steps)
+        if len(out_p) > 1:
+            plain[out_p[1]] += 1
+        if len(out_s.tokens) > 1:
+            spec[out_s.tokens[1]] += 1
+    assert n_proposed > n_runs
+    assert drafter.memory.memory.n_sequences > 0
+    assert plain.sum() > 0.9 * n_runs and spec.sum() > 0.9 * n_runs
+    assert two_sample_z(plain, spec) < 4.0
