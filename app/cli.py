@@ -407,8 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=Path, required=True, help="Spec-Bench style JSONL")
     p.add_argument("--per-category", type=int, default=None)
     p.add_argument("--drafters", default="none,lookup",
-                   help="comma-separated: auto (the plan), auto@LAYOUT, none, lookup, "
-                        "head, head-chain, head-multi, head-ahead, NAME:N (fixed budget of N); "
+                   help="comma-separated: auto (the plan), auto@LAYOUT, none, memory, "
+                        "lookup, head, head-chain, head-multi, head-ahead, head+memory, "
+                        "NAME:N (fixed budget of N); "
                         "baselines: lcp, lcp-lookup (llama-cpp-python's "
                         "own), server, server-ngram (llama.cpp's llama-server, with "
                         "Tandem's KV-cache types), server-f16 (llama-server with its "

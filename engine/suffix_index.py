@@ -104,6 +104,12 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+def _spans(starts: list[int], n_tokens: int) -> list[tuple[int, int]]:
+    """(start, end) of each stored sequence: a separator token sits between two."""
+    ends = [s - 1 for s in starts[1:]] + [n_tokens] if starts else []
+    return list(zip(starts, ends, strict=True))
+
+
 class SuffixIndex:
     """Token sequences with hash chains over their anchor n-grams, bounded in size.
 
@@ -222,8 +228,7 @@ class SuffixIndex:
                 head[h] = pos
 
     def _sequences(self) -> list[array]:
-        ends = [s - 1 for s in self._starts[1:]] + [len(self._tokens)]
-        return [self._tokens[s:e] for s, e in zip(self._starts, ends, strict=True)]
+        return [self._tokens[s:e] for s, e in _spans(self._starts, len(self._tokens))]
 
     def _rebuild(self, sequences: list[array], last_used: list[int]) -> None:
         """Store exactly ``sequences`` and index them from scratch."""
@@ -238,8 +243,7 @@ class SuffixIndex:
         self._starts = starts
         self._last_used = list(last_used)
         self._reset_tables(self._buckets_for(len(flat)))
-        ends = [s - 1 for s in starts[1:]] + [len(flat)]
-        for s, e in zip(starts, ends, strict=True):
+        for s, e in _spans(starts, len(flat)):
             self._index_range(s, e, s)
 
     def _evict(self) -> None:
@@ -370,9 +374,8 @@ class SuffixIndex:
         """Write the sequences atomically (temp file, fsync, rename) in a versioned,
         CRC-checked binary format; the hash chains are rebuilt on load. Raises OSError."""
         path = Path(path)
-        ends = [s - 1 for s in self._starts[1:]] + [len(self._tokens)]
         meta = {"tag": self.tag, "clock": self._clock, "last_used": self._last_used,
-                "lengths": [e - s for s, e in zip(self._starts, ends, strict=True)]}
+                "lengths": [e - s for s, e in _spans(self._starts, len(self._tokens))]}
         meta_bytes = json.dumps(meta, separators=(",", ":")).encode()
         tokens = array(_TYPECODE, self._tokens)
         if sys.byteorder == "big":

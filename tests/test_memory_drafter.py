@@ -164,6 +164,14 @@ def test_missing_file_is_an_empty_memory(tmp_path):
     assert idx.n_entries == 0 and note == ""
 
 
+def test_an_empty_memory_saves_and_loads(tmp_path):
+    """A session whose first answer was not remembered still saves its memory."""
+    path = tmp_path / "memory.bin"
+    SuffixIndex(SMALL, tag="model-a").save(path)
+    again, note = open_memory(path, tag="model-a")
+    assert again.n_entries == 0 and again.n_sequences == 0 and note == ""
+
+
 def corruptions(data: bytes) -> dict[str, bytes]:
     flipped = bytearray(data)
     flipped[len(data) // 2] ^= 0x10

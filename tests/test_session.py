@@ -179,6 +179,19 @@ def test_memory_is_kept_per_model_and_a_corrupt_file_is_rebuilt(model_path, tmp_
         assert not engine.notes and engine.memory.n_sequences == 1
 
 
+def test_the_head_with_memory_keeps_the_models_memory(model_path, tmp_path):
+    """head+memory drafts from the session's memory of this model and saves into it."""
+    memory_dir = tmp_path / "memory"
+    prompt = [{"role": "user", "content": "Name three colours."}]
+    for remembered in (0, 1):
+        with _engine(model_path, tmp_path, drafter="head+memory",
+                     memory_dir=memory_dir) as engine:
+            assert engine.drafter_name == "head+memory" and not engine.notes
+            assert engine.memory.n_sequences == remembered
+            engine.generate(engine.chat_prompt(prompt), GenerationConfig(24))
+            assert engine.memory.n_sequences == remembered + 1
+
+
 def test_the_kv_cache_setting_and_its_trade_off(model_path, tmp_path):
     with _engine(model_path, tmp_path, drafter="none") as exact:
         assert exact.target.config.type_k == "q8_0"

@@ -123,7 +123,8 @@ def open_drafter(spec: DrafterSpec, target: Target | None = None,
         for device in devices:
             try:
                 drafter = build_drafter(DrafterSpec(spec.name, spec.head_dir, device,
-                                                    spec.head_options), target, fingerprint)
+                                                    spec.head_options), target, fingerprint,
+                                        memory)
                 # What could not be checked (an EAGLE-1 head's tokenizer) is said too.
                 return drafter, notes + list(getattr(drafter, "load_notes", []))
             except Exception as exc:  # noqa: BLE001 - bad file, no device, out of memory

@@ -16,6 +16,7 @@ how this drafter's guesses fared at each depth).
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -517,7 +518,11 @@ def load_head_drafter(head_dir: Path, model_path: Path, target: TargetFingerprin
 
     check_head_fits(head_dir, target)
     weights = cached_target_for_head(model_path)
-    embed, lm_head = torch.from_numpy(weights.embed), torch.from_numpy(weights.lm_head)
+    with warnings.catch_warnings():
+        # Read-only arrays shared by every head of this model: the head never writes
+        # them (torch warns that it could).
+        warnings.simplefilter("ignore", UserWarning)
+        embed, lm_head = torch.from_numpy(weights.embed), torch.from_numpy(weights.lm_head)
     eagle1 = is_eagle1_dir(head_dir)
     path = weights_file(head_dir) if eagle1 else Path(head_dir) / WEIGHTS
     try:
