@@ -58,8 +58,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        var = x.float().pow(2).mean(-1, keepdim=True)
-        return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
+        # In float32 whatever the input (bf16 training): one fused op.
+        return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * self.weight
 
 
 class DynamicGatingFusion(nn.Module):
@@ -93,33 +93,41 @@ class FcFusion(nn.Module):
 _ROPE_TABLES: dict[tuple[int, float], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _rope_angles(hd: int, theta: float, positions: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def _inverse_frequencies(hd: int, theta: float, device: torch.device) -> torch.Tensor:
+    return 1.0 / (theta ** (torch.arange(0, hd, 2, device=device, dtype=torch.float32) / hd))
+
+
+def rope_angles(hd: int, theta: float, positions: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [B, 1, T, hd/2] of the positions' rotary angles. On a CPU they come
     from a table (the same float32 values) grown as positions do: computing them costs a
     drafting level more than its attention."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, device=positions.device,
-                                             dtype=torch.float32) / hd))
     if positions.device.type != "cpu":
-        ang = positions.to(torch.float32)[:, None, :, None] * inv_freq
+        ang = positions.to(torch.float32)[:, None, :, None] * _inverse_frequencies(
+            hd, theta, positions.device)
         return ang.cos(), ang.sin()
     key = (hd, theta)
     table = _ROPE_TABLES.get(key)
     needed = int(positions.max()) + 1 if positions.numel() else 0
     if table is None or table[0].shape[0] < needed:
         n = max(1024, 2 * needed)
-        ang = torch.arange(n, dtype=torch.float32)[:, None] * inv_freq
+        ang = torch.arange(n, dtype=torch.float32)[:, None] * _inverse_frequencies(
+            hd, theta, positions.device)
         table = _ROPE_TABLES[key] = (ang.cos(), ang.sin())
     return table[0][positions][:, None], table[1][positions][:, None]
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (LLaMA's half-split layout). x: [B, H, T, hd], positions [B, T]."""
-    hd = x.shape[-1]
-    cos, sin = _rope_angles(hd, theta, positions)
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, H, T, hd] (LLaMA's half-split layout) by angles from ``rope_angles``."""
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding of x [B, H, T, hd] at positions [B, T]."""
+    return apply_rope(x, *rope_angles(x.shape[-1], theta, positions))
 
 
 class DecoderBlock(nn.Module):
@@ -147,7 +155,8 @@ class DecoderBlock(nn.Module):
         q = self.q(h).view(b, t, cfg.n_heads, cfg.head_dim).transpose(1, 2)
         k = self.k(h).view(b, t, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
         v = self.v(h).view(b, t, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
-        q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+        cos, sin = rope_angles(cfg.head_dim, cfg.rope_theta, positions)  # once for q and k
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         present: tuple[torch.Tensor, torch.Tensor] | KVBuffer
         if isinstance(past, KVBuffer):
             k, v = past.append(k, v)  # views of every entry, the new ones included
