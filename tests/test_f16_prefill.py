@@ -92,6 +92,37 @@ def test_a_prompts_cells_do_not_depend_on_the_f16_contexts_history(model_path, l
         assert warm.ctx.state_seq_get(0) == want
 
 
+def test_features_of_a_long_prompt_leave_its_cells_as_plain_prefill_makes_them(
+        target, long_prompts):
+    """The head's prompt features are evaluated again beside the prompt (sequence 1),
+    so asking for them changes neither the cells nor the first token's logits, and they
+    are the features a prefill of the whole prompt in features mode gives."""
+    prompt = long_prompts[0]
+    target.reset()
+    plain = target.prefill(prompt)
+    plain_cells = target.ctx.state_seq_get(0)
+    target.reset()
+    target.set_features(True)
+    try:
+        tail = target.prefill(prompt, feature_tail=8)
+        cells = target.ctx.state_seq_get(0)
+        assert target._f16_ctx.kv_pos_max(1) == -1  # sequence 1 is empty again
+        target.reset()
+        target.f16_prefill_off = "test"
+        try:
+            whole = target.prefill(prompt, feature_tail=None).features
+        finally:
+            target.f16_prefill_off = None
+    finally:
+        target.set_features(False)
+    assert cells == plain_cells
+    np.testing.assert_array_equal(tail.logits, plain.logits)
+    assert tail.features.shape == (8, target.n_embd)
+    cos = (tail.features * whole[-8:]).sum(1) / (
+        np.linalg.norm(tail.features, axis=1) * np.linalg.norm(whole[-8:], axis=1))
+    assert cos.min() > 0.99, cos  # F16 attention over the prompt here, Q8_0 there
+
+
 def test_greedy_after_a_long_second_turn_equals_plain(target, dev_prompts):
     """A short first turn, then a long document: the second prompt's new part goes
     through the F16 context onto a warm cache; drafted output equals plain."""
