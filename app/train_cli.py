@@ -41,6 +41,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
         device=args.device or _default_device(),
         conversations=args.conversations_file,
         data_time_limit_s=args.data_minutes * 60 if args.data_minutes is not None else None,
+        task_prompts=args.task_prompts, init_from=args.init_from,
     )
     bars: dict[str, tqdm] = {}
 
@@ -111,4 +112,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--train-minutes", type=float, default=None,
                    help="stop training after this long")
     p.add_argument("--device", default=None, help="cuda, mps or cpu (default: best found)")
+    p.add_argument("--task-prompts", action="store_true",
+                   help="wrap conversations in the benchmark's task types (summarize, "
+                        "extract, answer from a text, rewrite) in turn with plain ones")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="a saved head of the same shape to go on training from")
     p.set_defaults(func=cmd_train_draft)

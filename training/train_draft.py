@@ -53,6 +53,9 @@ class TrainDraftJob:
     device: str = "cpu"
     conversations: Path | None = None  # ShareGPT-format JSON/JSONL; None: the package
     data_time_limit_s: float | None = None  # stop building data early (whole shards)
+    # Conversations wrapped in the benchmark's task types (training.task_prompts).
+    task_prompts: bool = False
+    init_from: Path | None = None  # a saved head of the same shape to go on training
 
 
 @dataclass
@@ -113,7 +116,13 @@ def run(job: TrainDraftJob, progress: Progress | None = None) -> dict:
     phase("features")
     data_dir = job.work_dir / f"data-{job.data.answers}"
     n_total = job.n_samples + job.n_eval
-    build(job.target, conversations_from(job.conversations), data_dir, n_total, job.data,
+    conversations = conversations_from(job.conversations)
+    if job.task_prompts:
+        from training.task_prompts import task_conversations
+
+        conversations = task_conversations(conversations)
+        data_dir = job.work_dir / f"data-{job.data.answers}-tasks"
+    build(job.target, conversations, data_dir, n_total, job.data,
           on_sample=progress.on_sample, time_limit_s=job.data_time_limit_s)
     t_data = time.monotonic() - t0
     samples = load_samples(data_dir)[:n_total]
@@ -125,14 +134,19 @@ def run(job: TrainDraftJob, progress: Progress | None = None) -> dict:
     phase("model")
     info = read_model_info(job.target)
     tgt = target_for_head(job.target)
-    d2t = None
-    if job.shape.draft_vocab_size:
-        d2t = draft_vocabulary(train_samples, job.shape.draft_vocab_size, set(info.eog_ids))
     cfg = head_config_for(job.target, job.shape, info.fingerprint)
     torch.manual_seed(job.train.seed)
     device = torch.device(job.device)
-    head = DraftHead(cfg, torch.from_numpy(tgt.embed), torch.from_numpy(tgt.lm_head),
-                     d2t).to(device)
+    embed, lm_head = torch.from_numpy(tgt.embed), torch.from_numpy(tgt.lm_head)
+    if job.init_from is not None:
+        head = _initial_head(job.init_from, cfg, embed, lm_head).to(device)
+        d2t = head.d2t if job.shape.draft_vocab_size else None
+    else:
+        d2t = None
+        if job.shape.draft_vocab_size:
+            d2t = draft_vocabulary(train_samples, job.shape.draft_vocab_size,
+                                   set(info.eog_ids))
+        head = DraftHead(cfg, embed, lm_head, d2t).to(device)
 
     phase("training")
     t1 = time.monotonic()
@@ -155,10 +169,26 @@ def run(job: TrainDraftJob, progress: Progress | None = None) -> dict:
                  "eval_conversations": len(eval_samples),
                  "draft_vocab_coverage": (vocabulary_coverage(train_samples, head.d2t.cpu())
                                           if d2t is not None else 1.0)},
-        "train": {**asdict(job.train), "steps_done": state.step, "device": job.device},
+        "train": {**asdict(job.train), "steps_done": state.step, "device": job.device,
+                  "init_from": str(job.init_from) if job.init_from else None,
+                  "task_prompts": job.task_prompts},
         "eval": result,
         "time_s": {"features": t_data, "training": t_train,
                    "total": time.monotonic() - t0},
     }
     (job.out_dir / REPORT).write_text(json.dumps(report, indent=2))
     return report
+
+
+def _initial_head(directory: Path, cfg: HeadConfig, embed: torch.Tensor,
+                  lm_head: torch.Tensor) -> DraftHead:
+    """The head saved in ``directory``, to be trained on; it must have the shape this job
+    trains (blocks, fusion, draft vocabulary) and fit the target."""
+    from models.head_io import load_head
+
+    saved = HeadConfig.load(directory / "head.json")
+    if saved != cfg:
+        differ = [k for k, v in asdict(cfg).items() if asdict(saved).get(k) != v]
+        raise ValueError(f"the head in {directory} differs from the one to train in "
+                         f"{', '.join(differ)}")
+    return load_head(directory, embed, lm_head).train()
