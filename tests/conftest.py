@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,6 +99,33 @@ def drafted_equals_plain(target, drafter, rows: list[dict], plain: dict,  # noqa
             after(prompt, out)
         outs.append(out)
     return outs
+
+
+def second_token_counts(target, prompt: list[int], drafter, n_runs: int,  # noqa: ANN001
+                        ) -> tuple[np.ndarray, np.ndarray, int]:
+    """How often each token comes second in a 3-token sampled answer (temperature 1,
+    top-k 50), plain and with ``drafter`` (other seeds, verification priced free so
+    every drafted node is judged), and how many draft tokens were proposed."""
+    from engine.budget import VerifyCostModel
+    from engine.generation import GenerationConfig, generate
+    from engine.sampling import SamplingParams
+
+    plain = np.zeros(target.n_vocab)
+    spec = np.zeros(target.n_vocab)
+    n_proposed = 0
+    for seed in range(n_runs):
+        for counts, run_seed, run_drafter in ((plain, seed, None),
+                                              (spec, 10_000 + seed, drafter)):
+            cfg = GenerationConfig(max_tokens=3, sampling=SamplingParams(
+                seed=run_seed, temperature=1.0, top_k=50))
+            target.reset()
+            out = generate(target, prompt, run_drafter, cfg,
+                           cost=VerifyCostModel(slope=0.0, learn=False))
+            if run_drafter is not None:
+                n_proposed += sum(s.n_proposed for s in out.stats.steps)
+            if len(out.tokens) > 1:
+                counts[out.tokens[1]] += 1
+    return plain, spec, n_proposed
 
 
 def second_turn(target, row: dict, first: list[int], max_tokens: int

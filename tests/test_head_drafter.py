@@ -15,7 +15,13 @@ from engine.drafters import DEFAULT_HEAD_DIR, make_drafter
 from engine.errors import IncompatibleDraftError
 from engine.generation import GenerationConfig, generate
 from engine.sampling import SamplingParams
-from tests.conftest import drafted_equals_plain, pick_per_category, plain_answers, second_turn
+from tests.conftest import (
+    drafted_equals_plain,
+    pick_per_category,
+    plain_answers,
+    second_token_counts,
+    second_turn,
+)
 from tests.stats_helpers import two_sample_z
 
 MAX_TOKENS = 48
@@ -63,25 +69,9 @@ def test_head_multi_turn_reuses_its_cache_and_stays_lossless(target, prompts_and
 def test_head_sampling_keeps_the_target_distribution(fresh_target):
     t = fresh_target
     prompt = t.chat_prompt([{"role": "user", "content": "Name a colour and say why you like it."}])
-    drafter = make_drafter("head", target=t)
     n_runs = 250
-    plain = np.zeros(t.n_vocab)
-    spec = np.zeros(t.n_vocab)
-    params = dict(temperature=1.0, top_k=50)
-    n_proposed = 0
-    for seed in range(n_runs):
-        cfg = GenerationConfig(max_tokens=3, sampling=SamplingParams(seed=seed, **params))
-        t.reset()
-        out_p = generate(t, prompt, None, cfg).tokens
-        cfg = GenerationConfig(max_tokens=3,
-                               sampling=SamplingParams(seed=10_000 + seed, **params))
-        t.reset()
-        out_s = generate(t, prompt, drafter, cfg, cost=VerifyCostModel(slope=0.0, learn=False))
-        n_proposed += sum(s.n_proposed for s in out_s.stats.steps)
-        if len(out_p) > 1:
-            plain[out_p[1]] += 1
-        if len(out_s.tokens) > 1:
-            spec[out_s.tokens[1]] += 1
+    plain, spec, n_proposed = second_token_counts(t, prompt, make_drafter("head", target=t),
+                                                  n_runs)
     assert n_proposed > n_runs  # the head really drafted
     assert plain.sum() > 0.9 * n_runs and spec.sum() > 0.9 * n_runs
     assert two_sample_z(plain, spec) < 4.0

@@ -4,7 +4,6 @@ import random
 
 import pytest
 
-from engine.draft_tree import DraftTree
 from engine.drafters.memory import MemoryConfig, MemoryDrafter
 from engine.suffix_index import (
     FORMAT_VERSION,
@@ -13,31 +12,9 @@ from engine.suffix_index import (
     SuffixIndex,
     open_memory,
 )
+from tests.tree_helpers import assert_well_formed, paths
 
 SMALL = IndexConfig(anchor_orders=(2, 4), min_match=2, min_buckets=16)
-
-
-def assert_well_formed(tree: DraftTree) -> None:
-    """Parents first, distinct siblings, scores in (0, 1] never above the parent's."""
-    assert len(tree.scores) == len(tree.tokens) == len(tree.parents)
-    seen: set[tuple[int, int]] = set()
-    for i, (tok, parent, score) in enumerate(zip(tree.tokens, tree.parents, tree.scores,
-                                                 strict=True)):
-        assert -1 <= parent < i
-        assert (parent, tok) not in seen
-        seen.add((parent, tok))
-        assert 0.0 < score <= 1.0
-        if parent >= 0:
-            assert score <= tree.scores[parent]
-
-
-def paths(tree: DraftTree) -> dict[tuple[int, ...], float]:
-    out: dict[tuple[int, ...], float] = {}
-    keys: list[tuple[int, ...]] = []
-    for tok, parent, score in zip(tree.tokens, tree.parents, tree.scores, strict=True):
-        keys.append((*keys[parent], tok) if parent >= 0 else (tok,))
-        out[keys[-1]] = score
-    return out
 
 
 # -- the index ----------------------------------------------------------------------------

@@ -5,28 +5,21 @@ head."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from engine.budget import VerifyCostModel
 from engine.draft_tree import DraftTree
 from engine.drafters import make_drafter
 from engine.drafters.merged import MergedDrafter, merge_trees
-from engine.generation import GenerationConfig, generate
-from engine.sampling import SamplingParams
-from tests.conftest import drafted_equals_plain, pick_per_category, plain_answers
+from tests.conftest import (
+    drafted_equals_plain,
+    pick_per_category,
+    plain_answers,
+    second_token_counts,
+)
 from tests.stats_helpers import two_sample_z
+from tests.tree_helpers import paths
 
 MAX_TOKENS = 48
-
-
-def _paths(tree: DraftTree) -> dict[tuple[int, ...], float]:
-    out: dict[tuple[int, ...], float] = {}
-    keys: list[tuple[int, ...]] = []
-    for tok, parent, score in zip(tree.tokens, tree.parents, tree.scores, strict=True):
-        keys.append((*keys[parent], tok) if parent >= 0 else (tok,))
-        out[keys[-1]] = score
-    return out
 
 
 def test_merged_tree_is_the_best_scored_union():
@@ -39,11 +32,11 @@ def test_merged_tree_is_the_best_scored_union():
     head.add(9, c, 0.45)
     head.add(4, -1, 0.3)
     merged = merge_trees([memory, head], 10)
-    assert _paths(merged) == {(5,): 0.9, (5, 6): 0.8, (5, 6, 7): 0.7, (5, 9): 0.45,
+    assert paths(merged) == {(5,): 0.9, (5, 6): 0.8, (5, 6, 7): 0.7, (5, 9): 0.45,
                               (4,): 0.3}
     for i, parent in enumerate(merged.parents):
         assert parent < i and (parent < 0 or merged.scores[parent] >= merged.scores[i])
-    assert _paths(merge_trees([memory, head], 3)) == {(5,): 0.9, (5, 6): 0.8,
+    assert paths(merge_trees([memory, head], 3)) == {(5,): 0.9, (5, 6): 0.8,
                                                        (5, 6, 7): 0.7}
     assert len(merge_trees([], 4)) == 0
 
@@ -78,24 +71,8 @@ def test_head_with_memory_sampling_keeps_the_target_distribution(fresh_target):
     prompt = t.chat_prompt([{"role": "user", "content": "Name a colour and say why you like it."}])
     drafter = make_drafter("head+memory", target=t)
     n_runs = 250
-    plain = np.zeros(t.n_vocab)
-    spec = np.zeros(t.n_vocab)
-    params = dict(temperature=1.0, top_k=50)
-    n_proposed = 0
-    for seed in range(n_runs):
-        cfg = GenerationConfig(max_tokens=3, sampling=SamplingParams(seed=seed, **params))
-        t.reset()
-        out_p = generate(t, prompt, None, cfg).tokens
-        cfg = GenerationConfig(max_tokens=3,
-                               sampling=SamplingParams(seed=10_000 + seed, **params))
-        t.reset()
-        # Every answer is remembered, so memory drafts from earlier samples too.
-        out_s = generate(t, prompt, drafter, cfg, cost=VerifyCostModel(slope=0.0, learn=False))
-        n_proposed += sum(s.n_proposed for s in out_s.stats.steps)
-        if len(out_p) > 1:
-            plain[out_p[1]] += 1
-        if len(out_s.tokens) > 1:
-            spec[out_s.tokens[1]] += 1
+    # Every answer is remembered, so memory drafts from earlier samples too.
+    plain, spec, n_proposed = second_token_counts(t, prompt, drafter, n_runs)
     assert n_proposed > n_runs
     assert drafter.memory.memory.n_sequences > 0
     assert plain.sum() > 0.9 * n_runs and spec.sum() > 0.9 * n_runs
