@@ -80,8 +80,9 @@ def test_a_missing_gpu_moves_the_head_to_the_cpu(model_path, plain_answer, tmp_p
     with _engine(model_path, tmp_path, overrides=Overrides(layout="dovetail"),
                  hardware=load_profile(PROFILES / "synthetic_gpu_no_offload.json")) as engine:
         assert engine.plan.head_device == "cuda:0"
-        assert engine.drafter is not None and engine.drafter.name == "head"
-        assert engine.drafter.device.type == "cpu"
+        # auto plans the head with the memory drafter beside it (head+memory).
+        assert engine.drafter is not None and engine.drafter.name == "head+memory"
+        assert engine.drafter.head.device.type == "cpu"
         assert any("could not run on cuda:0" in n for n in engine.notes)
         prompt, ref = plain_answer
         assert engine.generate(prompt, GenerationConfig(48)).tokens == ref
