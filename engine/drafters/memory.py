@@ -69,14 +69,32 @@ class FrequencyCalibration(AcceptanceRates):
     def __init__(self, prior_rate: float, deep_prior: float, prior_weight: float) -> None:
         super().__init__(prior_rate, prior_weight)
         self.deep_prior = deep_prior
+        self._rates: dict[RateKey, float] = {}  # until the next observation
+
+    def rate(self, key: RateKey) -> float:  # type: ignore[override]
+        known = self._rates.get(key)
+        if known is None:
+            known = self._rates[key] = super().rate(key)
+        return known
 
     def prior_for(self, key: RateKey) -> float:  # type: ignore[override]
-        return self.prior_rate if key[2] < _LOCAL_DEPTH else self.deep_prior
+        where, match, depth = key
+        if depth < _LOCAL_DEPTH:
+            return self.prior_rate
+        if depth == _LOCAL_DEPTH:
+            return self.deep_prior
+        # A level is verified only once every level above it held, so the deepest
+        # levels get no evidence while the budget stops short of them. Until they have
+        # their own, a continuation goes on as reliably as one depth bucket up did for
+        # the same kind of match: a model looping goes on (drafts grow to the
+        # budget's limit), a summary's copy that drifts stays short.
+        return self.rate((where, match, depth - 1))
 
     def observe(self, key: RateKey, accepted: bool, frequency: float) -> None:
         counts = self.counts[key]
         counts[0] += accepted
         counts[1] += frequency
+        self._rates.clear()
 
 
 @dataclass
