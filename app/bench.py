@@ -87,7 +87,7 @@ def engine_runner(engine: Engine) -> Runner:
     """Runs one greedy generation with Tandem's engine from an empty cache. The drafter,
     the governor and the cost model live across prompts, as across a chat's turns."""
     def run(prompt: list[int], max_tokens: int, remember: bool = True) -> dict[str, Any]:
-        engine.target.reset()
+        engine.target.reset(cold=True)  # no prompt cache, as the servers run
         result = engine.generate(prompt, GenerationConfig(max_tokens=max_tokens),
                                  remember=remember)
         s = result.stats

@@ -189,10 +189,16 @@ class Target:
         return b"".join(pieces[t] for t in tokens).decode("utf-8", errors="replace")
 
     # --- KV cache --------------------------------------------------------------------
-    def reset(self) -> None:
+    def reset(self, cold: bool = False) -> None:
+        """Empty the KV cache. The F16 prefill context keeps its prompt unless ``cold``:
+        a prompt asked again (a regenerate) then only moves its cells; a benchmark wants
+        every prompt prefilled from nothing, as llama-server's without its prompt cache."""
         self.ctx.kv_clear()
         self.tokens = []
         self.n_parked = 0
+        if cold and self._f16_ctx is not None:
+            self._f16_ctx.kv_clear()
+            self._f16_tokens = []
 
     def rollback(self, n_keep: int) -> None:
         """Forget everything after the first ``n_keep`` committed tokens."""

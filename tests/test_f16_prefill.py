@@ -92,6 +92,21 @@ def test_a_prompts_cells_do_not_depend_on_the_f16_contexts_history(model_path, l
         assert warm.ctx.state_seq_get(0) == want
 
 
+def test_a_cold_reset_empties_the_f16_context_too(target, long_prompts):
+    """reset() keeps the F16 context's prompt (a regenerate only moves its cells);
+    reset(cold=True), the benchmark's, forgets it, so the prompt is prefilled again."""
+    prompt = long_prompts[0]
+    target.reset(cold=True)
+    target.prefill(prompt)
+    want = target.ctx.state_seq_get(0)
+    target.reset()
+    assert target._f16_ctx.kv_pos_max(0) == len(prompt) - 2  # all but the last token
+    target.reset(cold=True)
+    assert target._f16_ctx.kv_pos_max(0) == -1
+    target.prefill(prompt)
+    assert target.ctx.state_seq_get(0) == want
+
+
 def test_features_of_a_long_prompt_leave_its_cells_as_plain_prefill_makes_them(
         target, long_prompts):
     """The head's prompt features are evaluated again beside the prompt (sequence 1),
