@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 CACHE_FILE = "calibration.json"
 # Up to a long repeat drafted from memory, verified whole with its root.
+# How the verification curve is measured; a cached curve measured otherwise is measured
+# again.
+CURVE_METHOD = "interleaved rounds, monotone"
 VERIFY_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, MAX_MEMORY_DRAFT + 1)
 # A neutral filler for the calibration context: the cost of a decode depends on how
 # many tokens are cached, not on which.
@@ -99,7 +102,8 @@ def cache_key(hardware_fingerprint: str, model_path: Path, head_dir: Path | None
     were measured change."""
     parts = [hardware_fingerprint, _file_key(model_path), _file_key(head_dir),
              str(n_threads), ",".join(target_placements), ",".join(head_devices),
-             ",".join(map(str, VERIFY_SIZES))]  # a curve of other sizes is measured again
+             ",".join(map(str, VERIFY_SIZES)),  # a curve of other sizes is measured again
+             CURVE_METHOD]
     if draft_model is not None:  # keys without one stay as they were
         parts.append(_file_key(draft_model))
     text = "\n".join(parts)
@@ -166,8 +170,22 @@ def measure_verify_curve(target: Target, context: int = 256,
         target.rollback(len(filler))
 
     once(max(sizes))  # warm-up (allocations, repacking)
-    curve = {n: _median_time(lambda n=n: once(n), repeats) for n in sizes}
+    # Sizes interleaved round by round: on a shared machine a burst of load then slows
+    # every size alike instead of bending the curve where it fell (a size measured in a
+    # quiet moment looked almost free next to its neighbour, and the budget drafted
+    # exactly that many tokens every step).
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            t0 = time.perf_counter()
+            once(n)
+            times[n].append(time.perf_counter() - t0)
     target.reset()
+    # A bigger batch never costs less than a smaller one.
+    curve, slowest = {}, 0.0
+    for n in sorted(sizes):
+        slowest = max(slowest, statistics.median(times[n]))
+        curve[n] = slowest
     return curve
 
 
@@ -252,7 +270,7 @@ def calibrate(target: Target, head_dir: Path | None, head_devices: list[str],
     profile = CostProfile(context=context)
     device = "gpu" if getattr(target, "n_gpu_layers", 0) else "cpu"
     note("target verification cost")
-    profile.verify_s[device] = measure_verify_curve(target, context)
+    profile.verify_s[device] = measure_verify_curve(target, context, repeats=7)
     target.set_features(True)
     try:
         with_features = measure_verify_curve(target, context, sizes=(1, 4), repeats=5)

@@ -42,6 +42,8 @@ def test_calibration_is_measured_once_then_cached(model_path, tmp_path):
         assert first.calibrated_now
         curve = first.costs.verify_s["cpu"]
         assert set(curve) >= {1, 2, 4, 8} and all(t > 0 for t in curve.values())
+        times = [curve[n] for n in sorted(curve)]
+        assert times == sorted(times)  # a bigger batch never costs less
         assert first.costs.head_level_s["cpu"] > 0  # the bundled head was measured
     with _engine(model_path, tmp_path) as again:
         assert not again.calibrated_now and again.costs == first.costs
