@@ -256,9 +256,10 @@ def run_bench(
                 if (prompt.question_id, name) in done or "skipped" in best.get(name, {}):
                     continue
                 try:
-                    # Only the first run of a prompt may enter a drafter's memory: a
-                    # repeat must not draft from its own earlier answer.
-                    row = runners[name](tokens, max_tokens, rep == 0)
+                    # Only the last run of a prompt enters a drafter's memory: every
+                    # run drafts from the memory the prompt found, never from its own
+                    # answer (remembered by the first run, the repeats copied it whole).
+                    row = runners[name](tokens, max_tokens, rep == repeat - 1)
                 except ContextFullError as exc:
                     row = {"skipped": str(exc)}
                 old = best.get(name)

@@ -311,3 +311,31 @@ def test_deep_levels_learn_apart_for_prompt_copies_and_an_answer_repeating_itsel
     assert prompt_copy[2] / prompt_copy[1] < 0.2
     assert repeat[2] / repeat[1] > 0.8  # ...and the prior for a repeat, which goes on
     assert prompt_copy[5] < repeat[5]
+
+
+# -- in the benchmark ---------------------------------------------------------------------
+
+
+def test_a_repeated_bench_run_never_drafts_from_its_own_answer(model_path, tmp_path):
+    """With --repeat, a prompt's answer enters the memory once, after its last run, so
+    every run drafts from what the earlier prompts left (a repeat that found its own
+    answer copied it whole and made the figures meaningless)."""
+    from app.bench import BenchPrompt, engine_runner, run_bench
+    from engine.session import Engine, EngineConfig
+
+    config = EngineConfig(model_path=model_path, drafter="memory", n_ctx=1024, n_threads=2,
+                          cache_dir=tmp_path, memory_dir=tmp_path / "memory")
+    with Engine(config) as engine:
+        run = engine_runner(engine)
+        calls: list[bool] = []
+
+        def recording(tokens: list[int], max_tokens: int, remember: bool = True) -> dict:
+            calls.append(remember)
+            return run(tokens, max_tokens, remember)
+
+        prompts = [BenchPrompt(1, "writing", ["Write two sentences about the sea."])]
+        payload = run_bench(engine.target, prompts, {"memory": recording}, 24, repeat=3)
+        assert calls[-3:] == [False, False, True]  # after the warm-up's one call
+        assert engine.drafter.memory.n_sequences == 1
+        # Each run drafted from the same (empty) memory: none copied a whole answer.
+        assert payload["results"][0]["mean_accepted"] < 3
