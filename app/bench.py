@@ -111,12 +111,15 @@ OWN_BASELINE = {"lcp-lookup": "lcp", "server-ngram": "server"}
 
 def summarize(results: list[dict[str, Any]], baseline: str = "none") -> dict[str, Any]:
     """Per category and drafter: tok/s, ratio to the baseline (and to the drafter's own
-    plain decoding where it has one), tau, TTFT."""
+    plain decoding where it has one), tau, TTFT. A run without the baseline is read
+    against llama-server's plain decoding, or else its first runner."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in results:
         groups[(r["category"], r["drafter"])].append(r)
     categories = sorted({c for c, _ in groups})
     drafters = list(dict.fromkeys(r["drafter"] for r in results))
+    if drafters and baseline not in drafters:
+        baseline = "server" if "server" in drafters else drafters[0]
     table: dict[str, dict[str, dict[str, float]]] = {}
     for cat in categories:
         base_rows = groups.get((cat, baseline), [])
