@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -230,11 +231,14 @@ def run_bench(
     on_progress: Callable[[int, int, str], None] | None = None,
     resume: bool = True,
     repeat: int = 1,
+    pause_s: float = 0.0,
 ) -> dict[str, Any]:
     """Run every runner on every prompt (drafters interleaved per prompt, their order
     rotated so no drafter always runs on a warmer machine). With ``repeat`` > 1 each
     run is repeated, interleaved, and the fastest kept: a shared machine's noise only
-    ever adds time. Returns the JSON payload."""
+    ever adds time. ``pause_s`` of rest before each run: a run right after llama-server's
+    started while the server's threads still spun on the 2 cores (a first token 6% later
+    back to back than with a pause). Returns the JSON payload."""
     results = _load_previous(out_path) if resume else []
     skipped: list[dict[str, Any]] = []
 
@@ -258,6 +262,8 @@ def run_bench(
                     on_progress(count, total, f"{prompt.category}/{prompt.question_id} {name}")
                 if (prompt.question_id, name) in done or "skipped" in best.get(name, {}):
                     continue
+                if pause_s > 0:
+                    time.sleep(pause_s)
                 try:
                     # Only the last run of a prompt enters a drafter's memory: every
                     # run drafts from the memory the prompt found, never from its own

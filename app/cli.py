@@ -259,6 +259,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         meta = {"model": str(target.path), "threads": target.n_threads,
                 "max_tokens": args.max_tokens, "prompts": str(args.prompts),
                 "per_category": args.per_category, "drafters": names, "repeat": args.repeat,
+                "pause_s": args.pause,
                 "kv_cache": args.kv_cache,
                 "date": time.strftime("%Y-%m-%d %H:%M:%S")}
         bar = tqdm(total=len(prompts) * len(names) * args.repeat, unit="run",
@@ -270,7 +271,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             bar.refresh()
 
         payload = run_bench(target, prompts, runners, args.max_tokens, args.json,
-                            meta, progress, resume=not args.fresh, repeat=args.repeat)
+                            meta, progress, resume=not args.fresh, repeat=args.repeat,
+                            pause_s=args.pause)
         bar.close()
     finally:
         for engine in engines.values():
@@ -422,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true", help="ignore results already in --json")
     p.add_argument("--repeat", type=int, default=1,
                    help="runs per prompt and drafter; the fastest is kept (noisy machines)")
+    p.add_argument("--pause", type=float, default=0.25,
+                   help="seconds of rest before each run, so none starts while the last "
+                        "one's threads (another process's, for llama-server) still spin")
     p.add_argument("--llama-server", default=None,
                    help="llama.cpp's llama-server binary, for the server and server-ngram "
                         "baselines")
