@@ -479,6 +479,9 @@ class Target:
                ) -> None:
         """Keep the accepted ``path`` (verification numbering, root first) in sequence 0."""
         base = self.n_past
+        if len(verification.depths) == 1:  # a plain step: its one cell is kept as it is
+            self.tokens.extend(path_tokens)
+            return
         n_keep = base + len(path)
         n_tree_seqs = len(verification.leaf_seq)
         on_path = set(path)
