@@ -111,11 +111,18 @@ class VerifyCostModel:
             return
         bucket = context_bucket(n_past)
         clock = self._clock[bucket] = self._clock.get(bucket, 0) + 1
+        # (get, not setdefault: its default would be built on every decode)
         if n_tokens == 1:
-            self._t1.setdefault(bucket, _Recent(self.window)).add(t_s, clock)
+            recent = self._t1.get(bucket)
+            if recent is None:
+                recent = self._t1[bucket] = _Recent(self.window)
+            recent.add(t_s, clock)
         else:
-            ratio = t_s / self.t1_in(bucket)
-            self._ratios.setdefault((bucket, n_tokens), _Recent(self.window)).add(ratio, clock)
+            key = (bucket, n_tokens)
+            recent = self._ratios.get(key)
+            if recent is None:
+                recent = self._ratios[key] = _Recent(self.window)
+            recent.add(t_s / self.t1_in(bucket), clock)
             self._tables.pop(bucket, None)
 
     def t1_in(self, bucket: int) -> float:
