@@ -108,6 +108,9 @@ def _decode_speed(rows: list[dict[str, Any]]) -> float:
 
 # A baseline drafter's own plain decoding, for a like-for-like ratio.
 OWN_BASELINE = {"lcp-lookup": "lcp", "server-ngram": "server"}
+# Runners that cannot forget an answer (llama-server's n-gram pool keeps every request):
+# with --repeat they run each prompt once, or their repeats would copy their first answer.
+RUN_ONCE = frozenset({"server-ngram"})
 
 
 def summarize(results: list[dict[str, Any]], baseline: str = "none") -> dict[str, Any]:
@@ -236,9 +239,10 @@ def run_bench(
     """Run every runner on every prompt (drafters interleaved per prompt, their order
     rotated so no drafter always runs on a warmer machine). With ``repeat`` > 1 each
     run is repeated, interleaved, and the fastest kept: a shared machine's noise only
-    ever adds time. ``pause_s`` of rest before each run: a run right after llama-server's
-    started while the server's threads still spun on the 2 cores (a first token 6% later
-    back to back than with a pause). Returns the JSON payload."""
+    ever adds time (``RUN_ONCE`` runners run once). ``pause_s`` of rest before each
+    run: a run right after llama-server's started while the server's threads still spun
+    on the 2 cores (a first token 6% later back to back than with a pause). Returns the
+    JSON payload."""
     results = _load_previous(out_path) if resume else []
     skipped: list[dict[str, Any]] = []
 
@@ -260,7 +264,8 @@ def run_bench(
                 count += 1
                 if on_progress:
                     on_progress(count, total, f"{prompt.category}/{prompt.question_id} {name}")
-                if (prompt.question_id, name) in done or "skipped" in best.get(name, {}):
+                if (prompt.question_id, name) in done or "skipped" in best.get(name, {}) \
+                        or (name in RUN_ONCE and rep > 0):
                     continue
                 if pause_s > 0:
                     time.sleep(pause_s)
