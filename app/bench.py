@@ -264,8 +264,9 @@ def run_bench(
                 count += 1
                 if on_progress:
                     on_progress(count, total, f"{prompt.category}/{prompt.question_id} {name}")
+                last_rep = 0 if name in RUN_ONCE else repeat - 1
                 if (prompt.question_id, name) in done or "skipped" in best.get(name, {}) \
-                        or (name in RUN_ONCE and rep > 0):
+                        or rep > last_rep:
                     continue
                 if pause_s > 0:
                     time.sleep(pause_s)
@@ -273,7 +274,7 @@ def run_bench(
                     # Only the last run of a prompt enters a drafter's memory: every
                     # run drafts from the memory the prompt found, never from its own
                     # answer (remembered by the first run, the repeats copied it whole).
-                    row = runners[name](tokens, max_tokens, rep == repeat - 1)
+                    row = runners[name](tokens, max_tokens, rep == last_rep)
                 except ContextFullError as exc:
                     row = {"skipped": str(exc)}
                 old = best.get(name)

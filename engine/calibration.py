@@ -33,10 +33,10 @@ if TYPE_CHECKING:
     from models.head_config import TargetFingerprint
 
 CACHE_FILE = "calibration.json"
-# Up to a long repeat drafted from memory, verified whole with its root.
 # How the verification curve is measured; a cached curve measured otherwise is measured
 # again.
 CURVE_METHOD = "interleaved rounds, monotone"
+# Up to a long repeat drafted from memory, verified whole with its root.
 VERIFY_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, MAX_MEMORY_DRAFT + 1)
 # A neutral filler for the calibration context: the cost of a decode depends on how
 # many tokens are cached, not on which.
