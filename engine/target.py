@@ -253,14 +253,17 @@ class Target:
         tail = 1  # the last token's logits choose the first new token
         if self.ctx.embeddings:
             tail = len(todo) if feature_tail is None else max(1, min(feature_tail, len(todo)))
-        # A long prompt's cells, all but the last token's, come from the F16 context
-        # (the same cells whatever the drafter asks of features; it gets those too).
-        moved = self._prefill_in_f16(todo[:-1], n_features=tail - 1)
-        feats: list[np.ndarray] = []
+        # A long prompt is evaluated in the F16 context, its cells moved here; the last
+        # token's logits come from there too, as llama-server's do (a decode of that token
+        # alone here cost a full token's time). What the drafter asks of features changes
+        # neither the cells nor those logits.
+        moved = self._prefill_in_f16(todo, n_features=tail if self.ctx.embeddings else 0)
         if moved is not None:
-            feats += [moved] if len(moved) else []
-            todo = todo[-1:]
-        elif self.ctx.embeddings and tail < len(todo):
+            logits, features = moved
+            return Prefill(logits=logits, features=features if self.ctx.embeddings else None,
+                           n_reused=n_keep)
+        feats: list[np.ndarray] = []
+        if self.ctx.embeddings and tail < len(todo):
             self.ctx.set_embeddings(False)
             try:
                 self._evaluate(todo[:-tail], self.config.n_batch)
@@ -285,11 +288,13 @@ class Target:
             return "layers run on a GPU"
         return None
 
-    def _prefill_in_f16(self, tokens: list[int], n_features: int) -> np.ndarray | None:
+    def _prefill_in_f16(self, tokens: list[int], n_features: int
+                        ) -> tuple[np.ndarray, np.ndarray] | None:
         """Append ``tokens`` to sequence 0 by prefilling them in the F16 context and
-        moving their cells here. Returns the hidden states of the last ``n_features`` of
-        them ([0, n_embd] when none are asked), or None (nothing changed) when it does not
-        apply or fails; a failure turns it off for this target, with a warning."""
+        moving their cells here. Returns the last token's logits and the hidden states of
+        the last ``n_features`` tokens ([0, n_embd] when none are asked), or None (nothing
+        changed) when it does not apply or fails; a failure turns it off for this target,
+        with a warning."""
         if self.f16_prefill_off or len(tokens) < F16_PREFILL_MIN_TOKENS:
             return None
         try:
@@ -304,36 +309,35 @@ class Target:
                 self._f16_ctx = None
             return None
 
-    def _prefill_f16_and_move(self, tokens: list[int], n_features: int) -> np.ndarray:
+    def _prefill_f16_and_move(self, tokens: list[int], n_features: int
+                              ) -> tuple[np.ndarray, np.ndarray]:
         f16 = self._f16_ctx
         if f16 is None:  # made with the target; dropped only when turned off
             raise NativeError("F16 prefill context", 0, "closed")
         full = self.tokens + tokens
-        # Features asked of a chunk make every token of it an output (the LM head over
-        # the whole prompt, its logits copied out: +40% first-token time on F32). With
-        # room in the context, the feature tokens are evaluated again in sequence 1
-        # instead, and sequence 0's chunks are the plain prompt's.
-        separate = n_features > 0 and len(full) + n_features <= self.n_ctx
-        first_feature = len(full) - (0 if separate else n_features)
-        n_same = common_prefix_length(self._f16_tokens, full[:first_feature])
+        # Features are evaluated again beside the prompt (sequence 1): asked of sequence
+        # 0's chunks they would make every token an output (the LM head over the whole
+        # prompt: +40% first-token time on F32) and change the last token's logits. The
+        # prompt leaves at least one cell free, so at least the last token's fit.
+        n_features = min(n_features, self.n_ctx - len(full))
+        n_same = common_prefix_length(self._f16_tokens, full)
         # Chunks start at multiples of n_batch, so the cells a prompt gets do not depend
         # on which earlier prompt left how much in this context, nor on features asked.
+        # The last chunk is evaluated even when cached: its logits choose the first token.
         step = self.config.n_batch
-        start = n_same - n_same % step
+        start = min(n_same - n_same % step, (len(full) - 1) // step * step)
         f16.kv_remove(0, start, -1)
         del self._f16_tokens[start:]
-        feats = [np.empty((0, self.n_embd), dtype=np.float32)]
         for pos0 in range(start, len(full), step):
             chunk = full[pos0:pos0 + step]
-            wanted = pos0 + len(chunk) - first_feature  # features from this chunk
-            f16.set_embeddings(wanted > 0)  # then every token is an output
-            self.batch.fill(chunk, list(range(pos0, pos0 + len(chunk))), None, wanted > 0)
+            outputs = [False] * len(chunk)
+            outputs[-1] = pos0 + len(chunk) == len(full)
+            self.batch.fill(chunk, list(range(pos0, pos0 + len(chunk))), None, outputs)
             f16.decode(self.batch)
             self._f16_tokens.extend(chunk)
-            if wanted > 0:
-                feats.append(f16.hidden_states(len(chunk))[-min(wanted, len(chunk)):])
-        if separate:
-            feats.append(self._f16_features_again(f16, full, n_features))
+        logits = f16.logits(1)[0]
+        feats = (self._f16_features_again(f16, full, n_features) if n_features > 0
+                 else np.empty((0, self.n_embd), dtype=np.float32))
         # Sequence 1 is free outside a verification: the cells travel through it.
         f16.kv_copy(0, 1, self.n_past, -1)
         try:
@@ -345,7 +349,7 @@ class Target:
         self.ctx.kv_copy(1, 0, -1, -1)
         self.ctx.kv_remove(1, -1, -1)
         self.tokens.extend(tokens)
-        return np.concatenate(feats)
+        return logits, feats
 
     def _f16_features_again(self, f16: NativeContext, full: list[int], n_features: int
                             ) -> np.ndarray:

@@ -100,7 +100,7 @@ def test_a_cold_reset_empties_the_f16_context_too(target, long_prompts):
     target.prefill(prompt)
     want = target.ctx.state_seq_get(0)
     target.reset()
-    assert target._f16_ctx.kv_pos_max(0) == len(prompt) - 2  # all but the last token
+    assert target._f16_ctx.kv_pos_max(0) == len(prompt) - 1  # the whole prompt
     target.reset(cold=True)
     assert target._f16_ctx.kv_pos_max(0) == -1
     target.prefill(prompt)
@@ -207,3 +207,23 @@ def test_rotation_and_quantization_reference():
     kernels = kv_transfer.ggml_row_kernels()
     if kernels is not None:  # ggml's own kernel writes the same bytes
         assert np.array_equal(kernels.quantize_q8_0(x), packed)
+
+
+def test_a_regenerate_gets_the_first_tokens_logits_again(target, long_prompts):
+    """A prompt the F16 context holds whole (a regenerate) still yields the last token's
+    logits: its chunk is evaluated again, also when the prompt ends on a chunk boundary."""
+    step = target.config.n_batch
+    for prompt in (long_prompts[0], long_prompts[0][:2 * step]):
+        target.reset(cold=True)
+        cold = target.prefill(prompt)
+        cells = target.ctx.state_seq_get(0)
+        target.reset()
+        target.set_features(True)  # its outputs are another batch's: no stale logits
+        try:
+            target.prefill(prompt, feature_tail=8)
+        finally:
+            target.set_features(False)
+        target.reset()
+        warm = target.prefill(prompt)
+        np.testing.assert_array_equal(warm.logits, cold.logits)
+        assert target.ctx.state_seq_get(0) == cells
