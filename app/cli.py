@@ -207,7 +207,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         parse_drafter_list,
         run_bench,
         runner_engine_config,
+        sharegpt_prompts,
         sweep_specs,
+        warm_memories,
     )
     from app.bench_baselines import (
         BASELINE_NAMES,
@@ -228,8 +230,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if any(n in SERVER_NAMES for n in names) and not args.llama_server:
         raise ValueError("the server baselines need --llama-server PATH")
     prompts = load_prompts(args.prompts, args.per_category)
-    # Tandem's memory starts empty and fills as the run goes (as llama-server's n-gram
-    # pool does); it lives beside the results so a resumed run keeps it.
+    # Tandem's memory starts empty (or warmed, --warm-memory) and fills as the run goes
+    # (as llama-server's n-gram pool does); it lives beside the results so a resumed run
+    # keeps it.
     memory_dir = (args.json.with_name(args.json.name + ".memory") if args.json
                   else Path(tempfile.mkdtemp(prefix="tandem-bench-memory-")))
     if args.fresh or not (args.json and args.json.exists()):
@@ -262,6 +265,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 "pause_s": args.pause,
                 "kv_cache": args.kv_cache,
                 "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+        if args.warm_memory and not (args.json and args.json.exists() and not args.fresh):
+            # Only the runners that remember: Tandem's with a memory, llama-server's pool.
+            remembering = {n: runners[n] for n in names if n == "server-ngram" or (
+                n in engines and engines[n].memory is not None)}
+            warm = sharegpt_prompts(target, args.warm_memory)
+            meta["warm_memory"] = {"prompts": len(warm), "runners": list(remembering)}
+            with tqdm(total=len(warm) * len(remembering), unit="answer",
+                      file=sys.stderr) as warm_bar:
+                def warming(i: int, total: int, what: str) -> None:
+                    warm_bar.n = i
+                    warm_bar.set_postfix_str(what)
+                    warm_bar.refresh()
+                warm_memories(remembering, warm, args.max_tokens, warming)
         bar = tqdm(total=len(prompts) * len(names) * args.repeat, unit="run",
                    file=sys.stderr)
 
@@ -430,6 +446,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--llama-server", default=None,
                    help="llama.cpp's llama-server binary, for the server and server-ngram "
                         "baselines")
+    p.add_argument("--warm-memory", type=int, default=0, metavar="N",
+                   help="before a fresh run, the runners that remember (Tandem's memory, "
+                        "server-ngram's pool) answer N ShareGPT prompts untimed, as after "
+                        "some use of the app (default 0: they start empty)")
     p.set_defaults(func=cmd_bench)
 
     from app.train_cli import register as register_train
