@@ -88,14 +88,14 @@ class Target:
         self.model = NativeModel(self.path, n_gpu_layers=self.n_gpu_layers)
         try:
             n_ctx = min(self.config.n_ctx, self.model.n_ctx_train or self.config.n_ctx)
-            self.ctx = NativeContext(self.model, n_ctx=n_ctx, n_batch=self.config.n_batch,
-                                     n_seq_max=self.config.n_seq_max,
-                                     n_threads=self.n_threads,
-                                     embeddings=self.config.features,
-                                     type_k=self.config.type_k,
-                                     type_v=self.config.type_v,
-                                     unified_kv=self.config.unified_kv,
-                                     flash_attn=self.config.flash_attn)
+            self._ctx = NativeContext(self.model, n_ctx=n_ctx, n_batch=self.config.n_batch,
+                                      n_seq_max=self.config.n_seq_max,
+                                      n_threads=self.n_threads,
+                                      embeddings=self.config.features,
+                                      type_k=self.config.type_k,
+                                      type_v=self.config.type_v,
+                                      unified_kv=self.config.unified_kv,
+                                      flash_attn=self.config.flash_attn)
             self.batch = NativeBatch(self.config.n_batch, self.config.n_seq_max)
         except BaseException:
             self.model.close()
@@ -110,6 +110,9 @@ class Target:
         # prompt's first token ~0.3 s.
         self._f16_ctx: NativeContext | None = None
         self._f16_tokens: list[int] = []
+        # The first position whose cells are still in the F16 context, None when all are
+        # here: a prompt's cells are moved after its first token is out (``ctx``).
+        self._unmoved_from: int | None = None
         self.f16_prefill_off = self._why_no_f16_prefill()
         if not self.f16_prefill_off:
             try:
@@ -123,7 +126,8 @@ class Target:
 
     # --- lifecycle -------------------------------------------------------------------
     def close(self) -> None:
-        for owner in ("_f16_ctx", "batch", "ctx", "model"):
+        self._unmoved_from = None  # nothing left to move into a closing context
+        for owner in ("_f16_ctx", "batch", "_ctx", "model"):
             handle = getattr(self, owner, None)
             if handle is not None:
                 handle.close()
@@ -136,8 +140,21 @@ class Target:
 
     # --- facts -----------------------------------------------------------------------
     @property
+    def ctx(self) -> NativeContext:
+        """The decoding context, holding every committed token's cells: a long prompt's,
+        prefilled in the F16 context, are moved in on first use after its first token."""
+        self._settle()
+        return self._ctx
+
+    def _settle(self) -> None:
+        """Move cells still in the F16 context here. Called before ``self.batch`` is
+        filled: a failed move evaluates the prompt through that batch."""
+        if self._unmoved_from is not None:
+            self._move_cells()
+
+    @property
     def n_ctx(self) -> int:
-        return self.ctx.n_ctx
+        return self._ctx.n_ctx
 
     @property
     def n_past(self) -> int:
@@ -193,6 +210,7 @@ class Target:
         """Empty the KV cache. The F16 prefill context keeps its prompt unless ``cold``:
         a prompt asked again (a regenerate) then only moves its cells; a benchmark wants
         every prompt prefilled from nothing, as llama-server's without its prompt cache."""
+        self._unmoved_from = None  # cells never moved need no clearing
         self.ctx.kv_clear()
         self.tokens = []
         self.n_parked = 0
@@ -222,7 +240,7 @@ class Target:
         self._evaluate(redo, chunk_size=8)
 
     def set_features(self, on: bool) -> None:
-        self.ctx.set_embeddings(on)
+        self._ctx.set_embeddings(on)  # a flag: no need to move cells first
 
     # --- prefill ---------------------------------------------------------------------
     def prefill(self, prompt: list[int], feature_tail: int | None = None) -> Prefill:
@@ -257,10 +275,10 @@ class Target:
         # token's logits come from there too, as llama-server's do (a decode of that token
         # alone here cost a full token's time). What the drafter asks of features changes
         # neither the cells nor those logits.
-        moved = self._prefill_in_f16(todo, n_features=tail if self.ctx.embeddings else 0)
+        moved = self._prefill_in_f16(todo, n_features=tail if self._ctx.embeddings else 0)
         if moved is not None:
             logits, features = moved
-            return Prefill(logits=logits, features=features if self.ctx.embeddings else None,
+            return Prefill(logits=logits, features=features if self._ctx.embeddings else None,
                            n_reused=n_keep)
         feats: list[np.ndarray] = []
         if self.ctx.embeddings and tail < len(todo):
@@ -300,20 +318,24 @@ class Target:
         try:
             return self._prefill_f16_and_move(tokens, n_features)
         except (NativeError, StateFormatError, ContextFullError) as exc:
-            self.f16_prefill_off = f"failed: {exc}"
-            log.warning("F16 prefill off, prompts are prefilled in the Q8_0 cache: %s", exc)
             self.ctx.kv_remove(1, -1, -1)
             self.ctx.kv_remove(0, self.n_past, -1)
-            if self._f16_ctx is not None:
-                self._f16_ctx.close()
-                self._f16_ctx = None
+            self._turn_off_f16_prefill(exc)
             return None
+
+    def _turn_off_f16_prefill(self, exc: Exception) -> None:
+        self.f16_prefill_off = f"failed: {exc}"
+        log.warning("F16 prefill off, prompts are prefilled in the Q8_0 cache: %s", exc)
+        if self._f16_ctx is not None:
+            self._f16_ctx.close()
+            self._f16_ctx = None
 
     def _prefill_f16_and_move(self, tokens: list[int], n_features: int
                               ) -> tuple[np.ndarray, np.ndarray]:
         f16 = self._f16_ctx
         if f16 is None:  # made with the target; dropped only when turned off
             raise NativeError("F16 prefill context", 0, "closed")
+        self._settle()  # the last prompt's cells leave first
         full = self.tokens + tokens
         # Features are evaluated again beside the prompt (sequence 1): asked of sequence
         # 0's chunks they would make every token an output (the LM head over the whole
@@ -338,18 +360,42 @@ class Target:
         logits = f16.logits(1)[0]
         feats = (self._f16_features_again(f16, full, n_features) if n_features > 0
                  else np.empty((0, self.n_embd), dtype=np.float32))
-        # Sequence 1 is free outside a verification: the cells travel through it.
-        f16.kv_copy(0, 1, self.n_past, -1)
-        try:
-            blob = f16.state_seq_get(1)
-        finally:
-            f16.kv_remove(1, -1, -1)
-        moved = f16_to_q8_0_keys(blob, self.model.n_head_kv, llama_rotates_quantized_k())
-        self.ctx.state_seq_set(1, moved)
-        self.ctx.kv_copy(1, 0, -1, -1)
-        self.ctx.kv_remove(1, -1, -1)
+        # The cells move when the context is next used: the first token does not wait
+        # for the copy and the K conversion (10-35 ms on 200-800 tokens).
+        self._unmoved_from = self.n_past
         self.tokens.extend(tokens)
         return logits, feats
+
+    def _move_cells(self) -> None:
+        """Move the cells from ``_unmoved_from`` on out of the F16 context. If that fails,
+        F16 prefill is turned off (with a warning) and those tokens are evaluated here
+        instead: the first token, already chosen, came from the F16 prefill's logits."""
+        start, self._unmoved_from = self._unmoved_from, None
+        assert start is not None and self._f16_ctx is not None
+        f16 = self._f16_ctx
+        try:
+            # Sequence 1 is free outside a verification: the cells travel through it.
+            f16.kv_copy(0, 1, start, -1)
+            try:
+                blob = f16.state_seq_get(1)
+            finally:
+                f16.kv_remove(1, -1, -1)
+            moved = f16_to_q8_0_keys(blob, self.model.n_head_kv, llama_rotates_quantized_k())
+            self._ctx.state_seq_set(1, moved)
+            self._ctx.kv_copy(1, 0, -1, -1)
+            self._ctx.kv_remove(1, -1, -1)
+        except (NativeError, StateFormatError) as exc:
+            self._ctx.kv_remove(1, -1, -1)
+            self._ctx.kv_remove(0, start, -1)
+            self._turn_off_f16_prefill(exc)
+            redo = self.tokens[start:]
+            del self.tokens[start:]
+            features = self._ctx.embeddings
+            self._ctx.set_embeddings(False)  # only the cells are wanted
+            try:
+                self._evaluate(redo, self.config.n_batch)
+            finally:
+                self._ctx.set_embeddings(features)
 
     def _f16_features_again(self, f16: NativeContext, full: list[int], n_features: int
                             ) -> np.ndarray:
@@ -377,6 +423,7 @@ class Target:
                   ) -> tuple[np.ndarray, list[np.ndarray]]:
         """Append ``tokens`` to sequence 0 in chunks. Returns the last token's logits and,
         in embeddings mode, every token's features; rolls back on a failed decode."""
+        self._settle()
         n_keep = self.n_past
         feats: list[np.ndarray] = []
         logits = None
@@ -427,6 +474,7 @@ class Target:
         the sequences of the leaves below it, at position n_past + depth.
         Raises ContextFullError (nothing changed) when the batch does not fit.
         """
+        self._settle()
         n = 1 + len(draft)
         if self.n_used + n > self.n_ctx:
             raise ContextFullError(self.n_used + n, self.n_ctx, what="verification batch")

@@ -10,6 +10,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from engine import kv_transfer
+from engine.draft_tree import DraftTree
 from engine.generation import GenerationConfig, generate
 from engine.native import NativeContext
 from engine.target import F16_PREFILL_MIN_TOKENS, Target, TargetConfig
@@ -164,22 +165,44 @@ def test_greedy_after_a_long_second_turn_equals_plain(target, dev_prompts):
 
 def test_a_failed_move_falls_back_to_the_q8_0_prefill(model_path, long_prompts, monkeypatch,
                                                       caplog):
-    """A blob llama.cpp refuses: the prompt is prefilled the usual way, with a warning,
-    and the answer is the one a target without F16 prefill writes."""
+    """A blob llama.cpp refuses: the prompt's tokens are evaluated here instead, with a
+    warning, and the next token is computed as a target without F16 prefill computes it
+    (the first one was already chosen from the F16 prefill's logits)."""
     prompt = long_prompts[0]
     with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2, f16_prefill=False)) as t:
-        want = t.prefill(prompt).logits
+        want_first = t.prefill(prompt).logits
+        first = int(want_first.argmax())
+        want_next = t.verify(first, DraftTree()).logits[0].copy()
     real = kv_transfer.f16_to_q8_0_keys
     monkeypatch.setattr("engine.target.f16_to_q8_0_keys",
                         lambda blob, *a, **k: real(blob, *a, **k)[:-1000])  # cut short
     with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2)) as t:
         with caplog.at_level(logging.WARNING, logger="engine.target"):
-            got = t.prefill(prompt).logits
-        assert np.array_equal(got, want)
+            got_first = t.prefill(prompt).logits
+            assert not caplog.text  # the move waits for the first use of the cache
+            assert int(got_first.argmax()) == first
+            assert t.n_past == len(prompt) and t.ctx.kv_pos_max(0) == len(prompt) - 1
         assert t.f16_prefill_off and "llama_state_seq_set_data" in t.f16_prefill_off
         assert "F16 prefill off" in caplog.text
-        assert t.n_past == len(prompt) and t.ctx.kv_pos_max(0) == len(prompt) - 1
         assert t.ctx.kv_pos_max(1) == -1
+        np.testing.assert_array_equal(t.verify(first, DraftTree()).logits[0], want_next)
+
+
+def test_the_first_token_does_not_wait_for_the_cells_to_move(target, long_prompts):
+    """The prefill's logits come before the move; the first use of the cache moves the
+    cells, and they are the ones an immediate move wrote."""
+    prompt = long_prompts[1]
+    target.reset(cold=True)
+    target.prefill(prompt)
+    assert target._ctx.kv_pos_max(0) == -1  # still in the F16 context
+    moved = target.ctx.state_seq_get(0)  # the first use moves them
+    assert target._ctx.kv_pos_max(0) == len(prompt) - 1
+    target.reset()  # a reset forgets cells not moved yet
+    target.prefill(prompt)
+    target.reset()
+    assert target._ctx.kv_pos_max(0) == -1 and target.n_past == 0
+    target.prefill(prompt)
+    assert target.ctx.state_seq_get(0) == moved
 
 
 def test_blobs_of_another_layout_are_refused(target, long_prompts):
