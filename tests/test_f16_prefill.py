@@ -163,6 +163,35 @@ def test_greedy_after_a_long_second_turn_equals_plain(target, dev_prompts):
     assert outputs["lookup"] == outputs["plain"] == outputs["memory"]
 
 
+def test_a_chats_next_turn_does_not_evaluate_the_last_answer_again(target, model_path):
+    """The F16 context holds the prompts it prefilled, not the answers: after a long
+    answer, a long next message goes straight into the cache (through the F16 context
+    it took 2.5x as long), and its logits are those of a target without F16 prefill."""
+    essay = [{"role": "user", "content": "Write a detailed essay about the history of the "
+                                         "printing press in Europe."}]
+    follow_up = " ".join(["Now rewrite the essay for children, keeping these points: movable "
+                          "type, Gutenberg, Mainz, the Bible, paper, ink, literacy, the "
+                          "Reformation, newspapers, science."] * 4)
+
+    def second_turn(t: Target) -> tuple[list[int], np.ndarray]:
+        t.reset(cold=True)
+        answer = generate(t, t.chat_prompt(essay), None, GenerationConfig(300)).tokens
+        messages = essay + [{"role": "assistant", "content": t.detokenize(answer)},
+                            {"role": "user", "content": follow_up}]
+        prompt = t.chat_prompt(messages)
+        assert len(answer) >= 200 and len(prompt) - t.n_past >= F16_PREFILL_MIN_TOKENS
+        held = list(t._f16_tokens)
+        logits = t.prefill(prompt).logits
+        assert t._f16_tokens == held  # the F16 context was not used
+        return answer, logits
+
+    answer, logits = second_turn(target)
+    with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2, f16_prefill=False)) as t:
+        want_answer, want_logits = second_turn(t)
+    assert answer == want_answer
+    np.testing.assert_array_equal(logits, want_logits)
+
+
 def test_a_failed_move_falls_back_to_the_q8_0_prefill(model_path, long_prompts, monkeypatch,
                                                       caplog):
     """A blob llama.cpp refuses: the prompt's tokens are evaluated here instead, with a
