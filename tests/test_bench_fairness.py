@@ -30,7 +30,8 @@ def test_first_token_and_decode_are_each_the_fastest_of_their_runs(target):
     assert row["all_seconds"] == pytest.approx([0.80, 0.90, 0.85])
 
 
-def test_warm_memory_fills_only_the_memories_of_runners_that_remember(tandem_home, tmp_path):
+def test_warm_memory_fills_only_the_memories_of_runners_that_remember(tandem_home, model_path,
+                                                                    tmp_path):
     prompts = tmp_path / "p.jsonl"
     row = next(json.loads(x) for x in DEV_PROMPTS.read_text().splitlines())
     prompts.write_text(json.dumps(row))
