@@ -9,8 +9,10 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from app.profile_cli import print_candidates
 from engine.errors import InvalidSettingError, TandemError
@@ -197,6 +199,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress_to(bar: Any) -> Callable[[int, int, str], None]:
+    """A (done, total, what) progress callback that moves a tqdm bar."""
+    def progress(i: int, total: int, what: str) -> None:
+        bar.n = i
+        bar.set_postfix_str(what)
+        bar.refresh()
+    return progress
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -273,21 +284,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             meta["warm_memory"] = {"prompts": len(warm), "runners": list(remembering)}
             with tqdm(total=len(warm) * len(remembering), unit="answer",
                       file=sys.stderr) as warm_bar:
-                def warming(i: int, total: int, what: str) -> None:
-                    warm_bar.n = i
-                    warm_bar.set_postfix_str(what)
-                    warm_bar.refresh()
-                warm_memories(remembering, warm, args.max_tokens, warming)
+                warm_memories(remembering, warm, args.max_tokens, _progress_to(warm_bar))
         bar = tqdm(total=len(prompts) * len(names) * args.repeat, unit="run",
                    file=sys.stderr)
-
-        def progress(i: int, total: int, what: str) -> None:
-            bar.n = i
-            bar.set_postfix_str(what)
-            bar.refresh()
-
         payload = run_bench(target, prompts, runners, args.max_tokens, args.json,
-                            meta, progress, resume=not args.fresh, repeat=args.repeat,
+                            meta, _progress_to(bar), resume=not args.fresh, repeat=args.repeat,
                             pause_s=args.pause)
         bar.close()
     finally:

@@ -321,11 +321,12 @@ class Target:
         # The F16 context holds the prompts it prefilled, not the answers decoded here:
         # a chat's next turn would evaluate the last answer there again (a 150-token
         # message after a 400-token answer: first token 0.88 s instead of 0.35 s).
-        redo = self.n_past - self._f16_start(self.tokens + tokens)
-        if redo * F16_MAX_REDO_SHARE > len(tokens):
+        full = self.tokens + tokens
+        start = self._f16_start(full)
+        if (self.n_past - start) * F16_MAX_REDO_SHARE > len(tokens):
             return None
         try:
-            return self._prefill_f16_and_move(tokens, n_features)
+            return self._prefill_f16_and_move(full, start, n_features)
         except (NativeError, StateFormatError, ContextFullError) as exc:
             self.ctx.kv_remove(1, -1, -1)
             self.ctx.kv_remove(0, self.n_past, -1)
@@ -339,20 +340,20 @@ class Target:
             self._f16_ctx.close()
             self._f16_ctx = None
 
-    def _prefill_f16_and_move(self, tokens: list[int], n_features: int
+    def _prefill_f16_and_move(self, full: list[int], start: int, n_features: int
                               ) -> tuple[np.ndarray, np.ndarray]:
+        """Evaluate ``full`` (the committed tokens, then the new ones) from ``start`` in
+        the F16 context; its new tokens become committed here, their cells moved later."""
         f16 = self._f16_ctx
         if f16 is None:  # made with the target; dropped only when turned off
             raise NativeError("F16 prefill context", 0, "closed")
         self._settle()  # the last prompt's cells leave first
-        full = self.tokens + tokens
         # Features are evaluated again beside the prompt (sequence 1): asked of sequence
         # 0's chunks they would make every token an output (the LM head over the whole
         # prompt: +40% first-token time on F32) and change the last token's logits. The
         # prompt leaves at least one cell free, so at least the last token's fit.
         n_features = min(n_features, self.n_ctx - len(full))
         step = self.config.n_batch
-        start = self._f16_start(full)
         f16.kv_remove(0, start, -1)
         del self._f16_tokens[start:]
         for pos0 in range(start, len(full), step):
@@ -368,7 +369,7 @@ class Target:
         # The cells move when the context is next used: the first token does not wait
         # for the copy and the K conversion (10-35 ms on 200-800 tokens).
         self._unmoved_from = self.n_past
-        self.tokens.extend(tokens)
+        self.tokens.extend(full[self.n_past:])
         return logits, feats
 
     def _f16_start(self, full: list[int]) -> int:
