@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +16,8 @@ from pathlib import Path
 import httpx2 as httpx
 import openai
 import pytest
+
+from app.server.serve import ApiServer
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "test-key-0123456789"
@@ -230,6 +233,23 @@ def test_an_api_key_is_required_when_set(keyed_server: Served) -> None:
     out = keyed_server.client(api_key=KEY).chat.completions.create(
         model="any", messages=HELLO, max_tokens=4)
     assert out.choices[0].message.content
+
+
+def test_a_client_that_connects_as_soon_as_the_address_is_shown_is_answered() -> None:
+    """`tandem serve` prints its address before uvicorn's thread is up; a client that
+    connected in that gap was refused (CI, once). Now it waits in the backlog."""
+    api = ApiServer(lambda: None, threading.Lock(), port=0)
+    try:
+        with socket.create_connection((api.host, api.port), timeout=10) as conn:
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            api.start()
+            reply = b""
+            while chunk := conn.recv(4096):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 200")
+        assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["status"] == "ok"
+    finally:
+        api.stop()
 
 
 def test_binding_beyond_loopback_needs_a_key(model_path: Path) -> None:

@@ -58,19 +58,23 @@ class ApiServer:
         self.lane = EngineLane(engine_of, lock, max_waiting,
                                own_thread=execute is not None, execute=execute)
         state = ServerState(self.lane, engine_of, Limits(max_tokens=max_tokens), api_key)
-        # Bind now, so a port in use is an error here and port 0 gets its number.
+        # Bind and listen now, so a port in use is an error here, port 0 gets its number,
+        # and a client that connects as soon as the address is shown waits in the backlog
+        # for the HTTP thread instead of being refused (it was, once, in CI).
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.socket(family, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        config = uvicorn.Config(make_app(state), log_level="warning", access_log=False,
+                                lifespan="off")
         try:
             self._socket.bind((host, port))
+            self._socket.listen(config.backlog)
         except OSError as exc:
             self._socket.close()
             self.lane.close()
             raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         self.host, self.port = host, self._socket.getsockname()[1]
-        self._server = uvicorn.Server(uvicorn.Config(make_app(state), log_level="warning",
-                                                     access_log=False, lifespan="off"))
+        self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 
     @property
