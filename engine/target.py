@@ -344,10 +344,12 @@ class Target:
                               ) -> tuple[np.ndarray, np.ndarray]:
         """Evaluate ``full`` (the committed tokens, then the new ones) from ``start`` in
         the F16 context; its new tokens become committed here, their cells moved later."""
+        # The last prompt's cells leave first; a failed move closes the F16 context, so
+        # it is looked up after.
+        self._settle()
         f16 = self._f16_ctx
         if f16 is None:  # made with the target; dropped only when turned off
             raise NativeError("F16 prefill context", 0, "closed")
-        self._settle()  # the last prompt's cells leave first
         # Features are evaluated again beside the prompt (sequence 1): asked of sequence
         # 0's chunks they would make every token an output (the LM head over the whole
         # prompt: +40% first-token time on F32) and change the last token's logits. The
