@@ -151,6 +151,14 @@ class Plan:
     candidates: tuple[Candidate, ...] = field(default_factory=tuple)
 
     @property
+    def runs(self) -> str:
+        """The drafter the engine runs for this plan: a head is joined by drafts from memory
+        (they cost microseconds), except in DuoDecoding, whose drafts ahead are the head's."""
+        if self.drafter == "head":
+            return "head" if self.layout == "duodecoding" else "head+memory"
+        return self.drafter
+
+    @property
     def predicted_speedup(self) -> float:
         return self.predicted_tok_per_s / self.plain_tok_per_s if self.plain_tok_per_s else 1.0
 
@@ -168,6 +176,7 @@ class Plan:
     def to_json(self) -> dict:
         d = asdict(self)
         d["predicted_speedup"] = self.predicted_speedup
+        d["runs"] = self.runs
         d["layout_text"] = self.layout_text()
         return d
 

@@ -337,10 +337,8 @@ class Engine:
                 "draft_ahead": plan.layout == "duodecoding"}, draft_model=draft)
         if plan.drafter == "head" and head_dir is not None:
             budget = plan.budget
-            # Drafts from memory cost microseconds: they join the head's (except with
-            # DuoDecoding's drafts ahead, which are the head's alone).
             overlap = plan.layout == "duodecoding"
-            return DrafterSpec("head" if overlap else "head+memory", head_dir, plan.head_device,
+            return DrafterSpec(plan.runs, head_dir, plan.head_device,
                                {"mode": budget.mode, "depth": budget.depth,
                                 "top_k": budget.top_k,
                                 "draft_ahead": overlap})

@@ -175,11 +175,16 @@ def test_auto_prices_the_draft_model_and_drafts_with_it_when_it_pays(
         assert engine.costs.draft_sync_s["cpu"] >= 0
         drafts = [c for c in engine.plan.candidates if c.drafter == "draft"]
         assert drafts and drafts[0].layout == "cpu" and drafts[0].budget.mode == "multi"
-    # The same measurements with a draft model 20x cheaper than the target and a pair
-    # that was right almost every time: now it must be chosen.
+    # Costs set, not measured (a busy machine measures other ones): a verified batch as a
+    # quiet CPU prices it, a head as dear as the target, a draft model 20x cheaper than
+    # the target and a pair that was right almost every time: now it must be chosen.
     cache = json.loads((tmp_path / "calibration.json").read_text())
     (key, costs), = cache.items()
-    costs["draft_token_s"]["cpu"] = costs["verify_s"]["cpu"]["1"] / 20
+    one = costs["verify_s"]["cpu"]["1"]
+    costs["verify_s"]["cpu"] = {n: one * (1 + 0.15 * (int(n) - 1))
+                                for n in costs["verify_s"]["cpu"]}
+    costs["head_level_s"] = {dev: one for dev in costs["head_level_s"]}
+    costs["draft_token_s"]["cpu"] = one / 20
     (tmp_path / "calibration.json").write_text(json.dumps({key: costs}))
     record = DraftRecord(tmp_path)
     pair = pair_key(f32_model_path, model_path)

@@ -35,7 +35,7 @@ def test_live_steps_and_comparison_with_plain(qtbot, db: Path, model_path: Path)
     # What runs follows from the plan this machine's costs gave (a head only when the
     # planner chose one), and the dashboard shows the plan's layout.
     ready = w.engine_info
-    assert ready.drafter == ("head" if ready.plan["drafter"] == "head" else "memory")
+    assert ready.drafter == ready.plan["runs"]
     assert ready.plan["layout_text"] in w.dashboard.plan_layout.text()
     with qtbot.waitSignal(w.controller.comparison_finished, timeout=ANSWER_TIMEOUT_MS) as blocker:
         w.dashboard.compare_button.click()
