@@ -12,47 +12,20 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from engine.decoding.generation import GenerationConfig
 from engine.drafters import HEAD_DRAFTERS
 from engine.errors import ContextFullError
-from engine.generation import GenerationConfig
-from engine.planner import Overrides
+from engine.planning.planner import Overrides
+from engine.runtime.target import Target
 from engine.session import Engine, EngineConfig
-from engine.target import Target
+from training.spec_bench import BenchPrompt
 
 # (prompt tokens, max new tokens, remember the answer) -> one result row
 Runner = Callable[[list[int], int, bool], dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class BenchPrompt:
-    question_id: int | str
-    category: str
-    turns: list[str]
-
-
-def load_prompts(path: str | os.PathLike[str], per_category: int | None = None
-                 ) -> list[BenchPrompt]:
-    """Spec-Bench style JSONL (``question_id``, ``category``, ``turns``)."""
-    taken: dict[str, int] = defaultdict(int)
-    out = []
-    with open(path, encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                prompt = BenchPrompt(row["question_id"], row["category"], list(row["turns"]))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}:{line_no}: not a benchmark prompt ({exc})") from exc
-            if per_category is not None and taken[prompt.category] >= per_category:
-                continue
-            taken[prompt.category] += 1
-            out.append(prompt)
-    return out
 
 
 def parse_runner_spec(spec: str) -> tuple[str, Overrides]:

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from app.bench import Runner
-from engine.target import Target
+from engine.runtime.target import Target
 
 BASELINE_NAMES = ("lcp", "lcp-lookup")
 

@@ -14,8 +14,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from engine.model_store import data_dir
-from engine.sampling import CHAT_DEFAULTS
+from engine.decoding.sampling import CHAT_DEFAULTS
+from engine.hub.model_store import data_dir
 
 DB_FILE = "conversations.sqlite3"
 

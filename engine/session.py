@@ -23,35 +23,34 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.budget import (
+from engine.decoding.budget import (
     MAX_DRAFT,
     MAX_DRAFT_LIMIT,
     MAX_MEMORY_DRAFT,
     SpeculationGovernor,
     VerifyCostModel,
 )
-from engine.calibration import (
-    CalibrationCache,
-    CostProfile,
-    cache_key,
-    calibrate,
-    measure_verify_curve,
-)
-from engine.draft_compat import check_draft_model, read_vocab_facts
-from engine.draft_record import DraftRecord, pair_key
+from engine.decoding.generation import GenerationConfig, GenerationResult, generate
+from engine.decoding.stats import StepStats
 from engine.drafters import DRAFTER_NAMES, DrafterSpec, open_drafter
 from engine.drafters.base import Drafter
 from engine.drafters.draft_model import DraftModelDrafter
 from engine.drafters.head import check_head_fits, load_head_drafter
 from engine.drafters.memory import MemoryDrafter
 from engine.drafters.merged import MergedDrafter
+from engine.drafters.suffix_index import SuffixIndex, open_memory
 from engine.errors import InvalidSettingError, ModelLoadError, TandemError
-from engine.generation import GenerationConfig, GenerationResult, generate
-from engine.hardware import HardwareProfile, check_device, default_threads, probe_hardware
-from engine.kv_cache import KV_MODES, KV_TRADE_OFF
-from engine.model_info import ModelInfo, read_model_info
-from engine.model_store import data_dir, default_model_path, default_model_ready
-from engine.planner import (
+from engine.gguf.draft_compat import check_draft_model
+from engine.hub.model_store import data_dir, default_model_path, default_model_ready
+from engine.planning.calibration import (
+    CalibrationCache,
+    CostProfile,
+    cache_key,
+    calibrate,
+    measure_verify_curve,
+)
+from engine.planning.draft_record import DraftRecord, pair_key
+from engine.planning.planner import (
     DRAFT_MODEL_ACCEPTANCE,
     DraftModelFacts,
     HeadFacts,
@@ -59,9 +58,10 @@ from engine.planner import (
     Plan,
     choose_plan,
 )
-from engine.stats import StepStats
-from engine.suffix_index import SuffixIndex, open_memory
-from engine.target import Target, TargetConfig
+from engine.runtime.hardware import HardwareProfile, check_device, default_threads, probe_hardware
+from engine.runtime.kv_cache import KV_MODES, KV_TRADE_OFF
+from engine.runtime.model_info import ModelInfo, read_model_info, read_vocab_facts
+from engine.runtime.target import Target, TargetConfig
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class EngineConfig:
     recalibrate: bool = False
     cache_dir: Path | None = None  # calibration cache; None: the data directory's
     memory_dir: Path | None = None  # drafts' memory per model; None: the data directory's
-    kv_cache: str = "exact"  # "exact" or "fast" (engine.kv_cache.KV_TRADE_OFF says how)
+    kv_cache: str = "exact"  # "exact" or "fast" (engine.runtime.kv_cache.KV_TRADE_OFF says how)
     draft_model: Path | None = None  # the GGUF the "draft" drafter runs
 
     def __post_init__(self) -> None:
@@ -369,7 +369,7 @@ class Engine:
         """Generate after ``prompt`` (tokens) with the engine's drafter and budget, or
         with none when ``plain``; the cost model learns across generations, and a drafter
         with memory keeps the answer (saved at once) unless ``remember`` is False.
-        Raises what ``engine.generation.generate`` raises."""
+        Raises what ``engine.decoding.generation.generate`` raises."""
         config = replace(config or GenerationConfig(),
                          max_draft=0 if plain else self.max_draft)
         result = generate(self.target, prompt, None if plain else self.drafter, config,

@@ -25,14 +25,14 @@ def tandem_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def model_path(tandem_home: Path) -> Path:
-    from engine.model_store import default_model_path
+    from engine.hub.model_store import default_model_path
 
     return default_model_path()
 
 
 @pytest.fixture(scope="session")
 def target(model_path: Path):
-    from engine.target import Target, TargetConfig
+    from engine.runtime.target import Target, TargetConfig
 
     with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2)) as t:
         yield t
@@ -65,7 +65,7 @@ def pick_per_category(dev_prompts: list[dict], per_category: int) -> list[dict]:
 
 def plain_answers(target, rows: list[dict], max_tokens: int) -> dict:  # noqa: ANN001
     """question id -> (first-turn prompt tokens, plain greedy answer tokens)."""
-    from engine.generation import GenerationConfig, generate
+    from engine.decoding.generation import GenerationConfig, generate
 
     plain = {}
     for row in rows:
@@ -85,8 +85,8 @@ def drafted_equals_plain(target, drafter, rows: list[dict], plain: dict,  # noqa
     node is verified (the tree paths, not only what the budget keeps); else the budget
     trims by this machine's measured costs, as in use. ``after(prompt, result)`` runs
     after each row."""
-    from engine.budget import VerifyCostModel
-    from engine.generation import GenerationConfig, generate
+    from engine.decoding.budget import VerifyCostModel
+    from engine.decoding.generation import GenerationConfig, generate
 
     outs = []
     for row in rows:
@@ -106,9 +106,9 @@ def second_token_counts(target, prompt: list[int], drafter, n_runs: int,  # noqa
     """How often each token comes second in a 3-token sampled answer (temperature 1,
     top-k 50), plain and with ``drafter`` (other seeds, verification priced free so
     every drafted node is judged), and how many draft tokens were proposed."""
-    from engine.budget import VerifyCostModel
-    from engine.generation import GenerationConfig, generate
-    from engine.sampling import SamplingParams
+    from engine.decoding.budget import VerifyCostModel
+    from engine.decoding.generation import GenerationConfig, generate
+    from engine.decoding.sampling import SamplingParams
 
     plain = np.zeros(target.n_vocab)
     spec = np.zeros(target.n_vocab)
@@ -134,7 +134,7 @@ def second_turn(target, row: dict, first: list[int], max_tokens: int
     answer with the first turn in the cache, as in a chat. (From a cold cache it may
     differ at a near-tie: a long prompt's cells come from the F16 prefill context,
     while a warm cache holds the first answer as decoding wrote it.)"""
-    from engine.generation import GenerationConfig, generate
+    from engine.decoding.generation import GenerationConfig, generate
 
     messages = [{"role": "user", "content": row["turns"][0]},
                 {"role": "assistant", "content": target.detokenize(first)},
@@ -150,7 +150,7 @@ def f32_model_path(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -
     """The bundled model's weights in F32: the same vocabulary and answers' model, but
     memory-bound like a 7B on a laptop (where verifying a batch is cheap), and a real
     target for the bundled Q4_0 as its draft model."""
-    from engine.convert import convert
+    from engine.hub.convert import convert
 
     path = tmp_path_factory.mktemp("f32") / "SmolLM2-135M-Instruct.F32.gguf"
     return convert(model_path, path, "f32", 2)
@@ -158,7 +158,7 @@ def f32_model_path(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="session")
 def f32_target(f32_model_path: Path):
-    from engine.target import Target, TargetConfig
+    from engine.runtime.target import Target, TargetConfig
 
     with Target(f32_model_path, TargetConfig(n_ctx=2048, n_threads=2)) as t:
         yield t

@@ -15,6 +15,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from app.cli import main
+from engine.decoding.generation import GenerationConfig
+from engine.decoding.sampling import SamplingParams
 from engine.drafters import DEFAULT_HEAD_DIR
 from engine.errors import (
     ContextFullError,
@@ -24,9 +26,7 @@ from engine.errors import (
     ModelLoadError,
     TandemError,
 )
-from engine.generation import GenerationConfig
-from engine.planner import Overrides
-from engine.sampling import SamplingParams
+from engine.planning.planner import Overrides
 from engine.session import Engine, EngineConfig
 from tests.hub_server import write_tiny_gguf
 

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from app.bench import BenchPrompt, run_bench
-from engine.suffix_index import open_memory
+from app.bench import run_bench
+from engine.drafters.suffix_index import open_memory
 from tests.conftest import DEV_PROMPTS
 from tests.test_cli import _tandem
+from training.spec_bench import BenchPrompt
 
 
 def test_first_token_and_decode_are_each_the_fastest_of_their_runs(target):

@@ -81,7 +81,7 @@ def test_bench_writes_results_and_resumes(tandem_home, model_path, tmp_path):
 
 
 def test_invalid_utf8_in_a_prompt_is_replaced_not_a_codec_error(tandem_home, model_path):
-    from engine.native import utf8_bytes
+    from engine.runtime.native import utf8_bytes
 
     assert utf8_bytes("caf\udce9 ok") == "caf\ufffd ok".encode()  # argv's escape of 0xE9
     assert utf8_bytes("a\ud800b").decode() == "a\ufffd\ufffd\ufffdb"  # a lone surrogate

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.convert import ConvertError, convert, converted_path
 from engine.errors import ModelLoadError
+from engine.hub.convert import ConvertError, convert, converted_path
 
 
 def _tandem(*args: str, home: Path) -> subprocess.CompletedProcess:

@@ -10,14 +10,15 @@ import json
 
 import pytest
 
-from engine.draft_compat import check_draft_model, mismatches, read_vocab_facts
-from engine.draft_record import DraftRecord, pair_key
+from engine.decoding.generation import GenerationConfig, generate
+from engine.decoding.stats import StepStats
 from engine.drafters.draft_model import DraftModelConfig, DraftModelDrafter
 from engine.errors import IncompatibleDraftError
-from engine.generation import GenerationConfig, generate
-from engine.planner import DRAFT_MODEL_ACCEPTANCE
+from engine.gguf.draft_compat import check_draft_model, mismatches
+from engine.planning.draft_record import DraftRecord, pair_key
+from engine.planning.planner import DRAFT_MODEL_ACCEPTANCE
+from engine.runtime.model_info import read_vocab_facts
 from engine.session import Engine, EngineConfig
-from engine.stats import StepStats
 from tests.conftest import drafted_equals_plain, pick_per_category, plain_answers, second_turn
 from tests.hub_server import write_tiny_gguf
 
@@ -103,7 +104,7 @@ def test_a_second_turn_reuses_the_draft_cache(f32_target, model_path, prompts_an
 
 
 def test_sampling_with_a_draft_model_keeps_the_target_distribution(f32_target, model_path):
-    from engine.sampling import SamplingParams
+    from engine.decoding.sampling import SamplingParams
 
     from .stats_helpers import two_sample_z
 

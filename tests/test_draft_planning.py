@@ -9,17 +9,17 @@ from dataclasses import replace
 
 import pytest
 
-from engine.calibration import CostProfile
-from engine.draft_record import PRIOR_STEPS, DraftRecord, depth_counts
-from engine.hardware import load_profile
-from engine.planner import (
+from engine.decoding.stats import StepStats
+from engine.planning.calibration import CostProfile
+from engine.planning.draft_record import PRIOR_STEPS, DraftRecord, depth_counts
+from engine.planning.planner import (
     DRAFT_MODEL_ACCEPTANCE,
     DraftModelFacts,
-    ModelFacts,
     Overrides,
     choose_plan,
 )
-from engine.stats import StepStats
+from engine.runtime.hardware import load_profile
+from engine.runtime.model_info import ModelFacts
 from tests.conftest import PROFILES
 from tests.test_planner import HEAD, costs
 
@@ -141,7 +141,7 @@ LIKELY = (0.75, 0.72, 0.7, 0.68, 0.66, 0.64, 0.62, 0.6)
 
 
 def measured(name: str):  # noqa: ANN201
-    from engine.measured_profile import load_measured_profile
+    from engine.planning.measured_profile import load_measured_profile
 
     return load_measured_profile(PROFILES / f"measured_{name}_epyc_2core.json")
 

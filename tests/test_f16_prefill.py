@@ -9,11 +9,11 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from engine import kv_transfer
-from engine.draft_tree import DraftTree
-from engine.generation import GenerationConfig, generate
-from engine.native import NativeContext
-from engine.target import F16_PREFILL_MIN_TOKENS, Target, TargetConfig
+from engine.decoding.generation import GenerationConfig, generate
+from engine.runtime import kv_transfer
+from engine.runtime.draft_tree import DraftTree
+from engine.runtime.native import NativeContext
+from engine.runtime.target import F16_PREFILL_MIN_TOKENS, Target, TargetConfig
 
 
 @pytest.fixture(scope="module")
@@ -203,10 +203,10 @@ def test_a_failed_move_falls_back_to_the_q8_0_prefill(model_path, long_prompts, 
         first = int(want_first.argmax())
         want_next = t.verify(first, DraftTree()).logits[0].copy()
     real = kv_transfer.f16_to_q8_0_keys
-    monkeypatch.setattr("engine.target.f16_to_q8_0_keys",
+    monkeypatch.setattr("engine.runtime.target.f16_to_q8_0_keys",
                         lambda blob, *a, **k: real(blob, *a, **k)[:-1000])  # cut short
     with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2)) as t:
-        with caplog.at_level(logging.WARNING, logger="engine.target"):
+        with caplog.at_level(logging.WARNING, logger="engine.runtime.target"):
             got_first = t.prefill(prompt).logits
             assert not caplog.text  # the move waits for the first use of the cache
             assert int(got_first.argmax()) == first

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from engine.decoding.generation import GenerationConfig, generate
 from engine.drafters.lookup import PromptLookupDrafter
 from engine.errors import ContextFullError, InvalidSamplingError
-from engine.generation import GenerationConfig, generate
 
 COUNT = [{"role": "user", "content": "Count from 1 to 30, separated by commas."}]
 COPY = [{"role": "user", "content": "Repeat this sentence three times: the quick brown fox "
@@ -84,7 +84,7 @@ def test_context_full_prompt_is_refused_and_engine_survives(fresh_target):
 
 
 def test_generation_stops_cleanly_when_the_context_fills(model_path):
-    from engine.target import Target, TargetConfig
+    from engine.runtime.target import Target, TargetConfig
 
     with Target(model_path, TargetConfig(n_ctx=96, n_threads=2)) as t:
         prompt = t.chat_prompt(COUNT)

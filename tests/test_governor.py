@@ -3,7 +3,7 @@ pays; losing probes stay under ~1% of the time."""
 
 from __future__ import annotations
 
-from engine.budget import SpeculationGovernor
+from engine.decoding.budget import SpeculationGovernor
 
 T1 = 0.008  # seconds per plain token
 

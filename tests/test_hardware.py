@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-import engine.hardware as hardware
-from engine.hardware import GpuInfo, HardwareProfile, load_profile, probe_hardware
+import engine.runtime.hardware as hardware
+from engine.runtime.hardware import GpuInfo, HardwareProfile, load_profile, probe_hardware
 
 PROFILES = sorted((Path(__file__).parent / "profiles").glob("*.json"))
 # Hardware profiles only: not calibration costs, not measured model profiles.

@@ -10,11 +10,11 @@ import shutil
 import numpy as np
 import pytest
 
-from engine.budget import VerifyCostModel
+from engine.decoding.budget import VerifyCostModel
+from engine.decoding.generation import GenerationConfig, generate
+from engine.decoding.sampling import SamplingParams
 from engine.drafters import DEFAULT_HEAD_DIR, make_drafter
 from engine.errors import IncompatibleDraftError
-from engine.generation import GenerationConfig, generate
-from engine.sampling import SamplingParams
 from tests.conftest import (
     drafted_equals_plain,
     pick_per_category,
@@ -157,7 +157,7 @@ def test_saved_and_reloaded_head_drafts_the_same(target, tmp_path):
 def test_short_training_run_on_real_data_lowers_the_loss(model_path, tmp_path):
     import torch
 
-    from engine.model_info import read_model_info
+    from engine.runtime.model_info import read_model_info
     from models.draft_head import DraftHead
     from models.gguf_weights import target_for_head
     from training.distill_data import BuildConfig, build, load_samples

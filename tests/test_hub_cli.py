@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.models_cli import main
+from app.cli.models import main
 from tests.hub_server import HEAD_REPO, TARGET_REPO, FakeHub, standard_repos, write_tiny_gguf
 
 

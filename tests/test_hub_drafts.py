@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.gguf_header import GGUFFacts
+from engine.gguf.header import GGUFFacts
+from engine.gguf.vocab_header import read_file_vocab
 from engine.hub.download import Downloader
 from engine.hub.draft_catalog import KNOWN_DRAFTS, load_draft_catalog, matching_pairs
 from engine.hub.draft_pairing import (
@@ -26,7 +27,6 @@ from engine.hub.local_models import LocalModel, ModelRegistry
 from engine.hub.remote_header import read_remote_header
 from engine.hub.repo_pairing import pair_repo
 from engine.hub.search import list_repo
-from engine.vocab_header import read_file_vocab
 from tests.draft_repos import (
     BY_HEADER,
     CATALOG_DRAFT,

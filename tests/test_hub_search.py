@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import HubServerError, NetworkUnavailableError
-from engine.gguf_header import read_facts_prefix
+from engine.gguf.header import read_facts_prefix
 from engine.hub.catalog import HeadPair, matching_heads
 from engine.hub.fit import FITS_GPU, FITS_RAM, TOO_LARGE, MachineMemory, estimate_fit
 from engine.hub.quant import group_shards, parse_quant

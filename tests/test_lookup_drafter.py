@@ -1,8 +1,8 @@
 import pytest
 
-from engine.budget import VerifyCost, VerifyCostModel, best_node_count, trim_to_budget
-from engine.draft_tree import DraftTree
+from engine.decoding.budget import VerifyCost, VerifyCostModel, best_node_count, trim_to_budget
 from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
+from engine.runtime.draft_tree import DraftTree
 
 
 def test_proposes_what_followed_the_last_ngram():

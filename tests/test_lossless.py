@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.draft_tree import DraftTree
+from engine.decoding.generation import GenerationConfig, generate
 from engine.drafters.base import Drafter
 from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
 from engine.drafters.memory import MemoryDrafter
-from engine.generation import GenerationConfig, generate
+from engine.runtime.draft_tree import DraftTree
 from tests.conftest import drafted_equals_plain, pick_per_category, plain_answers, second_turn
 
 MAX_TOKENS = 40

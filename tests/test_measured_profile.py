@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from app.cli import main
-from engine.gguf_header import read_file_facts
-from engine.measured_profile import load_measured_profile, measure_profile
-from engine.model_shapes import SHAPES, shape_named
+from engine.gguf.header import read_file_facts
+from engine.gguf.model_shapes import SHAPES, shape_named
+from engine.gguf.synthetic import write_synthetic_gguf
+from engine.planning.measured_profile import load_measured_profile, measure_profile
+from engine.runtime.target import Target, TargetConfig
 from engine.session import check_first_forward
-from engine.synthetic_gguf import write_synthetic_gguf
-from engine.target import Target, TargetConfig
 from tests.conftest import PROFILES
 
 MEASURED = sorted(PROFILES.glob("measured_*.json"))
@@ -44,7 +44,7 @@ def test_unknown_shapes_are_named():
 
 
 def test_a_small_profile_is_measured_and_round_trips(model_path, tmp_path):
-    from engine.hardware import probe_hardware
+    from engine.runtime.hardware import probe_hardware
 
     profile = measure_profile(SHAPES["smollm2-135m"], [SHAPES["smollm2-135m"]],
                               tmp_path / "work", model_path, probe_hardware(), 2,

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from engine.drafters.memory import MemoryConfig, MemoryDrafter
-from engine.suffix_index import (
+from engine.drafters.suffix_index import (
     FORMAT_VERSION,
     IndexConfig,
     MemoryFileError,
@@ -320,8 +320,9 @@ def test_a_repeated_bench_run_never_drafts_from_its_own_answer(model_path, tmp_p
     """With --repeat, a prompt's answer enters the memory once, after its last run, so
     every run drafts from what the earlier prompts left (a repeat that found its own
     answer copied it whole and made the figures meaningless)."""
-    from app.bench import BenchPrompt, engine_runner, run_bench
+    from app.bench import engine_runner, run_bench
     from engine.session import Engine, EngineConfig
+    from training.spec_bench import BenchPrompt
 
     config = EngineConfig(model_path=model_path, drafter="memory", n_ctx=1024, n_threads=2,
                           cache_dir=tmp_path, memory_dir=tmp_path / "memory")

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.draft_tree import DraftTree
 from engine.drafters import make_drafter
 from engine.drafters.merged import MergedDrafter, merge_trees
+from engine.runtime.draft_tree import DraftTree
 from tests.conftest import (
     drafted_equals_plain,
     pick_per_category,

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.decoding.generation import GenerationConfig, generate
+from engine.decoding.sampling import CHAT_DEFAULTS, SamplingParams, penalised, target_distribution
 from engine.drafters.memory import MemoryDrafter
 from engine.errors import InvalidSamplingError
-from engine.generation import GenerationConfig, generate
-from engine.sampling import CHAT_DEFAULTS, SamplingParams, penalised, target_distribution
 from tests.conftest import pick_per_category
 from tests.test_lossless import NoisyDrafter
 

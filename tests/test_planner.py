@@ -12,15 +12,15 @@ from dataclasses import replace
 
 import pytest
 
-from engine.calibration import CostProfile
-from engine.hardware import load_profile
-from engine.planner import (
+from engine.planning.calibration import CostProfile
+from engine.planning.planner import (
     HeadFacts,
-    ModelFacts,
     Overrides,
     choose_plan,
     expected_tokens,
 )
+from engine.runtime.hardware import load_profile
+from engine.runtime.model_info import ModelFacts
 from tests.conftest import PROFILES
 
 GB = 1024**3

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.acceptance import accept_coupled, accept_sampling
-from engine.draft_tree import DraftTree
+from engine.decoding.acceptance import accept_coupled, accept_sampling
+from engine.decoding.generation import GenerationConfig, generate
+from engine.decoding.sampling import SamplingParams, target_distribution
 from engine.drafters.base import Drafter
-from engine.generation import GenerationConfig, generate
-from engine.sampling import SamplingParams, target_distribution
+from engine.runtime.draft_tree import DraftTree
 
 from .stats_helpers import chi_square_z, two_sample_z
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.acceptance import accept_greedy, accept_one_level, accept_sampling
+from engine.decoding.acceptance import accept_greedy, accept_one_level, accept_sampling
+from engine.decoding.sampling import SamplingParams, sample, target_distribution
 from engine.errors import InvalidSamplingError
-from engine.sampling import SamplingParams, sample, target_distribution
 
 
 @pytest.mark.parametrize("kwargs", [

@@ -9,13 +9,13 @@ import shutil
 import pytest
 import torch
 
-from engine.budget import VerifyCostModel
-from engine.calibration import CalibrationCache, CostProfile, cache_key
+from engine.decoding.budget import VerifyCostModel
+from engine.decoding.generation import GenerationConfig, generate
 from engine.drafters import DEFAULT_HEAD_DIR, make_drafter
 from engine.errors import ClosedError
-from engine.generation import GenerationConfig, generate
-from engine.hardware import load_profile, probe_hardware
-from engine.planner import LAYOUTS, Overrides
+from engine.planning.calibration import CalibrationCache, CostProfile, cache_key
+from engine.planning.planner import LAYOUTS, Overrides
+from engine.runtime.hardware import load_profile, probe_hardware
 from engine.session import Engine, EngineConfig
 from tests.conftest import PROFILES
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.draft_tree import DraftTree
 from engine.errors import ContextFullError, ModelLoadError
-from engine.target import Target, TargetConfig
+from engine.runtime.draft_tree import DraftTree
+from engine.runtime.target import Target, TargetConfig
 
 PROMPT = [{"role": "user", "content": "List three colours of the rainbow."}]
 

@@ -1,4 +1,4 @@
-from engine.text_stream import TextStream
+from engine.runtime.text_stream import TextStream
 
 
 def test_multibyte_characters_are_released_whole():

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from gguf import GGUFValueType
 
-from engine.draft_compat import check_draft_model, mismatches, read_vocab_facts, unchecked
 from engine.errors import IncompatibleDraftError
-from engine.vocab_header import header_vocab, read_file_vocab, read_section
+from engine.gguf.draft_compat import check_draft_model, mismatches, unchecked
+from engine.gguf.vocab_header import header_vocab, read_file_vocab, read_section
+from engine.runtime.model_info import read_vocab_facts
 from tests.vocab_gguf import Fields, other_vocab, write_vocab_gguf
 
 

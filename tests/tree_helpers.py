@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.draft_tree import DraftTree
+from engine.runtime.draft_tree import DraftTree
 
 
 def assert_well_formed(tree: DraftTree) -> None:

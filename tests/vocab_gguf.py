@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.synthetic_gguf import Fields, tokenizer_fields
+from engine.gguf.synthetic import Fields, tokenizer_fields
 
 
 def write_vocab_gguf(path: Path, tokenizer_from: Path, *, name: str = "Tiny SmolLM2",

@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engine.decoding.generation import GenerationConfig, generate
 from engine.drafters.head import HeadDrafter, HeadDrafterConfig
-from engine.generation import GenerationConfig, generate
-from engine.target import Target, TargetConfig
+from engine.runtime.target import Target, TargetConfig
 
 # The bundled head's data: samples from the first 1408 usable ShareGPT exchanges (its
 # report), the last 96 held out for its eval. Built 8 at a time in order of completion, so
@@ -155,7 +155,7 @@ def measure(target: Target, drafter: HeadDrafter, text: Text, report: SourceRepo
 
 def dev_texts(target: Target, path: Path, per_category: int, max_tokens: int
               ) -> Iterator[Text]:
-    from app.bench import load_prompts
+    from training.spec_bench import load_prompts
 
     for row in load_prompts(path, per_category):
         yield _greedy(target, f"dev:{row.category}",
@@ -199,7 +199,7 @@ def _greedy(target: Target, source: str, messages: list[dict[str, str]], max_tok
 def main(argv: list[str] | None = None) -> int:
     from engine.drafters import target_fingerprint
     from engine.drafters.head import load_head_drafter
-    from engine.model_store import default_model_path
+    from engine.hub.model_store import default_model_path
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, default=None)

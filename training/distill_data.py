@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.target import Target, TargetConfig
+from engine.runtime.target import Target, TargetConfig
 from training.sharegpt import Conversation
 
 _CHUNK = 512  # tokens per decode

@@ -106,7 +106,7 @@ def head_config_for(target: Path, shape: HeadShape, fingerprint) -> HeadConfig: 
 def run(job: TrainDraftJob, progress: Progress | None = None) -> dict:
     """Build data, train, evaluate and save the head in ``job.out_dir``; returns the
     report (also written there as ``train_report.json``)."""
-    from engine.model_info import read_model_info
+    from engine.runtime.model_info import read_model_info
     from models.gguf_weights import target_for_head
 
     progress = progress or Progress()

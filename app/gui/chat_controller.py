@@ -33,9 +33,9 @@ from app.gui.engine_worker import (
 )
 from app.gui.loop_monitor import LoopLagMonitor
 from app.gui.transcript_model import TranscriptModel
+from engine.decoding.sampling import SamplingParams
+from engine.decoding.stats import GenerationStats
 from engine.errors import InvalidSamplingError
-from engine.sampling import SamplingParams
-from engine.stats import GenerationStats
 
 TITLE_CHARS = 48
 

@@ -25,8 +25,8 @@ from app.gui.engine_worker import Comparison, EngineReady, GenerationOutcome, St
 from app.gui.loop_monitor import LoopLag
 from app.gui.resource_sampler import ResourceSampler
 from app.gui.token_view import TokenView
-from engine.budget import MAX_DRAFT_LIMIT
-from engine.stats import GenerationStats
+from engine.decoding.budget import MAX_DRAFT_LIMIT
+from engine.decoding.stats import GenerationStats
 
 
 @dataclass(frozen=True)
@@ -241,6 +241,6 @@ def _sentence(text: str) -> str:
 
 
 def _budget_text(budget: dict) -> str:
-    from engine.planner import Budget
+    from engine.planning.planner import Budget
 
     return Budget(**budget).describe()

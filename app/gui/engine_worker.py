@@ -20,14 +20,14 @@ from typing import TypeVar
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-from engine.budget import MAX_DRAFT
+from engine.decoding.budget import MAX_DRAFT
+from engine.decoding.generation import GenerationConfig, GenerationResult
+from engine.decoding.sampling import SamplingParams
+from engine.decoding.stats import GenerationStats, StepStats
 from engine.errors import ContextFullError, InvalidSamplingError, TandemError
-from engine.generation import GenerationConfig, GenerationResult
-from engine.planner import Overrides
-from engine.sampling import SamplingParams
+from engine.planning.planner import Overrides
+from engine.runtime.target import Target
 from engine.session import Engine, EngineConfig
-from engine.stats import GenerationStats, StepStats
-from engine.target import Target
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -47,7 +47,7 @@ class EngineChoice:
     max_draft: int = MAX_DRAFT
     n_ctx: int | None = None  # None: the engine's default for the model
     n_threads: int | None = None
-    kv_cache: str = "exact"  # or "fast" (engine.kv_cache.KV_TRADE_OFF)
+    kv_cache: str = "exact"  # or "fast" (engine.runtime.kv_cache.KV_TRADE_OFF)
     draft_model: Path | None = None
 
 
@@ -63,7 +63,8 @@ class EngineReady:
     n_threads: int
     max_draft: int
     gpu: str | None  # the CUDA device name, None when torch sees no GPU
-    plan: dict | None = None  # the planner's decision (engine.planner.Plan.to_json) for auto
+    # The planner's decision (engine.planning.planner.Plan.to_json), for auto.
+    plan: dict | None = None
     kv_cache: str = ""  # the KV cache setting and its trade-off, in words
 
 

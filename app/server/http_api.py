@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from app.server.lane import EngineLane, Job
 from app.server.schema import ApiError, CompletionRequest, Limits, parse_request
-from engine.generation import GenerationResult
+from engine.decoding.generation import GenerationResult
 from engine.session import Engine
 
 # While a request waits for the model, how often to look for a client that left.

@@ -17,8 +17,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from app.server.schema import ApiError, CompletionRequest
+from engine.decoding.generation import GenerationConfig, GenerationResult
 from engine.errors import ContextFullError, TandemError
-from engine.generation import GenerationConfig, GenerationResult
 from engine.session import Engine
 
 log = logging.getLogger(__name__)

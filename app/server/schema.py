@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from engine.decoding.sampling import CHAT_DEFAULTS, SamplingParams
 from engine.errors import InvalidSamplingError
-from engine.sampling import CHAT_DEFAULTS, SamplingParams
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP_STRINGS = 4

@@ -15,7 +15,7 @@ import uvicorn
 from app.server.http_api import ServerState, make_app
 from app.server.lane import EngineLane
 from app.server.schema import Limits
-from engine.generation import GenerationResult
+from engine.decoding.generation import GenerationResult
 from engine.session import Engine
 
 DEFAULT_PORT = 8080

@@ -1,8 +1,12 @@
-"""The one drafter factory: every entry point (CLI, bench, app, calibration) asks here.
+"""Every drafter (memory, prompt lookup, draft head, draft model, head and memory merged),
+the suffix index drafts from memory read, and the one drafter factory: every entry point
+(CLI, bench, app, calibration) asks here.
 
 ``open_drafter`` builds what was asked and falls back with one policy, each step's
 reason kept as a note: the head on its GPU, then on the CPU, then drafts from memory; a
 drafter that cannot be built at all means plain decoding.
+
+May import: ``engine.runtime``, ``engine.gguf``, ``engine.errors``, ``models``.
 """
 
 from __future__ import annotations
@@ -15,10 +19,10 @@ from typing import TYPE_CHECKING
 from engine.drafters.base import Drafter
 from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
 from engine.drafters.memory import MemoryDrafter
-from engine.suffix_index import SuffixIndex
+from engine.drafters.suffix_index import SuffixIndex
 
 if TYPE_CHECKING:
-    from engine.target import Target
+    from engine.runtime.target import Target
     from models.head_config import TargetFingerprint
 
 log = logging.getLogger(__name__)
@@ -96,12 +100,13 @@ def open_draft_model(path: Path | None, target: Target,
     ``options``: ``depth`` (tokens per sequence at most), ``n_gpu_layers``,
     ``draft_ahead`` (draft the next chain while the target verifies). Raises
     ValueError (no path), ModelLoadError, IncompatibleDraftError."""
-    from engine.draft_compat import check_draft_model, read_vocab_facts, vocab_facts
     from engine.drafters.draft_model import DraftModelConfig, DraftModelDrafter
+    from engine.gguf.draft_compat import check_draft_model
+    from engine.runtime.model_info import read_vocab_facts
 
     if path is None:
         raise ValueError("the draft drafter needs a draft model (--draft-model PATH)")
-    check_draft_model(read_vocab_facts(path), vocab_facts(target.model))
+    check_draft_model(read_vocab_facts(path), target.model.vocab_facts())
     options = options or {}
     config = DraftModelConfig(max_depth=int(options.get("depth", DraftModelConfig.max_depth)),
                               draft_ahead=bool(options.get("draft_ahead", False)))

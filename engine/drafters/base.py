@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from engine.draft_tree import DraftTree
+from engine.runtime.draft_tree import DraftTree
 
 
 class Drafter(ABC):

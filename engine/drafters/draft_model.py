@@ -30,10 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.draft_tree import DraftTree
 from engine.drafters.base import Drafter
-from engine.native import NativeBatch, NativeContext, NativeModel
-from engine.sequences import common_prefix_length
+from engine.runtime.draft_tree import DraftTree
+from engine.runtime.native import NativeBatch, NativeContext, NativeModel
+from engine.runtime.sequences import common_prefix_length
 
 PREFILL_BATCH = 256  # tokens the draft model evaluates per decode when catching up
 

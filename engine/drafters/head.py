@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.draft_tree import DraftTree
 from engine.drafters.base import Drafter
 from engine.errors import IncompatibleDraftError
-from engine.sequences import common_prefix_length
+from engine.runtime.draft_tree import DraftTree
+from engine.runtime.sequences import common_prefix_length
 from models.draft_head import DraftHead, KVBuffer
 from models.eagle1_config import is_eagle1_dir, read_eagle1_config
 from models.gguf_weights import TargetForHead, target_for_head
@@ -529,7 +529,7 @@ def load_head_drafter(head_dir: Path, model_path: Path, target: TargetFingerprin
         if eagle1:
             keep: frozenset[int] = frozenset()
             if draft_vocab_size:  # the end tokens stay draftable in any subset
-                from engine.model_info import read_model_info
+                from engine.runtime.model_info import read_model_info
 
                 keep = read_model_info(model_path).eog_ids
             head = load_eagle1(Path(head_dir), embed, lm_head, device, draft_vocab_size, keep)

@@ -6,7 +6,7 @@ differently become sibling branches of a small tree.
 
 Each proposed node carries an estimate of its chance of being accepted, learnt online
 from how the target treated earlier drafts with the same n-gram length, depth and
-branch rank; the budget (``engine.budget``) then verifies only the nodes that pay for
+branch rank; the budget (``engine.decoding.budget``) then verifies only the nodes that pay for
 their verification time. Learnt rates survive across generations of one drafter.
 """
 
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.draft_tree import DraftTree
 from engine.drafters.base import Drafter
+from engine.runtime.draft_tree import DraftTree
 
 NodeKey = tuple[int, int, bool]  # (n-gram length, depth, first branch)
 

@@ -13,7 +13,7 @@ depth): how often such nodes were accepted relative to their frequency. Where th
 was matters: an answer repeating itself (a model looping) goes on far more reliably than
 a summary copying its prompt, which drifts off after a few tokens. A ``LocalCalibration``
 then follows this conversation, so the scores become acceptance probabilities the budget
-(``engine.budget``) can trust. Learnt rates survive across generations of one drafter.
+(``engine.decoding.budget``) can trust. Learnt rates survive across generations of one drafter.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.draft_tree import DraftTree
 from engine.drafters.base import Drafter
 from engine.drafters.lookup import AcceptanceRates, LocalCalibration
-from engine.suffix_index import IndexConfig, Speculation, SuffixIndex
+from engine.drafters.suffix_index import IndexConfig, Speculation, SuffixIndex
+from engine.runtime.draft_tree import DraftTree
 
 REQUEST, MEMORY = 0, 1  # the two indexes
 # Where a match was found, in the calibration key: this request's prompt, this answer

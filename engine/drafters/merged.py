@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.draft_tree import DraftTree
 from engine.drafters.base import Drafter
+from engine.runtime.draft_tree import DraftTree
 
 
 def merge_trees(trees: list[DraftTree], max_tokens: int) -> DraftTree:

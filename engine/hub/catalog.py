@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.gguf_header import GGUFFacts
+from engine.gguf.header import GGUFFacts
 from engine.hub.remote import call_api, fetch_prefix, make_api, resolve_url
 from engine.hub.search import RemoteFile, list_repo
 from models.head_config import HeadConfig, TargetFingerprint

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.gguf_header import GGUFFacts
+from engine.gguf.header import GGUFFacts
 
 log = logging.getLogger(__name__)
 

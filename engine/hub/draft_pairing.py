@@ -14,19 +14,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.draft_compat import VocabFacts, describe, mismatches, unchecked
 from engine.errors import TandemError
-from engine.gguf_header import GGUFFacts
+from engine.gguf.draft_compat import VocabFacts, describe, mismatches, unchecked
+from engine.gguf.header import GGUFFacts
+from engine.gguf.vocab_header import read_file_header
 from engine.hub.draft_catalog import DraftPair
 from engine.hub.local_models import ModelRegistry
 from engine.hub.remote_header import MAX_HEADER_BYTES, read_remote_header
 from engine.hub.search import GGUFChoice, list_repo
-from engine.vocab_header import read_file_header
 
 log = logging.getLogger(__name__)
 
 MAX_DRAFT_FRACTION = 0.25  # of the target's bytes: what a draft may weigh at most
-# engine.model_store.PREPARED_FILE, in the registry's folder (not imported: that module
+# engine.hub.model_store.PREPARED_FILE, in the registry's folder (not imported: that module
 # loads llama.cpp, which listing models does not need).
 BUNDLED_DRAFT_FILE = "SmolLM2-135M-Instruct.Q4_0.gguf"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from engine.gguf_header import GGUFFacts
-from engine.kv_cache import kv_cache_bytes
+from engine.gguf.header import GGUFFacts
+from engine.runtime.kv_cache import kv_cache_bytes
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class MachineMemory:
 def machine_memory() -> MachineMemory:
     """RAM and the free VRAM of the roomiest GPU, from the engine's one hardware probe.
     Never raises: a failing GPU probe means no GPU."""
-    from engine.hardware import probe_hardware
+    from engine.runtime.hardware import probe_hardware
 
     hw = probe_hardware()
     gpu = hw.best_gpu

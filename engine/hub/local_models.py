@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine.gguf_check import check_gguf
+from engine.gguf.check import check_gguf
 from engine.hub.quant import parse_quant
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,7 @@ REGISTRY_FILE = "models.json"
 
 
 def default_registry_path() -> Path:
-    """``<Tandem data dir>/models/models.json``. Same rule as engine.model_store.data_dir,
+    """``<Tandem data dir>/models/models.json``. Same rule as engine.hub.model_store.data_dir,
     repeated here because importing that module loads llama.cpp."""
     import platformdirs
 

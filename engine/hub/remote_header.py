@@ -3,18 +3,18 @@
 The token list sits in the header, after the architecture keys: a few MiB for large
 vocabularies (Gemma 3's 262k tokens, Llama 3's 280k merges before the BOS/EOS keys).
 The read starts small and grows until the metadata is complete or a cap is reached;
-a header cut by the cap still says what it can (see engine.vocab_header)."""
+a header cut by the cap still says what it can (see engine.gguf.vocab_header)."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 
-from engine.draft_compat import VocabFacts
-from engine.gguf_header import GGUFFacts, facts_from_kv
+from engine.gguf.draft_compat import VocabFacts
+from engine.gguf.header import GGUFFacts, facts_from_kv
+from engine.gguf.vocab_header import header_vocab, read_section
 from engine.hub.remote import fetch_prefix, fetch_range, resolve_url
 from engine.hub.search import GGUFChoice
-from engine.vocab_header import header_vocab, read_section
 
 log = logging.getLogger(__name__)
 

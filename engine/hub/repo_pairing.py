@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from engine.gguf_header import GGUFFacts
+from engine.gguf.header import GGUFFacts
 from engine.hub.catalog import KNOWN_HEADS, HeadChoice, HeadPair, matching_heads
 from engine.hub.draft_catalog import KNOWN_DRAFTS, DraftPair, matching_pairs
 from engine.hub.draft_pairing import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from engine.gguf_header import GGUFFacts, read_facts_prefix
+from engine.gguf.header import GGUFFacts, read_facts_prefix
 from engine.hub.quant import BITS_PER_WEIGHT, group_shards, parse_quant
 from engine.hub.remote import call_api, fetch_prefix, make_api, resolve_url
 

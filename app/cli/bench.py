@@ -1,0 +1,141 @@
+"""``tandem bench``: drafters and llama.cpp's peers side by side on benchmark prompts."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from app.cli.common import add_head_args, add_model_args, engine_config, progress_to
+from engine.session import ENGINE_DRAFTERS, Engine
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from app.bench import (
+        engine_runner,
+        format_table,
+        parse_drafter_list,
+        run_bench,
+        runner_engine_config,
+        sharegpt_prompts,
+        sweep_specs,
+        warm_memories,
+    )
+    from app.bench_baselines import (
+        BASELINE_NAMES,
+        SERVER_NAMES,
+        baseline_runner,
+        server_runner,
+    )
+    from training.spec_bench import load_prompts
+
+    if args.sweep:
+        from engine.runtime.hardware import probe_hardware
+
+        hw = probe_hardware()
+        layouts = ["plain", "cpu"] + (["dovetail"] if hw.has_gpu else []) + (
+            ["duodecoding"] if hw.has_gpu and hw.llama_gpu_offload else [])
+        args.drafters = ",".join(sweep_specs(layouts))
+    names = parse_drafter_list(args.drafters, (*ENGINE_DRAFTERS, *BASELINE_NAMES,
+                                               *SERVER_NAMES))
+    if any(n in SERVER_NAMES for n in names) and not args.llama_server:
+        raise ValueError("the server baselines need --llama-server PATH")
+    prompts = load_prompts(args.prompts, args.per_category)
+    # Tandem's memory starts empty (or warmed, --warm-memory) and fills as the run goes
+    # (as llama-server's n-gram pool does); it lives beside the results so a resumed run
+    # keeps it.
+    memory_dir = (args.json.with_name(args.json.name + ".memory") if args.json
+                  else Path(tempfile.mkdtemp(prefix="tandem-bench-memory-")))
+    if args.fresh or not (args.json and args.json.exists()):
+        shutil.rmtree(memory_dir, ignore_errors=True)
+    base = replace(engine_config(args, drafter="none"), memory_dir=memory_dir)
+    engines: dict[str, Engine] = {}
+    try:
+        # One engine per Tandem runner (its own target where its plan puts it, drafter,
+        # governor and cost model); the baselines run the first one's model file.
+        for n in names:
+            if n not in BASELINE_NAMES and n not in SERVER_NAMES:
+                engines[n] = Engine(runner_engine_config(n, base))
+                for note in engines[n].notes:
+                    print(f"tandem: {n}: {note}", file=sys.stderr)
+        target = next(iter(engines.values())).target if engines else None
+        if target is None:
+            engines["none"] = Engine(base)
+            target = engines["none"].target
+        runners = {}
+        for n in names:
+            if n in BASELINE_NAMES:
+                runners[n] = baseline_runner(n, target)
+            elif n in SERVER_NAMES:
+                runners[n] = server_runner(n, target, args.llama_server)
+            else:
+                runners[n] = engine_runner(engines[n])
+        meta = {"model": str(target.path), "threads": target.n_threads,
+                "max_tokens": args.max_tokens, "prompts": str(args.prompts),
+                "per_category": args.per_category, "drafters": names, "repeat": args.repeat,
+                "pause_s": args.pause,
+                "kv_cache": args.kv_cache,
+                "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+        if args.warm_memory and not (args.json and args.json.exists() and not args.fresh):
+            # Only the runners that remember: Tandem's with a memory, llama-server's pool.
+            remembering = {n: runners[n] for n in names if n == "server-ngram" or (
+                n in engines and engines[n].memory is not None)}
+            warm = sharegpt_prompts(target, args.warm_memory)
+            meta["warm_memory"] = {"prompts": len(warm), "runners": list(remembering)}
+            with tqdm(total=len(warm) * len(remembering), unit="answer",
+                      file=sys.stderr) as warm_bar:
+                warm_memories(remembering, warm, args.max_tokens, progress_to(warm_bar))
+        bar = tqdm(total=len(prompts) * len(names) * args.repeat, unit="run",
+                   file=sys.stderr)
+        payload = run_bench(target, prompts, runners, args.max_tokens, args.json,
+                            meta, progress_to(bar), resume=not args.fresh, repeat=args.repeat,
+                            pause_s=args.pause)
+        bar.close()
+    finally:
+        for engine in engines.values():
+            engine.close()
+    print(format_table(payload["summary"]))
+    if args.json:
+        print(f"results written to {args.json}", file=sys.stderr)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``bench`` to the ``tandem`` command's sub-parsers."""
+    p = subparsers.add_parser("bench", help="drafters side by side on benchmark prompts")
+    add_model_args(p)
+    p.add_argument("--prompts", type=Path, required=True, help="Spec-Bench style JSONL")
+    p.add_argument("--per-category", type=int, default=None)
+    p.add_argument("--drafters", default="none,lookup",
+                   help="comma-separated: auto (the plan), auto@LAYOUT, none, memory, "
+                        "lookup, head, head-chain, head-multi, head-ahead, head+memory, "
+                        "NAME:N (fixed budget of N); "
+                        "baselines: lcp, lcp-lookup (llama-cpp-python's "
+                        "own), server, server-ngram (llama.cpp's llama-server, with "
+                        "Tandem's KV-cache types), server-f16 (llama-server with its "
+                        "default F16 cache)")
+    p.add_argument("--sweep", action="store_true",
+                   help="the automatic plan next to fixed budgets and every possible layout")
+    p.add_argument("--max-tokens", type=int, default=128)
+    add_head_args(p)
+    p.add_argument("--json", type=Path, default=None, help="write results here (resumes)")
+    p.add_argument("--fresh", action="store_true", help="ignore results already in --json")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs per prompt and drafter; the fastest is kept (noisy machines)")
+    p.add_argument("--pause", type=float, default=0.25,
+                   help="seconds of rest before each run, so none starts while the last "
+                        "one's threads (another process's, for llama-server) still spin")
+    p.add_argument("--llama-server", default=None,
+                   help="llama.cpp's llama-server binary, for the server and server-ngram "
+                        "baselines")
+    p.add_argument("--warm-memory", type=int, default=0, metavar="N",
+                   help="before a fresh run, the runners that remember (Tandem's memory, "
+                        "server-ngram's pool) answer N ShareGPT prompts untimed, as after "
+                        "some use of the app (default 0: they start empty)")
+    p.set_defaults(func=cmd_bench)

@@ -1,0 +1,126 @@
+"""What several commands share: the model, head, plan and sampling flags, the engine they
+open, and the lines they print."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from engine.decoding.generation import GenerationConfig
+from engine.decoding.sampling import CHAT_DEFAULTS, SamplingParams
+from engine.decoding.stats import GenerationStats
+from engine.planning.planner import LAYOUTS, Overrides
+from engine.session import ENGINE_DRAFTERS, Engine, EngineConfig
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=Path, default=None,
+                   help="GGUF target (default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: cores)")
+    p.add_argument("--ctx", type=int, default=None,
+                   help="context length in tokens (default: 4096, or the model's trained "
+                        "context if less)")
+    p.add_argument("--kv-cache", choices=("exact", "fast"), default="exact",
+                   help="exact: output identical to plain decoding (Q8_0 K); fast: F16 "
+                        "K/V, a faster first token on long prompts (tandem plan says more)")
+
+
+def add_head_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft-head", type=Path, default=None,
+                   help="draft head directory, Tandem's or a public EAGLE-1 checkpoint "
+                        "(default: the one trained for the bundled model)")
+    p.add_argument("--head-device", default="cpu", help="where the draft head runs: cpu, cuda, mps")
+    p.add_argument("--draft-model", type=Path, default=None,
+                   help="a small GGUF of the target's family to draft with (--drafter draft); "
+                        "its vocabulary must match the target's")
+
+
+def add_plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layout", choices=LAYOUTS, default=None,
+                   help="override the planner's layout (with --drafter auto)")
+    p.add_argument("--budget", type=int, default=None,
+                   help="draft tokens verified per step at most (0: no drafting)")
+    p.add_argument("--depth", type=int, default=None, help="draft depth at most")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="measure this machine again instead of using the cached costs")
+
+
+def overrides_from(args: argparse.Namespace) -> Overrides:
+    return Overrides(layout=getattr(args, "layout", None), max_draft=getattr(args, "budget", None),
+                     depth=getattr(args, "depth", None))
+
+
+def engine_config(args: argparse.Namespace, drafter: str | None = None) -> EngineConfig:
+    return EngineConfig(model_path=args.model, drafter=drafter or args.drafter,
+                        head_dir=getattr(args, "draft_head", None),
+                        head_device=getattr(args, "head_device", "cpu"),
+                        overrides=overrides_from(args), n_ctx=args.ctx, n_threads=args.threads,
+                        recalibrate=getattr(args, "recalibrate", False),
+                        kv_cache=args.kv_cache,
+                        draft_model=getattr(args, "draft_model", None))
+
+
+def open_engine(args: argparse.Namespace, drafter: str | None = None) -> Engine:
+    """The engine as asked (``auto``: as planned), its notes on stderr."""
+    def progress(what: str) -> None:
+        print(f"tandem: {what}...", file=sys.stderr, flush=True)
+
+    engine = Engine(engine_config(args, drafter), progress=progress)
+    if engine.plan is not None and args.verbose:
+        print(engine.plan.describe(), file=sys.stderr)
+    for note in engine.notes:
+        print(f"tandem: {note}", file=sys.stderr)
+    return engine
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--drafter", choices=ENGINE_DRAFTERS, default="auto",
+                   help="auto: the planner picks layout, drafter and budget (tandem plan)")
+    add_head_args(p)
+    add_plan_args(p)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--min-p", type=float, default=CHAT_DEFAULTS.min_p,
+                   help="drop tokens below this fraction of the most likely one (0 = off)")
+    p.add_argument("--repeat-penalty", type=float, default=CHAT_DEFAULTS.repeat_penalty,
+                   help=f"penalise tokens of the last --penalty-last-n (1 = off; default "
+                        f"{CHAT_DEFAULTS.repeat_penalty}: the bundled model loops without)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="lower a token's logit per occurrence in the window (-2..2)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="lower a token's logit once if it is in the window (-2..2)")
+    p.add_argument("--penalty-last-n", type=int, default=CHAT_DEFAULTS.penalty_last_n,
+                   help="how many tokens before each position the penalties look at")
+    p.add_argument("--max-tokens", type=int, default=512)
+
+
+def generation_config(args: argparse.Namespace) -> GenerationConfig:
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                              top_k=args.top_k, seed=args.seed, min_p=args.min_p,
+                              repeat_penalty=args.repeat_penalty,
+                              frequency_penalty=args.frequency_penalty,
+                              presence_penalty=args.presence_penalty,
+                              penalty_last_n=args.penalty_last_n)
+    return GenerationConfig(max_tokens=args.max_tokens, sampling=sampling)
+
+
+def stats_line(stats: GenerationStats) -> str:
+    line = (f"[{stats.n_new} tokens, {stats.tok_per_s:.1f} tok/s, "
+            f"first token {stats.ttft_s * 1000:.0f} ms")
+    if stats.drafter != "none":
+        line += f", {stats.mean_accepted:.2f} tokens per verification"
+    return line + "]"
+
+
+def progress_to(bar: Any) -> Callable[[int, int, str], None]:
+    """A (done, total, what) progress callback that moves a tqdm bar."""
+    def progress(i: int, total: int, what: str) -> None:
+        bar.n = i
+        bar.set_postfix_str(what)
+        bar.refresh()
+    return progress

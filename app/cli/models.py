@@ -1,0 +1,349 @@
+"""``tandem models``: search the Hub, download, list, remove and import models.
+
+The same engine functions as the model wizard (engine/hub); this module only parses
+arguments and prints tables and a progress bar."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine.errors import TandemError
+from engine.hub.catalog import HeadChoice, load_catalog, matching_heads
+from engine.hub.download import DownloadControl, Downloader, DownloadProgress
+from engine.hub.draft_catalog import DraftPair, load_draft_catalog
+from engine.hub.draft_pairing import DraftOffer, draft_limit, offers_for, remote_drafts
+from engine.hub.fit import human_bytes, machine_memory
+from engine.hub.install import find_choice, install
+from engine.hub.local_models import ModelRegistry, default_registry_path, import_gguf
+from engine.hub.remote_header import read_remote_header
+from engine.hub.repo_pairing import RepoPairing, pair_repo
+from engine.hub.search import GGUFChoice, read_remote_facts, search_gguf
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Left-aligned columns, two spaces apart, with a rule under the header."""
+    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+             for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _registry() -> ModelRegistry:
+    return ModelRegistry()
+
+
+def _data_dir() -> Path:
+    return default_registry_path().parent.parent  # <home>/models/models.json
+
+
+def _heads(repo_id: str, facts, args: argparse.Namespace) -> list[HeadChoice]:  # noqa: ANN001
+    return matching_heads(repo_id, facts, catalog=load_catalog(_data_dir()),
+                          endpoint=args.endpoint)
+
+
+def _pairing(repo_id: str, args: argparse.Namespace) -> RepoPairing:
+    return pair_repo(repo_id, args.ctx, machine_memory(), head_catalog=load_catalog(_data_dir()),
+                     draft_catalog=load_draft_catalog(_data_dir()), registry=_registry(),
+                     endpoint=args.endpoint)
+
+
+def _draft_cell(offer: DraftOffer | None) -> str:
+    if offer is None:
+        return "-"
+    where = "here" if offer.choice is None else human_bytes(offer.n_bytes)
+    return f"{offer.label} ({where})"
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    if args.repo is None:
+        hits = search_gguf(args.query or "", limit=args.limit, endpoint=args.endpoint)
+        if not hits:
+            print(f"no GGUF repositories match {args.query!r}")
+            return 0
+        print(format_table(("repository", "downloads", "likes"),
+                           [(h.repo_id, h.n_downloads, h.n_likes) for h in hits]))
+        print("\nshow a repository's files: tandem models search --repo OWNER/NAME")
+        return 0
+    pairing = _pairing(args.repo, args)
+    if not pairing.rows:
+        print(f"{args.repo} has no GGUF files")
+        return 0
+    rows = [(r.choice.quant, human_bytes(r.choice.n_bytes), r.fit.label,
+             human_bytes(r.fit.n_total_bytes), _draft_cell(r.default_draft), r.choice.name)
+            for r in pairing.rows]
+    print(format_table(("quant", "size", f"fit (ctx {args.ctx})", "needs", "draft model",
+                        "file"), rows))
+    if pairing.heads:
+        print("\ndraft heads:")
+        print(format_table(("repository", "size", "found by"),
+                           [(h.repo_id, human_bytes(h.n_bytes), h.source)
+                            for h in pairing.heads]))
+    else:
+        print("\nno draft head matches; the model runs with drafts from memory")
+    _print_drafts(pairing)
+    return 0
+
+
+def _print_drafts(pairing: RepoPairing) -> None:
+    """Every draft model considered: the catalog's (compatible or not, with the rule
+    broken) and this machine's compatible ones, with the quantizations each suits."""
+    out = []
+    for r in pairing.remote:
+        suits = [row.choice.quant for row in pairing.rows if r.pick(row.choice.n_bytes)]
+        sizes = "/".join(f"{c.quant} {human_bytes(c.n_bytes)}" for c in r.choices)
+        out.append((r.pair.draft_repo, sizes, r.pair.family, r.check.verdict,
+                    ", ".join(suits) or "none (over 1/4 of every quantization)"))
+    for d in pairing.local:
+        if d.check.confirmed:
+            suits = [row.choice.quant for row in pairing.rows
+                     if any(o.path == d.path for o in row.drafts)]
+            out.append((d.name, human_bytes(d.n_bytes), "on this machine", d.check.verdict,
+                        ", ".join(suits) or "none (over 1/4 of every quantization)"))
+    if not out:
+        print("no draft model pairs with this repository")
+        return
+    print("\ndraft models (checked against the header's vocabulary):")
+    print(format_table(("draft", "size", "found by", "vocabulary", "drafts for"), out))
+
+
+def _pick_draft(args: argparse.Namespace, choice: GGUFChoice) -> DraftOffer | None:
+    """The draft ``--draft`` names for ``choice``: auto, none or OWNER/NAME[:QUANT]."""
+    if args.draft == "none":
+        return None
+    if args.draft == "auto":
+        rows = _pairing(args.repo, args).rows
+        return next(r for r in rows if r.choice.name == choice.name).default_draft
+    repo, _, quant = args.draft.partition(":")
+    pairs = [p for p in load_draft_catalog(_data_dir()) if p.draft_repo == repo]
+    pair = pairs[0] if pairs else DraftPair("named", "", repo)
+    if quant:
+        pair = DraftPair(pair.family, pair.target_pattern, repo, quants=(quant,))
+    header = read_remote_header(choice, endpoint=args.endpoint)
+    found = remote_drafts([pair], header.vocab if header else None, endpoint=args.endpoint)
+    if not found:
+        raise ValueError(f"{args.draft} has no GGUF among {', '.join(pair.quants)}")
+    offer = next(iter(offers_for(choice.n_bytes, (), found)), None)
+    if offer is None:
+        raise ValueError(f"{args.draft} is bigger than a quarter of {choice.name} "
+                         f"(at most {human_bytes(draft_limit(choice.n_bytes))})")
+    if not offer.check.compatible:
+        raise ValueError(f"{offer.label} cannot draft for {args.repo}: "
+                         f"{offer.check.verdict}")
+    return offer
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    try:
+        choice = find_choice(args.repo, args.file, revision=args.revision,
+                             endpoint=args.endpoint)
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
+    head = None
+    if args.head != "none":
+        facts = read_remote_facts(choice, endpoint=args.endpoint)
+        heads = _heads(args.repo, facts, args)
+        if args.head == "auto":
+            head = heads[0] if heads else None
+        else:
+            head = next((h for h in heads if h.repo_id == args.head), None)
+            if head is None:
+                raise ValueError(f"{args.head} is not a draft head that fits {args.repo}")
+    draft = _pick_draft(args, choice)
+    downloader = Downloader(args.cache_dir, args.endpoint)
+    what = choice.name + (f" + head {head.repo_id}" if head else "") + \
+        (f" + draft {draft.label}" if draft else "")
+    total = choice.n_bytes + (head.n_bytes if head else 0) + \
+        (draft.download_bytes if draft else 0)
+    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=what,
+               file=sys.stderr)
+
+    def progress(p: DownloadProgress) -> None:
+        bar.n = p.n_done
+        bar.set_postfix_str(p.phase if p.phase != "download" else "")
+        bar.refresh()
+
+    control = DownloadControl()
+    try:
+        model, result = install(choice, head, downloader, _registry(),
+                                revision=args.revision or "main", control=control,
+                                on_progress=progress, draft=draft)
+    except KeyboardInterrupt:
+        bar.close()
+        print("interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    bar.close()
+    print(f"{model.name} ready: {model.path}")
+    if model.head_dir:
+        print(f"draft head: {model.head_dir}")
+    if model.draft_path:
+        print(f"draft model: {model.draft_path} ({draft.check.verdict if draft else ''})")
+    elif args.draft == "auto":
+        print("no draft model pairs with it")
+    if result.n_resumed:
+        print(f"(resumed from {human_bytes(result.n_resumed)} already on disk)")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    models = _registry().list()
+    if not models:
+        print("no local models yet: tandem models search QUERY, then download")
+        return 0
+    rows = [(m.name, m.quant, human_bytes(m.n_bytes), m.source, m.head_repo or "-",
+             m.draft_label, "" if m.available else "missing", m.path) for m in models]
+    print(format_table(("name", "quant", "size", "source", "draft head", "draft model", "",
+                        "path"), rows))
+    return 0
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    try:
+        model = _registry().remove(args.name, delete_files=args.delete_files,
+                                   cache_dir=args.cache_dir)
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
+    kept = "" if args.delete_files or model.source != "hub" else " (files kept in the cache)"
+    print(f"removed {model.name}{kept}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    model = import_gguf(args.path, _registry(), name=args.name)
+    print(f"imported {model.name} ({model.quant}, {human_bytes(model.n_bytes)}): {model.path}")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    """Write a local model (default: the bundled one) at another weight type, register
+    it with its source's draft head and draft model (same vocabulary), say where it is."""
+    from tqdm import tqdm
+
+    from engine.hub.convert import check_type, convert, converted_path
+    from engine.hub.local_models import LocalModel
+    from engine.hub.model_store import data_dir, default_model_path
+    from engine.runtime.hardware import default_threads
+
+    check_type(args.type)
+    registry = _registry()
+    source: LocalModel | None = None
+    if args.source is None:
+        src = default_model_path()
+    elif Path(args.source).is_file():
+        src = Path(args.source)
+    else:
+        try:
+            source = registry.get(args.source)
+        except KeyError:
+            raise ValueError(f"{args.source} is neither a GGUF file nor a local model "
+                             "(tandem models list shows them)") from None
+        src = Path(source.path)
+    dst = args.out or converted_path(src, args.type, data_dir() / "models")
+    bar = tqdm(unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
+               desc=f"{src.name} -> {args.type.upper()}")
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = min(done, total)
+        bar.refresh()
+
+    t0 = time.perf_counter()
+    try:
+        out = convert(src, dst, args.type, args.threads or default_threads(), progress)
+    finally:
+        bar.close()
+    model = registry.add(LocalModel(
+        name=args.name or out.stem, path=str(out), source="convert",
+        n_bytes=out.stat().st_size, quant=args.type.upper(),
+        head_dir=source.head_dir if source else None,
+        head_repo=source.head_repo if source else None,
+        draft_path=source.draft_path if source else None,
+        draft_repo=source.draft_repo if source else None))
+    print(f"{model.name} ({model.quant}, {human_bytes(model.n_bytes)}) written in "
+          f"{time.perf_counter() - t0:.1f} s: {out}")
+    print(f"run it: tandem chat --model {out}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``models`` and its sub-commands to the ``tandem`` command's sub-parsers."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--endpoint", default=None,
+                        help="Hub URL (default: HF_ENDPOINT or huggingface.co)")
+    common.add_argument("--cache-dir", type=Path, default=None,
+                        help="huggingface_hub cache (default: HF_HUB_CACHE)")
+    p = subparsers.add_parser("models", help="search, download and manage models")
+    sub = p.add_subparsers(dest="models_command", required=True)
+
+    s = sub.add_parser("search", parents=[common],
+                       help="find GGUF repositories, or list one's files")
+    s.add_argument("query", nargs="?", default="")
+    s.add_argument("--repo", default=None, help="list this repository's files with fit")
+    s.add_argument("--limit", type=int, default=20)
+    s.add_argument("--ctx", type=int, default=4096, help="context length for the fit")
+    s.set_defaults(func=cmd_search)
+
+    s = sub.add_parser("download", parents=[common],
+                       help="download a model (with its draft head and draft model)")
+    s.add_argument("repo", help="OWNER/NAME")
+    s.add_argument("file", help="quantization (Q4_K_M) or file name")
+    s.add_argument("--head", default="auto",
+                   help="draft head repository, 'auto' (first match) or 'none'")
+    s.add_argument("--draft", default="auto",
+                   help="draft model: 'auto' (the first compatible pairing, on this "
+                        "machine or on the Hub), 'none', or OWNER/NAME[:QUANT]")
+    s.add_argument("--ctx", type=int, default=4096, help=argparse.SUPPRESS)
+    s.add_argument("--revision", default=None)
+    s.set_defaults(func=cmd_download)
+
+    s = sub.add_parser("list", parents=[common], help="local models")
+    s.set_defaults(func=cmd_list)
+
+    s = sub.add_parser("remove", parents=[common], help="forget a local model")
+    s.add_argument("name")
+    s.add_argument("--delete-files", action="store_true",
+                   help="also delete a downloaded model's files from the cache")
+    s.set_defaults(func=cmd_remove)
+
+    s = sub.add_parser("convert", parents=[common],
+                       help="write a model at another weight type (f32, f16, bf16, q8_0, "
+                            "q4_0) and register it")
+    s.add_argument("source", nargs="?", default=None,
+                   help="a local model's name or a GGUF file (default: the bundled model)")
+    s.add_argument("--type", required=True, type=str.lower,
+                   help="f32, f16, bf16, q8_0 or q4_0. A float target verifies drafts for "
+                        "little more than one token costs; converting up does not restore "
+                        "precision lost to quantization")
+    s.add_argument("--out", type=Path, default=None,
+                   help="output file (default: <data dir>/models/<name>.<TYPE>.gguf)")
+    s.add_argument("--name", default=None, help="name in tandem models list")
+    s.add_argument("--threads", type=int, default=None)
+    s.set_defaults(func=cmd_convert)
+
+    s = sub.add_parser("import", parents=[common], help="register a GGUF file on this machine")
+    s.add_argument("path", type=Path)
+    s.add_argument("--name", default=None)
+    s.set_defaults(func=cmd_import)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m app.cli.models ...``: the ``models`` command on its own."""
+    parser = argparse.ArgumentParser(prog="tandem")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["models", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return args.func(args)
+    except (TandemError, ValueError, OSError) as exc:
+        print(f"tandem: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""``tandem serve``: the OpenAI-compatible API for other programs."""
+
+from __future__ import annotations
+
+import argparse
+
+from app.cli.common import add_head_args, add_model_args, add_plan_args, open_engine
+from engine.session import ENGINE_DRAFTERS
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import threading
+
+    from app.server.serve import ApiServer, check_binding
+
+    check_binding(args.host, args.port, args.api_key)  # before the model loads
+    if args.queue < 1 or args.max_tokens < 1:
+        raise ValueError("--queue and --max-tokens must be at least 1")
+    with open_engine(args) as engine:
+        server = ApiServer(lambda: engine, threading.Lock(), args.host, args.port,
+                           args.api_key, args.queue, min(args.max_tokens, engine.target.n_ctx))
+        print(f"Tandem serving {engine.describe()} at {server.url} "
+              f"(OpenAI API; Ctrl-C stops)", flush=True)
+        server.run()
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``serve`` to the ``tandem`` command's sub-parsers."""
+    p = subparsers.add_parser("serve", help="an OpenAI-compatible API for other programs")
+    add_model_args(p)
+    p.add_argument("--drafter", choices=ENGINE_DRAFTERS, default="auto",
+                   help="auto: the planner picks layout, drafter and budget (tandem plan)")
+    add_head_args(p)
+    add_plan_args(p)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (anything but loopback needs --api-key)")
+    p.add_argument("--port", type=int, default=8080, help="port (0: any free one)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every request")
+    p.add_argument("--queue", type=int, default=8,
+                   help="requests that may wait for the model; more get 429")
+    p.add_argument("--max-tokens", type=int, default=4096,
+                   help="the most new tokens one request may ask for")
+    p.set_defaults(func=cmd_serve)

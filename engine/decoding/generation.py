@@ -1,0 +1,305 @@
+"""One generation loop for every mode: plain decoding and speculative decoding.
+
+Phases: ``_prefill`` (prompt -> first token), ``_step`` until an end condition (draft or
+not, verify ``[last, *draft]`` in one decode, accept, commit the accepted path), then
+``_finish``. Values pass between phases as arguments and return values.
+With no drafter a step is exactly plain decoding, so both modes share every line that
+touches the target and the sampler.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.decoding.acceptance import accept
+from engine.decoding.budget import (
+    MAX_DRAFT,
+    SpeculationGovernor,
+    VerifyCost,
+    VerifyCostModel,
+    trim_to_budget,
+)
+from engine.decoding.sampling import PositionUniforms, SamplingParams, choose, penalised
+from engine.decoding.stats import GenerationStats, StepStats
+from engine.drafters.base import Drafter
+from engine.errors import InvalidSamplingError
+from engine.runtime.draft_tree import DraftTree
+from engine.runtime.target import Target
+from engine.runtime.text_stream import TextStream
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_tokens: int = 256
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    max_draft: int = MAX_DRAFT  # draft tokens verified per step, on top of the root
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise InvalidSamplingError("max_tokens", "must be an integer >= 1", self.max_tokens)
+        if self.max_draft < 0:
+            raise InvalidSamplingError("max_draft", "must be >= 0", self.max_draft)
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    text: str
+    finish_reason: str  # "eos", "stop", "length", "context", "cancelled"
+    stats: GenerationStats
+
+
+class _Emitter:
+    """Applies end conditions token by token and streams text."""
+
+    def __init__(self, target: Target, config: GenerationConfig,
+                 on_text: Callable[[str], None] | None) -> None:
+        self.target = target
+        self.max_tokens = config.max_tokens
+        self.stream = TextStream(config.stop)
+        self.on_text = on_text
+        self.tokens: list[int] = []
+        self.finish_reason: str | None = None
+
+    def emit(self, tokens: list[int]) -> None:
+        for tok in tokens:
+            if self.finish_reason is not None:
+                return
+            if self.target.is_end_of_generation(tok):
+                self.finish_reason = "eos"
+                return
+            self.tokens.append(tok)
+            delta = self.stream.feed(self.target.token_bytes(tok))
+            if delta and self.on_text:
+                self.on_text(delta)
+            if self.stream.stopped:
+                self.finish_reason = "stop"
+            elif len(self.tokens) >= self.max_tokens:
+                self.finish_reason = "length"
+
+    def close(self) -> str:
+        if self.finish_reason is None:
+            self.finish_reason = "length"
+        tail = self.stream.finish()
+        if tail and self.on_text:
+            self.on_text(tail)
+        return self.finish_reason
+
+
+def generate(
+    target: Target,
+    prompt: list[int],
+    drafter: Drafter | None = None,
+    config: GenerationConfig | None = None,
+    on_text: Callable[[str], None] | None = None,
+    on_step: Callable[[StepStats], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    cost: VerifyCostModel | None = None,
+    governor: SpeculationGovernor | None = None,
+    remember: bool = True,
+) -> GenerationResult:
+    """Generate after ``prompt``; output equals plain decoding whatever the drafter.
+
+    ``should_stop`` is polled between steps (cancellation). ``cost`` is the verification
+    cost curve the draft budget uses; it learns from this generation's decodes (pass
+    the same one across generations to keep what it learnt). Raises ContextFullError
+    when the prompt does not fit (the engine stays usable), NativeError on a failed
+    decode. ``governor`` (optional) turns drafting off while it does not pay. A
+    drafter that fails (a GPU that vanishes, out of memory) is dropped for the rest of
+    the generation, which goes on as plain decoding; ``stats.fallback`` says why.
+    ``remember`` False keeps the answer out of a drafter's memory (a benchmark's repeat).
+    """
+    config = config or GenerationConfig()
+    run = _Run(target, config, cost if cost is not None else VerifyCostModel(), governor,
+               _Emitter(target, config, on_text),
+               GenerationStats(n_prompt=len(prompt),
+                               drafter=drafter.name if drafter else "none"),
+               PositionUniforms(config.sampling.seed), drafter, prompt=list(prompt))
+    t0 = time.perf_counter()
+    last = _prefill(run, prompt, t0)
+    ahead_pool = (ThreadPoolExecutor(1, thread_name_prefix="draft-ahead")
+                  if run.drafter is not None and run.drafter.drafts_ahead else None)
+    try:
+        while run.emitter.finish_reason is None:
+            if should_stop is not None and should_stop():
+                run.emitter.finish_reason = "cancelled"
+                break
+            step = _step(run, last, ahead_pool)
+            if step is None:
+                break
+            last, step_stats, new_tokens = step
+            if on_step is not None:
+                on_step(step_stats)
+            run.emitter.emit(new_tokens)
+    finally:
+        if ahead_pool is not None:
+            ahead_pool.shutdown(wait=True)
+    return _finish(run, prompt, t0, remember)
+
+
+@dataclass
+class _Run:
+    """What one generation carries from phase to phase."""
+
+    target: Target
+    config: GenerationConfig
+    cost: VerifyCostModel
+    governor: SpeculationGovernor | None
+    emitter: _Emitter
+    stats: GenerationStats
+    uniforms: PositionUniforms  # one per answer position, whatever was drafted
+    drafter: Drafter | None  # None once it failed: the rest is plain decoding
+    n_sampled: int = 1  # answer positions decided (the first token by the prefill)
+    prompt: list[int] = field(default_factory=list)
+
+    def penalty_window(self, extra: Sequence[int] = ()) -> list[int]:
+        """The tokens a penalty looks at before the position after ``extra``: the last
+        ``penalty_last_n`` of prompt + answer so far + ``extra``."""
+        if not self.config.sampling.has_penalties:  # also: a window of 0 tokens
+            return []
+        n = self.config.sampling.penalty_last_n
+        return (self.prompt[-n:] + self.emitter.tokens[-n:] + list(extra))[-n:]
+
+    def logits_of(self, logits: np.ndarray, tree: DraftTree) -> Callable[[int], np.ndarray]:
+        """Node (verification numbering) -> its logits, penalised with the node's own
+        prefix: the answer so far plus the drafted tokens on the path down to it."""
+        if not self.config.sampling.has_penalties:
+            return logits.__getitem__
+
+        def of(node: int) -> np.ndarray:
+            path: list[int] = []
+            i = node - 1
+            while i >= 0:
+                path.append(tree.tokens[i])
+                i = tree.parents[i]
+            return penalised(logits[node], self.penalty_window(path[::-1]),
+                             self.config.sampling)
+        return of
+
+    def drop_drafter(self, exc: Exception) -> None:
+        """Go on without the drafter: the target alone decides every token anyway."""
+        assert self.drafter is not None
+        name = self.drafter.name
+        log.warning("drafter %s failed (%s); continuing with plain decoding", name, exc)
+        self.stats.fallback = f"the {name} drafter failed ({exc}); went on with plain decoding"
+        self.drafter = None
+
+
+def _prefill(run: _Run, prompt: list[int], t0: float) -> int:
+    """Evaluate the prompt and choose the first token (no drafting before it)."""
+    drafter, target = run.drafter, run.target
+    target.set_features(bool(drafter and drafter.needs_features))
+    pre = target.prefill(prompt, drafter.prompt_features if drafter else None)
+    run.stats.n_prompt_reused = pre.n_reused
+    last = choose(penalised(pre.logits, run.penalty_window(), run.config.sampling),
+                  run.config.sampling, run.uniforms.at(0))
+    run.stats.t_prefill_s = time.perf_counter() - t0
+    run.emitter.emit([last])
+    run.stats.ttft_s = time.perf_counter() - t0
+    if drafter is not None and run.emitter.finish_reason is None:
+        try:
+            drafter.begin(prompt + [last], pre.features)
+        except Exception as exc:  # noqa: BLE001 - any drafter failure
+            run.drop_drafter(exc)
+    return last
+
+
+def _room(run: _Run) -> int:
+    """KV cells left after the root (compacting parked cells when they run short)."""
+    target = run.target
+    room = target.n_ctx - target.n_used - 1
+    if room < run.config.max_draft and target.n_parked:
+        target.compact()
+        room = target.n_ctx - target.n_used - 1
+    return room
+
+
+def _draft(run: _Run, room: int, cost: VerifyCost) -> tuple[DraftTree, bool]:
+    """The draft for this step, trimmed to what pays (empty: a plain step), and whether
+    the drafter was asked."""
+    drafter, governor = run.drafter, run.governor
+    if drafter is None or (governor is not None and not governor.should_draft()):
+        return DraftTree(), False
+    budget = min(run.config.max_draft, room, run.config.max_tokens - len(run.emitter.tokens))
+    if budget <= 0:
+        return DraftTree(), True
+    try:
+        proposed = drafter.draft(budget, cost.t1).truncated(budget)
+    except Exception as exc:  # noqa: BLE001 - any drafter failure
+        run.drop_drafter(exc)
+        return DraftTree(), True
+    return trim_to_budget(proposed, cost), True
+
+
+def _step(run: _Run, last: int, ahead_pool: ThreadPoolExecutor | None
+          ) -> tuple[int, StepStats, list[int]] | None:
+    """Draft, verify, accept, commit. Returns the new last token, the step's figures and
+    the tokens it added, or None when the context is full."""
+    target = run.target
+    room = _room(run)
+    if room < 0:
+        run.emitter.finish_reason = "context"
+        return None
+    t_step = time.perf_counter()
+    n_past = target.n_past
+    cost = run.cost.at(n_past)
+    draft, drafting = _draft(run, room, cost)
+    t_drafted = time.perf_counter()
+    ahead: Future | None = None
+    if ahead_pool is not None and run.drafter is not None and draft:
+        ahead = ahead_pool.submit(run.drafter.draft_ahead, draft, run.config.max_draft,
+                                  cost.t1)
+    ver = target.verify(last, draft)
+    run.cost.observe(n_past, 1 + len(draft), time.perf_counter() - t_drafted)
+    if ahead is not None:
+        try:
+            ahead.result()  # a draft ahead slower than the verification costs here
+        except Exception as exc:  # noqa: BLE001 - any drafter failure
+            run.drop_drafter(exc)
+    node_tokens = [last] + draft.tokens
+    n_sampled = run.n_sampled
+    acc = accept(draft.children(), node_tokens, run.logits_of(ver.logits, draft),
+                 run.config.sampling, lambda depth: run.uniforms.at(n_sampled + depth))
+    run.n_sampled += len(acc.path)
+    path_tokens = [node_tokens[k] for k in acc.path]
+    target.commit(ver, acc.path, path_tokens)
+    t_verified = time.perf_counter()
+    new_tokens = path_tokens[1:] + [acc.next_token]
+    if run.drafter is not None:
+        feats = ver.features[acc.path] if ver.features is not None else None
+        try:
+            run.drafter.accept(new_tokens, feats)
+        except Exception as exc:  # noqa: BLE001 - any drafter failure
+            run.drop_drafter(exc)
+    if drafting and run.governor is not None:
+        run.governor.observe(len(acc.path) - 1, t_drafted - t_step, t_verified - t_drafted,
+                             cost.t1, len(draft))
+    step = StepStats(t_draft_s=t_drafted - t_step, t_verify_s=t_verified - t_drafted,
+                     n_proposed=len(draft), n_accepted=len(acc.path) - 1,
+                     accepted_depths=tuple(range(1, len(acc.path))),
+                     drafted_ahead=draft.made_ahead)
+    run.stats.steps.append(step)
+    return acc.next_token, step, new_tokens
+
+
+def _finish(run: _Run, prompt: list[int], t0: float, remember: bool) -> GenerationResult:
+    """Close the text stream, let the drafter remember the answer, fill the figures."""
+    reason = run.emitter.close()
+    tokens = run.emitter.tokens
+    if run.drafter is not None and remember:
+        try:
+            run.drafter.finish(prompt + tokens)
+        except Exception as exc:  # noqa: BLE001 - the answer is complete anyway
+            run.drop_drafter(exc)
+    run.stats.n_new = len(tokens)
+    run.stats.t_total_s = time.perf_counter() - t0
+    return GenerationResult(tokens, run.emitter.stream.text, reason, run.stats)

@@ -1,0 +1,323 @@
+"""Calibration: what verifying and drafting really cost on this machine.
+
+Measured once per (hardware, model file, head, threads) and cached as JSON, so a second
+start is instant; ``recalibrate=True`` measures again. The planner reads the result.
+
+- ``verify_s[n]``: one target decode of ``n`` tokens (the root plus ``n - 1`` drafts) at
+  the calibration context, on each device the target may use.
+- ``head_level_s[device]``: one drafting level of the head (a forward pass for the
+  nodes of the level and their top-k) on each candidate device; ``head_update_s`` the
+  head's pass over a step's accepted tokens; ``transfer_s`` moving a step's features to
+  the device (zero on the CPU).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from engine.decoding.budget import MAX_MEMORY_DRAFT, VerifyCostModel
+from engine.decoding.generation import GenerationConfig, generate
+from engine.drafters import DrafterSpec, build_drafter, make_drafter
+from engine.drafters.head import HeadDrafter
+from engine.runtime.draft_tree import DraftTree
+from engine.runtime.target import Target, TargetConfig
+
+if TYPE_CHECKING:
+    from models.head_config import TargetFingerprint
+
+CACHE_FILE = "calibration.json"
+# How the verification curve is measured; a cached curve measured otherwise is measured
+# again.
+CURVE_METHOD = "interleaved rounds, monotone"
+# Up to a long repeat drafted from memory, verified whole with its root.
+VERIFY_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, MAX_MEMORY_DRAFT + 1)
+# A neutral filler for the calibration context: the cost of a decode depends on how
+# many tokens are cached, not on which.
+_FILLER = ("The engine measures how long the model takes to check a batch of tokens. "
+           "Each measurement is repeated and the median is kept. ")
+
+
+@dataclass
+class CostProfile:
+    context: int = 256  # cached tokens during the measurements
+    verify_s: dict[str, dict[int, float]] = field(default_factory=dict)  # device -> n -> s
+    head_level_s: dict[str, float] = field(default_factory=dict)  # device -> s per level
+    head_update_s: dict[str, float] = field(default_factory=dict)  # device -> s per step
+    transfer_s: dict[str, float] = field(default_factory=dict)  # device -> s per step
+    # A draft model ("cpu" or "gpu"): one token's decode, and a step's extra for catching
+    # up on the target's tokens (a 2-token decode less a 1-token one).
+    draft_token_s: dict[str, float] = field(default_factory=dict)
+    draft_sync_s: dict[str, float] = field(default_factory=dict)
+    lookup_step_s: float = 0.0002
+    features_overhead: float = 0.0  # extra verify time with features on, relative
+    measured_s: float = 0.0  # how long the calibration took
+
+    def verify(self, device: str, n: int) -> float:
+        """Seconds to verify ``n`` tokens on ``device`` (linear beyond what was measured)."""
+        curve = self.verify_s[device]
+        if n in curve:
+            return curve[n]
+        sizes = sorted(curve)
+        lo, hi = sizes[-2], sizes[-1]
+        slope = (curve[hi] - curve[lo]) / (hi - lo)
+        return curve[hi] + slope * (n - hi)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["verify_s"] = {dev: {str(n): t for n, t in c.items()} for dev, c in self.verify_s.items()}
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> CostProfile:
+        d = dict(d)
+        d["verify_s"] = {dev: {int(n): float(t) for n, t in c.items()}
+                         for dev, c in d.get("verify_s", {}).items()}
+        return cls(**d)
+
+
+def _file_key(path: Path | None) -> str:
+    if path is None:
+        return "-"
+    path = Path(path)
+    files = sorted(path.iterdir()) if path.is_dir() else [path]
+    parts = []
+    for f in files:
+        st = f.stat()
+        parts.append(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}")
+    return "|".join(parts)
+
+
+def cache_key(hardware_fingerprint: str, model_path: Path, head_dir: Path | None,
+              n_threads: int, target_placements: tuple[str, ...] = ("cpu",),
+              head_devices: tuple[str, ...] = (), draft_model: Path | None = None) -> str:
+    """Changes when the machine, the model file (path, size, modification time), the
+    head's files, the draft model's file, the thread count, or where the target and head
+    were measured change."""
+    parts = [hardware_fingerprint, _file_key(model_path), _file_key(head_dir),
+             str(n_threads), ",".join(target_placements), ",".join(head_devices),
+             ",".join(map(str, VERIFY_SIZES)),  # a curve of other sizes is measured again
+             CURVE_METHOD]
+    if draft_model is not None:  # keys without one stay as they were
+        parts.append(_file_key(draft_model))
+    text = "\n".join(parts)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class CalibrationCache:
+    """Cost profiles by cache key, in one JSON file (written atomically)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = Path(directory) / CACHE_FILE
+
+    def _read(self) -> dict:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def get(self, key: str) -> CostProfile | None:
+        entry = self._read().get(key)
+        if entry is None:
+            return None
+        try:
+            return CostProfile.from_json(entry)
+        except (TypeError, ValueError, KeyError):
+            return None  # an older format: measure again
+
+    def put(self, key: str, profile: CostProfile) -> None:
+        data = self._read()
+        data[key] = profile.to_json()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, self.path)
+
+
+def _median_time(fn: Callable[[], None], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_verify_curve(target: Target, context: int = 256,
+                         sizes: tuple[int, ...] = VERIFY_SIZES, repeats: int = 5,
+                         timings: dict[str, float] | None = None) -> dict[int, float]:
+    """Median seconds of a verification decode of each size, ``context`` tokens cached.
+    The target's cache is left empty. ``timings["prefill_s"]`` gets the time the
+    context took to prefill (a first token's wait) when ``timings`` is given."""
+    filler = target.tokenize(_FILLER * (1 + context // 16), special=False)[:context]
+    target.reset()
+    t0 = time.perf_counter()
+    target.prefill(filler)
+    if timings is not None:
+        timings["prefill_s"] = time.perf_counter() - t0
+    root = filler[-1]
+    draft_tokens = filler[:max(sizes)]
+
+    def once(n: int) -> None:
+        ver = target.verify(root, DraftTree.chain(draft_tokens[:n - 1]))
+        target.commit(ver, [0], [root])
+        target.rollback(len(filler))
+
+    once(max(sizes))  # warm-up (allocations, repacking)
+    # Sizes interleaved round by round: on a shared machine a burst of load then slows
+    # every size alike instead of bending the curve where it fell (a size measured in a
+    # quiet moment looked almost free next to its neighbour, and the budget drafted
+    # exactly that many tokens every step).
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            t0 = time.perf_counter()
+            once(n)
+            times[n].append(time.perf_counter() - t0)
+    target.reset()
+    # A bigger batch never costs less than a smaller one.
+    curve, slowest = {}, 0.0
+    for n in sorted(sizes):
+        slowest = max(slowest, statistics.median(times[n]))
+        curve[n] = slowest
+    return curve
+
+
+def measure_head(target: Target, head_dir: Path | None, device: str, repeats: int = 5,
+                 fingerprint: TargetFingerprint | None = None
+                 ) -> tuple[float, float, float]:
+    """(seconds per drafting level, per step's update, per feature transfer) of the head
+    on ``device``, with the weights the drafter uses there. A level is what each drafted
+    token beyond the first adds (a forward pass and the LM head's top-k); the update is
+    what every step pays (the pass over 3 accepted tokens and the first token's top-k)."""
+    import dataclasses
+
+    import torch
+
+
+    # A chain of fixed depth: dynamic depth would stop early on unlikely tokens.
+    spec = DrafterSpec("head-chain", head_dir, device, {"depth": 2, "dynamic_depth": False})
+    drafter = build_drafter(spec, target, fingerprint)
+    assert isinstance(drafter, HeadDrafter)
+    prompt = target.tokenize(_FILLER * 4, special=False)[:64]
+    target.reset()
+    target.set_features(True)
+    try:
+        pre = target.prefill(prompt, drafter.prompt_features)
+    finally:
+        target.set_features(False)
+        target.reset()
+    drafter.begin(prompt + [prompt[0]], pre.features)
+    d = target.n_embd
+    step_feats = np.zeros((3, d), np.float32)
+    one_level = drafter.config
+    root_only = dataclasses.replace(one_level, depth=1)
+
+    def draft(config: object) -> None:
+        drafter.config = config  # type: ignore[assignment]
+        drafter.draft(1, 0.01)
+        sync()
+
+    def update() -> None:
+        drafter.accept(prompt[:3], step_feats)
+        draft(root_only)
+
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def transfer() -> None:
+        torch.from_numpy(step_feats).to(device)
+        sync()
+
+    draft(one_level)
+    t_root = _median_time(lambda: draft(root_only), repeats)
+    t_level = max(0.0, _median_time(lambda: draft(one_level), repeats) - t_root)
+    t_update = _median_time(update, repeats)
+    t_transfer = 0.0 if device == "cpu" else _median_time(transfer, repeats)
+    return t_level, t_update, t_transfer
+
+
+def measure_draft_model(path: Path, n_threads: int, context: int = 256,
+                        n_gpu_layers: int = 0, repeats: int = 5) -> tuple[float, float]:
+    """(one token's decode, a step's catching up) of a draft model, ``context`` tokens
+    cached, with the K/V types the draft-model drafter uses."""
+    config = TargetConfig(n_ctx=context + 64, n_threads=n_threads, n_seq_max=4,
+                          type_k="f16", type_v="f16", n_gpu_layers=n_gpu_layers)
+    with Target(Path(path), config) as draft:
+        curve = measure_verify_curve(draft, context, sizes=(1, 2), repeats=repeats)
+    return curve[1], max(0.0, curve[2] - curve[1])
+
+
+def calibrate(target: Target, head_dir: Path | None, head_devices: list[str],
+              context: int = 256, progress: Callable[[str], None] | None = None,
+              fingerprint: TargetFingerprint | None = None,
+              draft_model: Path | None = None, draft_on_gpu: bool = False) -> CostProfile:
+    """Measure everything the planner needs for ``target`` as it is loaded (and for the
+    draft model, on the CPU and, with ``draft_on_gpu``, offloaded)."""
+    t0 = time.perf_counter()
+    note = progress or (lambda _msg: None)
+    profile = CostProfile(context=context)
+    device = "gpu" if getattr(target, "n_gpu_layers", 0) else "cpu"
+    note("target verification cost")
+    profile.verify_s[device] = measure_verify_curve(target, context, repeats=7)
+    target.set_features(True)
+    try:
+        with_features = measure_verify_curve(target, context, sizes=(1, 4), repeats=5)
+    finally:
+        target.set_features(False)
+    base = profile.verify_s[device]
+    profile.features_overhead = max(0.0, statistics.fmean(
+        with_features[n] / base[n] for n in (1, 4)) - 1.0)
+    if head_dir is not None:
+        for dev in head_devices:
+            note(f"draft head on {dev}")
+            try:
+                lvl, upd, tr = measure_head(target, head_dir, dev, fingerprint=fingerprint)
+            except Exception:  # noqa: BLE001 - a device that cannot run the head is skipped
+                continue
+            profile.head_level_s[dev] = lvl
+            profile.head_update_s[dev] = upd
+            profile.transfer_s[dev] = tr
+    if draft_model is not None:
+        for key, layers in (("cpu", 0), ("gpu", -1))[:2 if draft_on_gpu else 1]:
+            note(f"draft model on the {key.upper()}")
+            try:
+                token_s, sync_s = measure_draft_model(draft_model, target.n_threads,
+                                                      context, layers)
+            except Exception:  # noqa: BLE001 - a device that cannot take it is left out
+                continue
+            profile.draft_token_s[key] = token_s
+            profile.draft_sync_s[key] = sync_s
+    profile.measured_s = time.perf_counter() - t0
+    return profile
+
+
+def measure_acceptance(target: Target, head_dir: Path | None, prompts: list[list[int]],
+                       max_tokens: int = 96, depth: int = 6) -> list[float]:
+    """The head's acceptance by depth on real prompts: a_j = P(depth j accepted | depth
+    j-1 accepted), from full chains (nothing trimmed) in greedy generations."""
+    drafter = make_drafter("head-chain", target=target, head_dir=head_dir, depth=depth,
+                           dynamic_depth=False)  # full chains: every depth measured
+    reached = [0] * depth
+    accepted = [0] * depth
+    for prompt in prompts:
+        target.reset()
+        out = generate(target, prompt, drafter, GenerationConfig(max_tokens, max_draft=depth),
+                       cost=VerifyCostModel(slope=0.0, learn=False))
+        for step in out.stats.steps:
+            for j in range(min(step.n_proposed, depth)):
+                if step.n_accepted >= j:
+                    reached[j] += 1
+                    accepted[j] += step.n_accepted > j
+    target.reset()
+    return [a / r if r else 0.0 for a, r in zip(accepted, reached, strict=True)]

@@ -1,0 +1,229 @@
+"""Measured costs of a big model's shape on one machine, and the plan they lead to.
+
+A profile records, for a target shape (``engine.gguf.model_shapes``) on the machine it was
+measured on: the verification curve at several context lengths, the time to the first
+token for prompts of those lengths, the per-token cost of draft models of the family,
+and a draft head level of that width. ``tandem profile`` measures one (writing synthetic
+GGUFs of the real shapes: nothing that large can be downloaded or shipped);
+``tandem plan --profile FILE`` shows what the planner would choose with it."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from engine.gguf.model_shapes import ModelShape, shape_named
+from engine.planning.calibration import CostProfile, measure_draft_model, measure_verify_curve
+from engine.planning.planner import (
+    DRAFT_MODEL_ACCEPTANCE,
+    DraftModelFacts,
+    HeadFacts,
+    Overrides,
+    Plan,
+    choose_plan,
+)
+from engine.runtime.hardware import HardwareProfile
+from engine.runtime.model_info import ModelFacts
+
+PLAN_CONTEXT = 256  # the context the planner's curve is taken at (as calibration's)
+VERIFY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+@dataclass
+class DraftCost:
+    shape: str
+    size_bytes: int
+    token_s: float  # one token's decode at PLAN_CONTEXT
+    sync_s: float  # a step's catching up (2 tokens less 1)
+
+
+@dataclass
+class HeadCost:
+    width: int
+    vocab: int  # rows of the LM head the level multiplies
+    level_s: float
+    update_s: float
+
+
+@dataclass
+class MeasuredProfile:
+    target_shape: str
+    quant: str
+    size_bytes: int  # the synthetic file (its vocabulary is the bundled tokenizer's)
+    n_layers: int
+    kv_bytes_per_token: int
+    machine: dict  # HardwareProfile.to_json() of where it was measured
+    n_threads: int
+    verify_s: dict[int, dict[int, float]] = field(default_factory=dict)  # ctx -> n -> s
+    prefill_s: dict[int, float] = field(default_factory=dict)  # ctx -> s
+    drafts: list[DraftCost] = field(default_factory=list)
+    heads: dict[str, HeadCost] = field(default_factory=dict)  # device -> cost
+    notes: list[str] = field(default_factory=list)
+
+    # --- what the planner reads -------------------------------------------------------
+    def costs(self) -> CostProfile:
+        """The calibration the planner would have on that machine, for the first draft."""
+        ctx = min(self.verify_s, key=lambda c: abs(c - PLAN_CONTEXT))
+        profile = CostProfile(context=ctx, verify_s={"cpu": dict(self.verify_s[ctx])})
+        for device, head in self.heads.items():
+            profile.head_level_s[device] = head.level_s
+            profile.head_update_s[device] = head.update_s
+            profile.transfer_s[device] = 0.0
+        if self.drafts:
+            profile.draft_token_s["cpu"] = self.drafts[0].token_s
+            profile.draft_sync_s["cpu"] = self.drafts[0].sync_s
+        return profile
+
+    def plan(self, acceptance: tuple[float, ...] = DRAFT_MODEL_ACCEPTANCE,
+             head_acceptance: tuple[float, ...] | None = None, n_ctx: int = 4096,
+             overrides: Overrides | None = None) -> Plan:
+        """The plan on the recorded machine with the first draft model (and a head of
+        that width when one was measured and ``head_acceptance`` is given)."""
+        hw = HardwareProfile.from_json(self.machine)
+        model = ModelFacts(self.size_bytes, self.n_layers, self.kv_bytes_per_token * n_ctx)
+        draft = None
+        if self.drafts:
+            d = self.drafts[0]
+            draft = DraftModelFacts(d.shape, d.size_bytes, acceptance=acceptance,
+                                    acceptance_source="assumed (the prior)")
+        head = None
+        if head_acceptance is not None and self.heads:
+            measured = next(iter(self.heads.values()))
+            # The embedding and LM head it reads, in float32.
+            head = HeadFacts(2 * measured.vocab * measured.width * 4, head_acceptance)
+        return choose_plan(hw, self.costs(), model, head, overrides, draft)
+
+    # --- files ------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["verify_s"] = {str(c): {str(n): t for n, t in curve.items()}
+                         for c, curve in self.verify_s.items()}
+        d["prefill_s"] = {str(c): t for c, t in self.prefill_s.items()}
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> MeasuredProfile:
+        d = dict(d)
+        d["verify_s"] = {int(c): {int(n): float(t) for n, t in curve.items()}
+                         for c, curve in d.get("verify_s", {}).items()}
+        d["prefill_s"] = {int(c): float(t) for c, t in d.get("prefill_s", {}).items()}
+        d["drafts"] = [DraftCost(**x) for x in d.get("drafts", [])]
+        d["heads"] = {k: HeadCost(**v) for k, v in d.get("heads", {}).items()}
+        return cls(**d)
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+
+
+def load_measured_profile(path: Path) -> MeasuredProfile:
+    """Raises ValueError naming the file when it is not a measured profile."""
+    try:
+        return MeasuredProfile.from_json(json.loads(Path(path).read_text()))
+    except OSError as exc:
+        raise ValueError(f"cannot read the profile {path}: {exc.strerror or exc}") from None
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"{path} is not a measured profile (tandem profile writes one): "
+                         f"{exc}") from None
+
+
+def measure_head_level(width: int, n_heads: int, n_kv_heads: int, ffn: int, vocab: int,
+                       context: int = PLAN_CONTEXT, repeats: int = 7) -> tuple[float, float]:
+    """(one drafting level: the head on one token with ``context`` cached entries, its
+    LM head over ``vocab`` rows and the top 4; a step's update over 3 accepted tokens)
+    of an EAGLE-1 head of that width on the CPU, with the int8 weights the head drafter
+    uses there."""
+    import statistics
+
+    import torch
+
+    from models.draft_head import DraftHead
+    from models.head_config import HeadConfig
+    from models.int8_linear import int8_available
+
+    torch.manual_seed(0)
+    cfg = HeadConfig(hidden_size=width, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                     intermediate_size=ffn, fusion="fc")
+    embed = torch.randn(vocab, width) * 0.02
+    head = DraftHead(cfg, embed, embed).eval()
+    if int8_available():  # as the head drafter runs on a CPU
+        head.to_int8()
+    feats = torch.randn(1, context, width)
+    cache = head.new_cache()
+    with torch.inference_mode():
+        head(feats, torch.zeros(1, context, dtype=torch.long), torch.arange(context)[None],
+             cache)
+
+        def run(n: int) -> float:
+            t0 = time.perf_counter()
+            out, _ = head(torch.randn(1, n, width), torch.ones(1, n, dtype=torch.long),
+                          torch.arange(context, context + n)[None], cache)
+            torch.softmax(head.logits(out[0, -1:]), dim=-1).topk(4)
+            took = time.perf_counter() - t0
+            for buffer in cache:
+                buffer.truncate(context)
+            return took
+
+        run(1), run(3)
+        level = statistics.median(run(1) for _ in range(repeats))
+        update = statistics.median(run(3) for _ in range(repeats))
+    return level, update
+
+
+def measure_profile(target: ModelShape, drafts: list[ModelShape], workdir: Path,
+                    tokenizer_from: Path, hardware: HardwareProfile, n_threads: int,
+                    contexts: tuple[int, ...] = (256, 1024), head: bool = True,
+                    say: Callable[[str], None] | None = None) -> MeasuredProfile:
+    """Write the shapes as synthetic GGUFs in ``workdir`` (removed afterwards) and
+    measure them on this machine."""
+    from engine.gguf.synthetic import write_synthetic_gguf
+    from engine.runtime.model_info import read_model_info
+    from engine.runtime.target import Target, TargetConfig
+
+    note = say or (lambda _m: None)
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / f"{target.name}.gguf"
+    note(f"writing {path.name}")
+    write_synthetic_gguf(target, path, tokenizer_from)
+    info = read_model_info(path)
+    profile = MeasuredProfile(
+        target_shape=target.name, quant="Q4_0", size_bytes=info.size_bytes,
+        n_layers=target.n_layers, kv_bytes_per_token=info.kv_bytes(1),
+        machine=hardware.to_json(), n_threads=n_threads,
+        notes=["synthetic weights of the real shape (Q4_0, LM head Q8_0)"])
+    if info.n_vocab != target.vocab_size:
+        profile.notes.append(f"the vocabulary (embedding and LM head) is the bundled "
+                             f"tokenizer's {info.n_vocab} tokens, not {target.vocab_size}: "
+                             "the real model reads more per token")
+    try:
+        with Target(path, TargetConfig(n_ctx=max(contexts) + 64, n_threads=n_threads)) as t:
+            for ctx in contexts:
+                note(f"{target.name}: verification at {ctx} tokens of context")
+                timings: dict[str, float] = {}
+                profile.verify_s[ctx] = measure_verify_curve(t, ctx, VERIFY_SIZES, repeats=3,
+                                                             timings=timings)
+                profile.prefill_s[ctx] = timings["prefill_s"]
+    finally:
+        path.unlink(missing_ok=True)
+    for shape in drafts:
+        dpath = workdir / f"{shape.name}.gguf"
+        note(f"draft model {shape.name}")
+        write_synthetic_gguf(shape, dpath, tokenizer_from)
+        try:
+            token_s, sync_s = measure_draft_model(dpath, n_threads, PLAN_CONTEXT)
+            profile.drafts.append(DraftCost(shape.name, dpath.stat().st_size, token_s, sync_s))
+        finally:
+            dpath.unlink(missing_ok=True)
+    if head:
+        note(f"a draft head of width {target.hidden_size}")
+        level, update = measure_head_level(target.hidden_size, target.n_heads,
+                                           target.n_kv_heads, target.ffn_size,
+                                           target.vocab_size)
+        profile.heads["cpu"] = HeadCost(target.hidden_size, target.vocab_size, level, update)
+    return profile
+
+
+def shapes(names: list[str]) -> list[ModelShape]:
+    return [shape_named(n) for n in names]

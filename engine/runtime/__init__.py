@@ -1,0 +1,7 @@
+"""llama.cpp at work: native handles (``native``, the only module that imports
+``llama_cpp``), the target model with the KV cache Tandem keeps in step, moving KV cells
+between caches, the draft tree the target verifies, what a model file holds before its
+weights load, the machine it all runs on, chat templates and text streaming.
+
+May import: ``engine.gguf``, ``engine.errors``, ``models``.
+"""

@@ -1,0 +1,154 @@
+"""Move a sequence's KV cells from an F16 cache into Tandem's Q8_0-K cache.
+
+llama.cpp's CPU flash attention prefills an F16/F16 cache with a tiled kernel that a
+Q8_0 K cache cannot use, so a long prompt's first token takes ~1.4x as long with Q8_0 K.
+Decoding needs Q8_0 K (one kernel for every batch size: speculative output identical to
+plain decoding). So Tandem prefills in an F16 context and moves the cells: this module
+rewrites llama.cpp's sequence-state blob (``llama_state_seq_get_data``), keeping V as it
+is and storing K the way llama.cpp stores a quantized K itself: rotated by an orthonormal
+Walsh-Hadamard matrix over blocks of the head (llama-kv-cache.cpp, ``attn_rot_k``), then
+quantized to Q8_0. Any layout this module does not know raises ``StateFormatError``;
+the caller then prefills the slow way.
+
+The blob, for a unified (single-stream) cache and models without per-cell extras:
+    u32 magic, i32 seq_id, u32 n_stream(=1), u32 n_cells,
+    n_cells x (i32 pos, u32 n_seq_id(=1), i32 seq_id),
+    u32 v_trans(=0), u32 n_layer,
+    n_layer x (i32 k_type, u64 k_row_bytes, n_cells rows),
+    n_layer x (i32 v_type, u64 v_row_bytes, n_cells rows).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from functools import cache
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import quantize
+from threadpoolctl import ThreadpoolController
+
+from engine.runtime.native import ggml_row_kernels
+
+_F16 = GGMLQuantizationType.F16
+_Q8_0 = GGMLQuantizationType.Q8_0
+_Q8_BLOCK = GGML_QUANT_SIZES[_Q8_0][0]
+
+
+class StateFormatError(ValueError):
+    """A sequence-state blob this module cannot rewrite."""
+
+
+@cache
+def hadamard(n: int) -> np.ndarray:
+    """llama.cpp's orthonormal Sylvester-Walsh-Hadamard matrix of order n (a power of 2)."""
+    h = np.ones((1, 1), dtype=np.float64)
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return (h / np.sqrt(n)).astype(np.float32)
+
+
+def rotation_size(head_dim: int) -> int:
+    """The block llama.cpp rotates a quantized K over: the largest power of two >= 64
+    dividing the head size; 0 when it does not rotate (head size not a multiple of 64)."""
+    if head_dim <= 0 or head_dim % 64:
+        return 0
+    n = 64
+    while head_dim % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+def _f16_to_f32(x: np.ndarray) -> np.ndarray:
+    kernels = ggml_row_kernels()
+    return kernels.f16_to_f32(x) if kernels else x.astype(np.float32)
+
+
+def _quantize_q8_0(x: np.ndarray) -> np.ndarray:
+    kernels = ggml_row_kernels()
+    # gguf's numpy reference writes the same bytes, slower.
+    return kernels.quantize_q8_0(x) if kernels else quantize(x, _Q8_0)
+
+
+class _Reader:
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+        self.at = 0
+
+    def take(self, fmt: str) -> tuple[int, ...]:
+        try:
+            values = struct.unpack_from(fmt, self.blob, self.at)
+        except struct.error as exc:
+            raise StateFormatError(f"state blob ends early ({exc})") from None
+        self.at += struct.calcsize(fmt)
+        return values
+
+    def rows(self, n_rows: int, row_bytes: int) -> np.ndarray:
+        size = n_rows * row_bytes
+        if self.at + size > len(self.blob):
+            raise StateFormatError("state blob ends inside a tensor")
+        out = np.frombuffer(self.blob, dtype=np.uint8, count=size, offset=self.at)
+        self.at += size
+        return out.reshape(n_rows, row_bytes)
+
+
+def llama_rotates_quantized_k() -> bool:
+    """llama.cpp rotates a quantized K unless LLAMA_ATTN_ROT_DISABLE says otherwise."""
+    try:
+        return not int(os.environ.get("LLAMA_ATTN_ROT_DISABLE", "0"))
+    except ValueError:
+        return True  # llama.cpp reads it with atoi: text counts as 0
+
+
+@cache
+def _threadpools() -> ThreadpoolController:
+    return ThreadpoolController()
+
+
+def f16_to_q8_0_keys(blob: bytes, n_head_kv: int, rotate: bool) -> bytes:
+    """``_f16_to_q8_0_keys`` with numpy's BLAS on one thread: its idle threads spin for a
+    while after a call and slowed llama.cpp's next decode by up to ~100 ms on 2 cores."""
+    with _threadpools().limit(limits=1, user_api="blas"):
+        return _f16_to_q8_0_keys(blob, n_head_kv, rotate)
+
+
+def _f16_to_q8_0_keys(blob: bytes, n_head_kv: int, rotate: bool) -> bytes:
+    """Rewrite a sequence-state blob of an F16/F16 cache for a Q8_0-K/F16-V cache.
+
+    ``rotate``: llama.cpp's rotation of quantized K is on (``llama_rotates_quantized_k``);
+    it applies to heads whose size is a multiple of 64, a K row being ``n_head_kv``
+    heads."""
+    read = _Reader(blob)
+    header = blob[:8]
+    read.take("<Ii")
+    n_stream, n_cells = read.take("<II")
+    if n_stream != 1:
+        raise StateFormatError(f"{n_stream} KV streams (Tandem's cache has one)")
+    meta = read.rows(n_cells, 12)  # per cell: position, 1 sequence, its id
+    if not (meta.view(np.int32)[:, 1] == 1).all():
+        raise StateFormatError("cells with per-cell extras or several sequences")
+    v_trans, n_layer = read.take("<II")
+    if v_trans:
+        raise StateFormatError("a transposed V cache (flash attention off)")
+    out = [header, struct.pack("<II", 1, n_cells), meta.tobytes(),
+           struct.pack("<II", 0, n_layer)]
+    for _ in range(n_layer):
+        k_type, row_bytes = read.take("<iQ")
+        if k_type != _F16:
+            raise StateFormatError(f"K of ggml type {k_type}, not F16")
+        keys = _f16_to_f32(read.rows(n_cells, row_bytes).view(np.float16))
+        width = keys.shape[1]
+        if width % _Q8_BLOCK or width % n_head_kv:
+            raise StateFormatError(f"K rows of {width} values for {n_head_kv} heads")
+        block = rotation_size(width // n_head_kv) if rotate else 0
+        if block:
+            keys = (keys.reshape(-1, block) @ hadamard(block)).reshape(keys.shape)
+        packed = _quantize_q8_0(keys)
+        out += [struct.pack("<iQ", _Q8_0, packed.shape[1]), packed.tobytes()]
+    for _ in range(n_layer):
+        v_type, row_bytes = read.take("<iQ")
+        out += [struct.pack("<iQ", v_type, row_bytes), read.rows(n_cells, row_bytes).tobytes()]
+    if read.at != len(blob):
+        raise StateFormatError(f"{len(blob) - read.at} unread bytes after the V cache")
+    return b"".join(out)

@@ -1,0 +1,479 @@
+"""Owners of llama.cpp's native handles. The only module of Tandem that touches ctypes.
+
+Above this layer everything is ``list[int]``, numpy arrays and plain Python values.
+Each owner has an idempotent ``close()`` and works as a context manager.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+import threading
+from collections import deque
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from engine.errors import ClosedError, ContextFullError, ModelLoadError, NativeError
+from engine.gguf.check import why_unloadable
+from engine.gguf.draft_compat import VOCAB_TYPES, VocabFacts
+from engine.gguf.header import check_gguf_magic
+
+log = logging.getLogger(__name__)
+
+_DECODE_MEANINGS = {
+    1: "no KV-cache slot for the batch (context full)",
+    2: "aborted",
+    -1: "invalid input batch",
+}
+
+_KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+# llama.cpp's recent log lines, so a load failure can say what llama.cpp objected to.
+_recent_native_log: deque[str] = deque(maxlen=40)
+
+
+@llama_cpp.llama_log_callback
+def _on_native_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", errors="replace")
+    _recent_native_log.append(line)
+    if level == 3:  # GGML_LOG_LEVEL_ERROR
+        log.debug("llama.cpp: %s", line.rstrip())
+
+
+def _ensure_backend() -> None:
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            llama_cpp.llama_log_set(_on_native_log, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _backend_ready = True
+
+
+def _native_errors_since(mark: int) -> str:
+    lines = list(_recent_native_log)[mark:]
+    errors = [ln.strip() for ln in lines if "error" in ln.lower() or "failed" in ln.lower()]
+    return "; ".join(errors[-3:])
+
+
+class GgmlRowKernels:
+    """ggml's own SIMD row conversions (libggml-cpu), ~3x numpy's for moving KV cells."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._to_f32 = lib.ggml_cpu_fp16_to_fp32
+        self._to_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        self._to_f32.restype = None
+        self._q8_0 = lib.quantize_row_q8_0
+        self._q8_0.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        self._q8_0.restype = None
+
+    def f16_to_f32(self, x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float16)
+        out = np.empty(x.shape, dtype=np.float32)
+        self._to_f32(x.ctypes.data, out.ctypes.data, x.size)
+        return out
+
+    def quantize_q8_0(self, x: np.ndarray) -> np.ndarray:
+        """Rows of float32 (a multiple of 32 long) -> their Q8_0 bytes."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty((x.shape[0], x.shape[1] // 32 * 34), dtype=np.uint8)
+        self._q8_0(x.ctypes.data, out.ctypes.data, x.size)
+        return out
+
+
+@functools.cache
+def ggml_row_kernels() -> GgmlRowKernels | None:
+    """The CPU backend's row kernels; None where the build names them otherwise."""
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    for name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
+        try:
+            return GgmlRowKernels(ctypes.CDLL(str(lib_dir / name)))
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def utf8_bytes(text: str) -> bytes:
+    """``text`` as UTF-8 for llama.cpp. Bytes that were not valid UTF-8 (a command line's
+    surrogate escapes, lone surrogates from JSON) become U+FFFD, as an editor shows them,
+    rather than a codec error."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        try:  # argv and stdin carry invalid bytes as surrogate escapes: recover them
+            raw = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # other lone surrogates
+            raw = text.encode("utf-8", "surrogatepass")
+        return raw.decode("utf-8", "replace").encode("utf-8")
+
+
+def supports_gpu_offload() -> bool:
+    """Whether this llama.cpp build can put layers on a GPU."""
+    _ensure_backend()
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+class NativeModel:
+    """A loaded GGUF: weights and vocabulary."""
+
+    def __init__(self, path: str | os.PathLike[str], n_gpu_layers: int = 0,
+                 vocab_only: bool = False) -> None:
+        """Raises ModelLoadError for a missing, non-GGUF, truncated or unsupported file.
+        ``vocab_only`` reads the header and vocabulary, no weights (fast)."""
+        self.path = Path(path)
+        check_gguf_magic(self.path)
+        _ensure_backend()
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.vocab_only = vocab_only
+        mark = len(_recent_native_log)
+        handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
+        if not handle:
+            why = (why_unloadable(self.path) or _native_errors_since(mark)
+                   or "llama.cpp could not load it")
+            raise ModelLoadError(f"cannot load {self.path}: {why}")
+        self._handle = handle
+        self._vocab = llama_cpp.llama_model_get_vocab(handle)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.n_embd = int(llama_cpp.llama_model_n_embd(handle))
+        self.n_layer = int(llama_cpp.llama_model_n_layer(handle))
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(handle))
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        self.bos_id = int(llama_cpp.llama_vocab_bos(self._vocab))
+        self.eog_ids = frozenset(
+            t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)
+        )
+        self._pieces: list[bytes] | None = None
+
+    @property
+    def handle(self) -> llama_cpp.llama_model_p:
+        if self._handle is None:
+            raise ClosedError("model")
+        return self._handle
+
+    def close(self) -> None:
+        if self._handle is not None:
+            llama_cpp.llama_model_free(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> NativeModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def n_head_kv(self) -> int:
+        """KV heads (of layer 0); llama.cpp aborts on this for a vocab-only load."""
+        return int(llama_cpp.llama_model_n_head_kv(self.handle))
+
+    def metadata(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        # Returns the length of the value, or -1 when the key is absent.
+        n = llama_cpp.llama_model_meta_val_str(self.handle, key.encode(), buf, len(buf))
+        return None if n < 0 else buf.value.decode("utf-8", errors="replace")
+
+    def chat_template(self) -> str | None:
+        raw = llama_cpp.llama_model_chat_template(self.handle, None)
+        return raw.decode("utf-8") if raw else None
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        self.handle  # noqa: B018 - raises ClosedError: the vocab dies with the model
+        data = utf8_bytes(text)
+        n_max = len(data) + 8
+        buf = (llama_cpp.llama_token * n_max)()
+        # Returns the count, or minus the count needed when the buffer is too small.
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special,
+                                     parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (llama_cpp.llama_token * n_max)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special,
+                                         parse_special)
+        if n < 0:
+            raise NativeError("llama_tokenize", n)
+        return list(buf[:n])
+
+    def pieces(self) -> list[bytes]:
+        """The bytes each token id renders to (special tokens rendered), cached."""
+        if self._pieces is None:
+            self.handle  # noqa: B018 - raises ClosedError: the vocab dies with the model
+            buf = ctypes.create_string_buffer(256)
+            out = []
+            for t in range(self.n_vocab):
+                n = llama_cpp.llama_token_to_piece(self._vocab, t, buf, len(buf), 0, True)
+                out.append(buf.raw[: max(n, 0)])
+            self._pieces = out
+        return self._pieces
+
+    def vocab_facts(self) -> VocabFacts:
+        """What llama.cpp's draft compatibility rules compare (a vocab-only load is enough)."""
+        vocab = self._vocab
+        self.handle  # noqa: B018 - raises ClosedError: the vocab dies with the model
+        kind = int(llama_cpp.llama_vocab_type(vocab))
+        texts = tuple((llama_cpp.llama_vocab_get_text(vocab, t) or b"")
+                      for t in range(self.n_vocab))
+        return VocabFacts(name=self.path.name, vocab_type=VOCAB_TYPES.get(kind, str(kind)),
+                          add_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
+                          bos_id=int(llama_cpp.llama_vocab_bos(vocab)),
+                          add_eos=bool(llama_cpp.llama_vocab_get_add_eos(vocab)),
+                          eos_id=int(llama_cpp.llama_vocab_eos(vocab)), texts=texts)
+
+
+class NativeBatch:
+    """A reusable ``llama_batch`` of up to ``n_tokens_max`` tokens."""
+
+    def __init__(self, n_tokens_max: int, n_seq_max: int) -> None:
+        self.n_tokens_max = n_tokens_max
+        self.n_seq_max = n_seq_max
+        self._batch = llama_cpp.llama_batch_init(n_tokens_max, 0, n_seq_max)
+        self._open = True
+
+    @property
+    def raw(self) -> llama_cpp.llama_batch:
+        if not self._open:
+            raise ClosedError("batch")
+        return self._batch
+
+    def fill(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        seq_ids: list[tuple[int, ...]] | None,
+        outputs: list[bool] | bool,
+    ) -> None:
+        """Fill the batch. ``seq_ids`` None puts every token in sequence 0."""
+        n = len(tokens)
+        if n > self.n_tokens_max:
+            raise ValueError(f"batch of {n} tokens exceeds its capacity {self.n_tokens_max}")
+        b = self.raw
+        tok, pos, nsq, sq, lg = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
+        for i in range(n):
+            tok[i] = tokens[i]
+            pos[i] = positions[i]
+            if seq_ids is None:
+                nsq[i] = 1
+                sq[i][0] = 0
+            else:
+                ids = seq_ids[i]
+                nsq[i] = len(ids)
+                row = sq[i]
+                for j, s in enumerate(ids):
+                    row[j] = s
+            lg[i] = outputs if isinstance(outputs, bool) else outputs[i]
+        b.n_tokens = n
+
+    def fill_one(self, token: int, position: int) -> None:
+        """The plain-decoding fast path: one token of sequence 0, with its output."""
+        b = self.raw
+        b.token[0] = token
+        b.pos[0] = position
+        b.n_seq_id[0] = 1
+        b.seq_id[0][0] = 0
+        b.logits[0] = 1
+        b.n_tokens = 1
+
+    def close(self) -> None:
+        if self._open:
+            llama_cpp.llama_batch_free(self._batch)
+            self._open = False
+
+    def __enter__(self) -> NativeBatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class NativeContext:
+    """A llama.cpp context: the KV cache and the compute graph for one model."""
+
+    def __init__(
+        self,
+        model: NativeModel,
+        n_ctx: int,
+        n_batch: int,
+        n_seq_max: int,
+        n_threads: int,
+        embeddings: bool,
+        type_k: str = "q8_0",
+        type_v: str = "f16",
+        unified_kv: bool = True,
+        flash_attn: bool = True,
+    ) -> None:
+        """Raises ModelLoadError when llama.cpp cannot create the context (memory)."""
+        _ensure_backend()
+        self.model = model
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = n_seq_max
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.embeddings = embeddings
+        params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE
+        # Tree verification puts one token in several sequences: needs one shared KV buffer.
+        # (Independent sequences, as in batched data generation, are cheaper in separate
+        # streams: attention then skips the other sequences' cells.)
+        params.kv_unified = unified_kv
+        # With K and V of one float type, llama.cpp's CPU flash attention takes a
+        # split-KV path for single-token decodes once the cache holds >= 512 cells, and
+        # a batch is then computed differently from the same tokens one by one (logits
+        # off by ~0.5): greedy speculative output would drift from plain decoding.
+        # K in Q8_0, V in F16 keeps every batch size on one kernel (bit-identical
+        # logits here) at F16's decode speed (llama-bench, 2 threads, depth 600/1500:
+        # 56.6/43.5 tok/s vs 59.6/42.1 for F16/F16; Q8_0 V would cost ~15%).
+        params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                                  else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        params.type_k = _KV_TYPES[type_k]
+        params.type_v = _KV_TYPES[type_v]
+        mark = len(_recent_native_log)
+        handle = llama_cpp.llama_init_from_model(model.handle, params)
+        if not handle:
+            why = _native_errors_since(mark) or "out of memory?"
+            raise ModelLoadError(f"cannot create a {n_ctx}-token context: {why}")
+        self._handle = handle
+        self._memory = llama_cpp.llama_get_memory(handle)
+        self.n_ctx = int(llama_cpp.llama_n_ctx(handle))
+        self.n_batch = n_batch
+        self.n_seq_max = n_seq_max
+        self.n_vocab = model.n_vocab
+        self.n_embd = model.n_embd
+        self._embeddings = embeddings
+        # The last logits row's view, by the address llama.cpp gave: plain decoding reads
+        # one row every step, and numpy's ctypes route rebuilt an array type each time
+        # (~50 us a step on a cache the decode had just flushed, ~1% of a token).
+        self._row_view: tuple[int, np.ndarray] = (0, np.empty(0, np.float32))
+
+    @property
+    def handle(self) -> llama_cpp.llama_context_p:
+        if self._handle is None:
+            raise ClosedError("context")
+        return self._handle
+
+    @property
+    def memory(self) -> llama_cpp.llama_memory_t:
+        if self._handle is None:
+            raise ClosedError("context")
+        return self._memory
+
+    def close(self) -> None:
+        if self._handle is not None:
+            llama_cpp.llama_free(self._handle)
+            self._handle = None
+            self._memory = None  # freed with the context
+
+    def __enter__(self) -> NativeContext:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def set_embeddings(self, on: bool) -> None:
+        """Output post-norm hidden states too. On, every token of a batch is an output."""
+        if on != self._embeddings:
+            llama_cpp.llama_set_embeddings(self.handle, on)
+            self._embeddings = on
+
+    @property
+    def embeddings(self) -> bool:
+        return self._embeddings
+
+    def decode(self, batch: NativeBatch) -> None:
+        """Run the batch. Raises ContextFullError (KV full) or NativeError."""
+        rc = llama_cpp.llama_decode(self.handle, batch.raw)
+        if rc == 1:
+            raise ContextFullError(batch.raw.n_tokens, self.n_ctx, what="batch")
+        if rc != 0:
+            raise NativeError("llama_decode", rc, _DECODE_MEANINGS.get(rc, ""))
+
+    def logits(self, n_outputs: int) -> np.ndarray:
+        """Copy of the logits of the last decode's outputs, shape [n_outputs, n_vocab]."""
+        ptr = llama_cpp.llama_get_logits(self.handle)
+        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab)).copy()
+
+    def argmax_logits(self, n_outputs: int) -> list[int]:
+        """The highest-scoring token of each output of the last decode (no copy)."""
+        ptr = llama_cpp.llama_get_logits(self.handle)
+        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab)).argmax(-1).tolist()
+
+    def last_logits_view(self, n_outputs: int) -> np.ndarray:
+        """No-copy view of the last output's logits; valid until the next decode."""
+        ptr = llama_cpp.llama_get_logits_ith(self.handle, n_outputs - 1)
+        address = ctypes.cast(ptr, ctypes.c_void_p).value or 0
+        if not address:
+            raise NativeError("llama_get_logits_ith", n_outputs - 1, "no logits for that output")
+        if address != self._row_view[0]:
+            row = (ctypes.c_float * self.n_vocab).from_address(address)
+            self._row_view = (address, np.frombuffer(row, dtype=np.float32))
+        return self._row_view[1]
+
+    def hidden_states(self, n_outputs: int) -> np.ndarray:
+        """Copy of the post-norm hidden states of the last decode, [n_outputs, n_embd]."""
+        if not self._embeddings:
+            raise RuntimeError("hidden states need the context in embeddings mode")
+        ptr = llama_cpp.llama_get_embeddings(self.handle)
+        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_embd)).copy()
+
+    # KV cache. Positions: p0 inclusive, p1 exclusive, negative means open-ended.
+    def kv_remove(self, seq_id: int, p0: int, p1: int = -1) -> None:
+        llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
+
+    def kv_copy(self, seq_src: int, seq_dst: int, p0: int = -1, p1: int = -1) -> None:
+        llama_cpp.llama_memory_seq_cp(self.memory, seq_src, seq_dst, p0, p1)
+
+    def kv_clear(self) -> None:
+        llama_cpp.llama_memory_clear(self.memory, True)
+
+    def state_seq_get(self, seq_id: int) -> bytes:
+        """llama.cpp's serialized cells of one sequence (engine.runtime.kv_transfer reads it)."""
+        mark = len(_recent_native_log)
+        size = int(llama_cpp.llama_state_seq_get_size(self.handle, seq_id))
+        buffer = (ctypes.c_uint8 * size)()
+        written = int(llama_cpp.llama_state_seq_get_data(self.handle, buffer, size, seq_id))
+        if not written:
+            raise NativeError("llama_state_seq_get_data", 0, _native_errors_since(mark))
+        return ctypes.string_at(buffer, written)
+
+    def state_seq_set(self, seq_id: int, blob: bytes) -> None:
+        """Replace the sequence's cells with a blob from ``state_seq_get`` (of a cache of
+        the same types); on failure llama.cpp leaves the sequence empty."""
+        mark = len(_recent_native_log)
+        buffer = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        if not llama_cpp.llama_state_seq_set_data(self.handle, buffer, len(blob), seq_id):
+            raise NativeError("llama_state_seq_set_data", 0, _native_errors_since(mark))
+
+    def kv_pos_max(self, seq_id: int) -> int:
+        """Largest position held by the sequence, -1 when it is empty."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id))
+
+
+
+def quantize(src: Path, dst: Path, ftype: int, n_threads: int) -> None:
+    """Requantize a GGUF with llama.cpp (``allow_requantize``). Raises NativeError."""
+    _ensure_backend()
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = n_threads
+    params.allow_requantize = True
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(),
+                                        ctypes.byref(params))
+    if rc != 0:
+        raise NativeError("llama_model_quantize", rc)
+
+
+# llama.cpp's file types for quantize, by the name Tandem's commands use.
+FTYPES = {
+    "f32": llama_cpp.LLAMA_FTYPE_ALL_F32,
+    "f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16,
+    "bf16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16,
+    "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
+    "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
+}
+FTYPE_Q4_0 = FTYPES["q4_0"]

@@ -1,0 +1,573 @@
+"""The target model: a GGUF run by llama.cpp, with a KV cache Tandem keeps in step.
+
+State: sequence 0 of the KV cache holds ``tokens`` (positions 0..n_past-1). The last
+sampled token is *not* in the cache: each step verifies ``[last, *draft]`` and then keeps
+the accepted path (``commit``), trimming everything else.
+
+Bit-exactness and cell order: llama.cpp's attention sums over KV cells in cell order, so
+sequence 0's cells must stay in position order, as in plain decoding, or logits drift by
+rounding and greedy near-ties flip. A tree's rejected nodes that sit *before* an
+accepted node would leave holes that later tokens fill out of order; those cells are
+parked in a sequence nobody attends to (``park_seq``) instead of being freed. Rejected
+nodes after the last accepted one are freed: later tokens refill them in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.errors import ContextFullError, InvalidPromptError, ModelLoadError, NativeError
+from engine.runtime.chat_template import ChatTemplate, check_messages
+from engine.runtime.draft_tree import DraftTree
+from engine.runtime.hardware import default_threads
+from engine.runtime.kv_cache import TYPE_K, TYPE_V
+from engine.runtime.kv_transfer import StateFormatError, f16_to_q8_0_keys, llama_rotates_quantized_k
+from engine.runtime.native import NativeBatch, NativeContext, NativeModel
+from engine.runtime.sequences import common_prefix_length
+
+log = logging.getLogger(__name__)
+
+# Shortest run of prompt tokens worth prefilling in the F16 context: llama.cpp's tiled
+# attention kernel needs 64 queries in a batch, and below ~100 tokens attention is too
+# small a share of the prefill to repay moving the cells (~8 us per token here).
+F16_PREFILL_MIN_TOKENS = 128
+# At most 1/F16_MAX_REDO_SHARE of a prompt's new tokens may be tokens this cache holds
+# but the F16 context would evaluate again; past that, prefilling here is sooner.
+F16_MAX_REDO_SHARE = 4
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    n_ctx: int = 4096
+    n_threads: int | None = None  # None: one per physical core
+    n_batch: int = 256  # prefill chunk; also the largest verification batch
+    n_seq_max: int = 16  # sequences: a tree may have n_seq_max - 1 leaves (one parks)
+    features: bool = False  # post-norm hidden states, for a draft head
+    type_k: str = TYPE_K  # KV-cache types; NativeContext says why K is not f16
+    type_v: str = TYPE_V
+    n_gpu_layers: int = 0  # layers offloaded to a GPU (llama.cpp builds that can)
+    # One KV buffer for all sequences (tree verification needs it); False gives each
+    # sequence its own stream, cheaper for independent sequences (training data).
+    unified_kv: bool = True
+    flash_attn: bool = True
+    # Long prompts are prefilled in a second, F16/F16 context and moved into this one
+    # (engine.runtime.kv_transfer says why); off, or when it cannot apply, they are prefilled here.
+    f16_prefill: bool = True
+
+
+@dataclass
+class Verification:
+    """What one verification decode produced. Valid until the next decode."""
+
+    logits: np.ndarray  # [1 + n_draft, n_vocab]; row 0 predicts the token after the root
+    features: np.ndarray | None  # [1 + n_draft, n_embd] when features are on
+    leaf_seq: dict[int, int]  # draft-tree leaf (verification numbering) -> sequence id
+    node_seqs: list[tuple[int, ...]]  # sequence ids of each node
+    depths: list[int]  # depth of each node, the root 0
+
+
+@dataclass
+class Prefill:
+    logits: np.ndarray  # [n_vocab] for the token after the prompt
+    features: np.ndarray | None  # [n, n_embd] for the last n prompt tokens evaluated
+    n_reused: int  # prompt tokens found already in the cache
+
+
+class Target:
+    """A llama.cpp model and context with Tandem's bookkeeping of sequence 0."""
+
+    def __init__(self, model_path: str | os.PathLike[str], config: TargetConfig | None = None
+                 ) -> None:
+        """Raises ModelLoadError (missing, corrupt or unsupported GGUF, or no memory)."""
+        self.config = config or TargetConfig()
+        self.path = Path(model_path)
+        self.n_threads = self.config.n_threads or default_threads()
+        self.n_gpu_layers = self.config.n_gpu_layers
+        self.model = NativeModel(self.path, n_gpu_layers=self.n_gpu_layers)
+        try:
+            n_ctx = min(self.config.n_ctx, self.model.n_ctx_train or self.config.n_ctx)
+            self._ctx = NativeContext(self.model, n_ctx=n_ctx, n_batch=self.config.n_batch,
+                                      n_seq_max=self.config.n_seq_max,
+                                      n_threads=self.n_threads,
+                                      embeddings=self.config.features,
+                                      type_k=self.config.type_k,
+                                      type_v=self.config.type_v,
+                                      unified_kv=self.config.unified_kv,
+                                      flash_attn=self.config.flash_attn)
+            self.batch = NativeBatch(self.config.n_batch, self.config.n_seq_max)
+        except BaseException:
+            self.model.close()
+            raise
+        self.template = ChatTemplate.from_model(self.model)
+        self.tokens: list[int] = []
+        self.park_seq = self.config.n_seq_max - 1
+        self.n_parked = 0  # cells parked (see module docstring)
+        self._parked_from = 0  # every parked cell sits at a position >= this
+        # The F16 prefill context and the tokens its sequence 0 holds; why it is not
+        # used, if it is not. Made now: made on the first long prompt, it cost that
+        # prompt's first token ~0.3 s.
+        self._f16_ctx: NativeContext | None = None
+        self._f16_tokens: list[int] = []
+        # The first position whose cells are still in the F16 context, None when all are
+        # here: a prompt's cells are moved after its first token is out (``ctx``).
+        self._unmoved_from: int | None = None
+        self.f16_prefill_off = self._why_no_f16_prefill()
+        if not self.f16_prefill_off:
+            try:
+                self._f16_ctx = NativeContext(
+                    self.model, n_ctx=self.n_ctx, n_batch=self.config.n_batch, n_seq_max=2,
+                    n_threads=self.n_threads, embeddings=False, type_k="f16", type_v="f16")
+            except ModelLoadError as exc:
+                self.f16_prefill_off = f"no memory for it: {exc}"
+                log.warning("F16 prefill off, prompts are prefilled in the Q8_0 cache: %s",
+                            exc)
+
+    # --- lifecycle -------------------------------------------------------------------
+    def close(self) -> None:
+        self._unmoved_from = None  # nothing left to move into a closing context
+        for owner in ("_f16_ctx", "batch", "_ctx", "model"):
+            handle = getattr(self, owner, None)
+            if handle is not None:
+                handle.close()
+
+    def __enter__(self) -> Target:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- facts -----------------------------------------------------------------------
+    @property
+    def ctx(self) -> NativeContext:
+        """The decoding context, holding every committed token's cells: a long prompt's,
+        prefilled in the F16 context, are moved in on first use after its first token."""
+        self._settle()
+        return self._ctx
+
+    def _settle(self) -> None:
+        """Move cells still in the F16 context here. Called before ``self.batch`` is
+        filled: a failed move evaluates the prompt through that batch."""
+        if self._unmoved_from is not None:
+            self._move_cells()
+
+    @property
+    def n_ctx(self) -> int:
+        return self._ctx.n_ctx
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_used(self) -> int:
+        """KV cells taken: the committed tokens and the parked cells."""
+        return len(self.tokens) + self.n_parked
+
+    @property
+    def n_vocab(self) -> int:
+        return self.model.n_vocab
+
+    @property
+    def n_embd(self) -> int:
+        return self.model.n_embd
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return token in self.model.eog_ids
+
+    # --- text ------------------------------------------------------------------------
+    def tokenize(self, text: str, special: bool = True) -> list[int]:
+        """Tokens of ``text``; ``special`` parses control tokens such as <|im_start|>."""
+        return self.model.tokenize(text, add_special=self.model.add_bos, parse_special=special)
+
+    def chat_prompt(self, messages: list[dict[str, str]],
+                    add_generation_prompt: bool = True) -> list[int]:
+        """Tokens of a conversation formatted with the GGUF's chat template (with the
+        assistant's opening when ``add_generation_prompt``)."""
+        check_messages(messages)
+        # The template writes BOS itself when the model wants one. Only its markup may
+        # become control tokens: the messages' own text is tokenized as text.
+        parts = self.template.render_parts(messages, add_generation_prompt)
+        if parts is None:
+            log.warning("the chat template rewrites message texts; tokenizing it whole")
+            text = self.template.render(messages, add_generation_prompt=add_generation_prompt)
+            return self.model.tokenize(text, add_special=False, parse_special=True)
+        tokens: list[int] = []
+        for text, markup in parts:
+            tokens += self.model.tokenize(text, add_special=False, parse_special=markup)
+        return tokens
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.model.pieces()[token]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        pieces = self.model.pieces()
+        return b"".join(pieces[t] for t in tokens).decode("utf-8", errors="replace")
+
+    # --- KV cache --------------------------------------------------------------------
+    def reset(self, cold: bool = False) -> None:
+        """Empty the KV cache. The F16 prefill context keeps its prompt unless ``cold``:
+        a prompt asked again (a regenerate) then only moves its cells; a benchmark wants
+        every prompt prefilled from nothing, as llama-server's without its prompt cache."""
+        self._unmoved_from = None  # cells never moved need no clearing
+        self.ctx.kv_clear()
+        self.tokens = []
+        self.n_parked = 0
+        if cold and self._f16_ctx is not None:
+            self._f16_ctx.kv_clear()
+            self._f16_tokens = []
+
+    def rollback(self, n_keep: int) -> None:
+        """Forget everything after the first ``n_keep`` committed tokens."""
+        if n_keep < len(self.tokens):
+            self.ctx.kv_remove(0, n_keep, -1)
+            del self.tokens[n_keep:]
+        if self.n_parked and n_keep <= self._parked_from:
+            # Every parked cell now follows every kept cell: freeing them leaves no hole.
+            self.ctx.kv_remove(self.park_seq, -1, -1)
+            self.n_parked = 0
+
+    def compact(self) -> None:
+        """Free the parked cells by re-evaluating the tokens committed since the first
+        of them, in small batches (batch sizes verification uses, so the cache holds
+        the same values). For when the context runs short."""
+        if not self.n_parked:
+            return
+        start = self._parked_from
+        redo = self.tokens[start:]
+        self.rollback(start)
+        self._evaluate(redo, chunk_size=8)
+
+    def set_features(self, on: bool) -> None:
+        self._ctx.set_embeddings(on)  # a flag: no need to move cells first
+
+    # --- prefill ---------------------------------------------------------------------
+    def prefill(self, prompt: list[int], feature_tail: int | None = None) -> Prefill:
+        """Evaluate ``prompt`` in chunks, reusing the cached common prefix.
+
+        In features mode every token evaluated is an output, which runs the LM head on
+        it (a fifth of this model's compute per token); ``feature_tail`` limits the
+        features to the last tokens of the prompt, so the first token comes as fast as
+        in plain decoding.
+
+        Raises ContextFullError (nothing changed) when the prompt cannot fit with room
+        for one new token; NativeError on a failed decode (the cache is rolled back).
+        """
+        if not prompt:
+            raise InvalidPromptError("the prompt is empty")
+        low, high = min(prompt), max(prompt)
+        if low < 0 or high >= self.n_vocab:
+            bad = low if low < 0 else high
+            raise InvalidPromptError(f"the prompt holds token id {bad}, outside this model's "
+                                     f"vocabulary (0 to {self.n_vocab - 1})")
+        if len(prompt) + 1 > self.n_ctx:
+            raise ContextFullError(len(prompt) + 1, self.n_ctx)
+        n_same = common_prefix_length(self.tokens, prompt)
+        # Evaluate at least the last prompt token: its logits choose the first new token.
+        n_keep = min(n_same, len(prompt) - 1)
+        self.rollback(n_keep)
+        todo = prompt[n_keep:]
+        tail = 1  # the last token's logits choose the first new token
+        if self.ctx.embeddings:
+            tail = len(todo) if feature_tail is None else max(1, min(feature_tail, len(todo)))
+        # A long prompt is evaluated in the F16 context, its cells moved here; the last
+        # token's logits come from there too, as llama-server's do (a decode of that token
+        # alone here cost a full token's time). What the drafter asks of features changes
+        # neither the cells nor those logits.
+        moved = self._prefill_in_f16(todo, n_features=tail if self._ctx.embeddings else 0)
+        if moved is not None:
+            logits, features = moved
+            return Prefill(logits=logits, features=features if self._ctx.embeddings else None,
+                           n_reused=n_keep)
+        feats: list[np.ndarray] = []
+        if self.ctx.embeddings and tail < len(todo):
+            self.ctx.set_embeddings(False)
+            try:
+                self._evaluate(todo[:-tail], self.config.n_batch)
+            finally:
+                self.ctx.set_embeddings(True)
+            todo = todo[-tail:]
+        logits, tail_feats = self._evaluate(todo, self.config.n_batch)
+        feats += tail_feats
+        features = np.concatenate(feats) if feats else None
+        return Prefill(logits=logits, features=features, n_reused=n_keep)
+
+    # --- F16 prefill (engine.runtime.kv_transfer) --------------------------------------------
+    def _why_no_f16_prefill(self) -> str | None:
+        c = self.config
+        if not c.f16_prefill:
+            return "turned off"
+        if c.type_k != "q8_0" or c.type_v != "f16":
+            return f"the cache is {c.type_k}/{c.type_v}, not Q8_0/F16"
+        if not (c.flash_attn and c.unified_kv):
+            return "needs flash attention and one KV stream"
+        if self.n_gpu_layers:
+            return "layers run on a GPU"
+        return None
+
+    def _prefill_in_f16(self, tokens: list[int], n_features: int
+                        ) -> tuple[np.ndarray, np.ndarray] | None:
+        """Append ``tokens`` to sequence 0 by prefilling them in the F16 context and
+        moving their cells here. Returns the last token's logits and the hidden states of
+        the last ``n_features`` tokens ([0, n_embd] when none are asked), or None (nothing
+        changed) when it does not apply or fails; a failure turns it off for this target,
+        with a warning."""
+        if self.f16_prefill_off or len(tokens) < F16_PREFILL_MIN_TOKENS:
+            return None
+        # The F16 context holds the prompts it prefilled, not the answers decoded here:
+        # a chat's next turn would evaluate the last answer there again (a 150-token
+        # message after a 400-token answer: first token 0.88 s instead of 0.35 s).
+        full = self.tokens + tokens
+        start = self._f16_start(full)
+        if (self.n_past - start) * F16_MAX_REDO_SHARE > len(tokens):
+            return None
+        try:
+            return self._prefill_f16_and_move(full, start, n_features)
+        except (NativeError, StateFormatError, ContextFullError) as exc:
+            self.ctx.kv_remove(1, -1, -1)
+            self.ctx.kv_remove(0, self.n_past, -1)
+            self._turn_off_f16_prefill(exc)
+            return None
+
+    def _turn_off_f16_prefill(self, exc: Exception) -> None:
+        self.f16_prefill_off = f"failed: {exc}"
+        log.warning("F16 prefill off, prompts are prefilled in the Q8_0 cache: %s", exc)
+        if self._f16_ctx is not None:
+            self._f16_ctx.close()
+            self._f16_ctx = None
+
+    def _prefill_f16_and_move(self, full: list[int], start: int, n_features: int
+                              ) -> tuple[np.ndarray, np.ndarray]:
+        """Evaluate ``full`` (the committed tokens, then the new ones) from ``start`` in
+        the F16 context; its new tokens become committed here, their cells moved later."""
+        # The last prompt's cells leave first; a failed move closes the F16 context, so
+        # it is looked up after.
+        self._settle()
+        f16 = self._f16_ctx
+        if f16 is None:  # made with the target; dropped only when turned off
+            raise NativeError("F16 prefill context", 0, "closed")
+        # Features are evaluated again beside the prompt (sequence 1): asked of sequence
+        # 0's chunks they would make every token an output (the LM head over the whole
+        # prompt: +40% first-token time on F32) and change the last token's logits. The
+        # prompt leaves at least one cell free, so at least the last token's fit.
+        n_features = min(n_features, self.n_ctx - len(full))
+        step = self.config.n_batch
+        f16.kv_remove(0, start, -1)
+        del self._f16_tokens[start:]
+        for pos0 in range(start, len(full), step):
+            chunk = full[pos0:pos0 + step]
+            outputs = [False] * len(chunk)
+            outputs[-1] = pos0 + len(chunk) == len(full)
+            self.batch.fill(chunk, list(range(pos0, pos0 + len(chunk))), None, outputs)
+            f16.decode(self.batch)
+            self._f16_tokens.extend(chunk)
+        logits = f16.logits(1)[0]
+        feats = (self._f16_features_again(f16, full, n_features) if n_features > 0
+                 else np.empty((0, self.n_embd), dtype=np.float32))
+        # The cells move when the context is next used: the first token does not wait
+        # for the copy and the K conversion (10-35 ms on 200-800 tokens).
+        self._unmoved_from = self.n_past
+        self.tokens.extend(full[self.n_past:])
+        return logits, feats
+
+    def _f16_start(self, full: list[int]) -> int:
+        """Where the F16 context's evaluation of ``full`` starts. Chunks start at
+        multiples of n_batch, so the cells a prompt gets do not depend on which earlier
+        prompt left how much in this context, nor on features asked. The last chunk is
+        evaluated even when cached: its logits choose the first token."""
+        step = self.config.n_batch
+        n_same = common_prefix_length(self._f16_tokens, full)
+        return min(n_same - n_same % step, (len(full) - 1) // step * step)
+
+    def _move_cells(self) -> None:
+        """Move the cells from ``_unmoved_from`` on out of the F16 context. If that fails,
+        F16 prefill is turned off (with a warning) and those tokens are evaluated here
+        instead: the first token, already chosen, came from the F16 prefill's logits."""
+        start, self._unmoved_from = self._unmoved_from, None
+        assert start is not None and self._f16_ctx is not None
+        f16 = self._f16_ctx
+        try:
+            # Sequence 1 is free outside a verification: the cells travel through it.
+            f16.kv_copy(0, 1, start, -1)
+            try:
+                blob = f16.state_seq_get(1)
+            finally:
+                f16.kv_remove(1, -1, -1)
+            moved = f16_to_q8_0_keys(blob, self.model.n_head_kv, llama_rotates_quantized_k())
+            self._ctx.state_seq_set(1, moved)
+            self._ctx.kv_copy(1, 0, -1, -1)
+            self._ctx.kv_remove(1, -1, -1)
+        except (NativeError, StateFormatError) as exc:
+            self._ctx.kv_remove(1, -1, -1)
+            self._ctx.kv_remove(0, start, -1)
+            self._turn_off_f16_prefill(exc)
+            redo = self.tokens[start:]
+            del self.tokens[start:]
+            features = self._ctx.embeddings
+            self._ctx.set_embeddings(False)  # only the cells are wanted
+            try:
+                self._evaluate(redo, self.config.n_batch)
+            finally:
+                self._ctx.set_embeddings(features)
+
+    def _f16_features_again(self, f16: NativeContext, full: list[int], n_features: int
+                            ) -> np.ndarray:
+        """Hidden states of the last ``n_features`` tokens of ``full`` (all in sequence
+        0 of the F16 context), evaluated again in sequence 1 on sequence 0's cells
+        before them; sequence 1 is emptied after."""
+        first = len(full) - n_features
+        step = self.config.n_batch
+        f16.kv_copy(0, 1, 0, first)  # shares the cells, copies nothing
+        f16.set_embeddings(True)
+        try:
+            feats = []
+            for pos0 in range(first, len(full), step):
+                chunk = full[pos0:pos0 + step]
+                self.batch.fill(chunk, list(range(pos0, pos0 + len(chunk))),
+                                [(1,)] * len(chunk), True)
+                f16.decode(self.batch)
+                feats.append(f16.hidden_states(len(chunk)))
+            return np.concatenate(feats)
+        finally:
+            f16.set_embeddings(False)
+            f16.kv_remove(1, -1, -1)
+
+    def _evaluate(self, tokens: list[int], chunk_size: int
+                  ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Append ``tokens`` to sequence 0 in chunks. Returns the last token's logits and,
+        in embeddings mode, every token's features; rolls back on a failed decode."""
+        self._settle()
+        n_keep = self.n_past
+        feats: list[np.ndarray] = []
+        logits = None
+        try:
+            for start in range(0, len(tokens), chunk_size):
+                chunk = tokens[start:start + chunk_size]
+                last_chunk = start + len(chunk) == len(tokens)
+                pos0 = n_keep + start
+                outputs = [False] * len(chunk)
+                outputs[-1] = last_chunk
+                self.batch.fill(chunk, list(range(pos0, pos0 + len(chunk))), None, outputs)
+                self.ctx.decode(self.batch)
+                self.tokens.extend(chunk)
+                # In embeddings mode every token is an output, whatever the flags say.
+                n_out = len(chunk) if self.ctx.embeddings else int(last_chunk)
+                if self.ctx.embeddings:
+                    feats.append(self.ctx.hidden_states(n_out))
+                if last_chunk:
+                    logits = self.ctx.logits(n_out)[n_out - 1]
+        except BaseException:
+            self.rollback(n_keep)
+            raise
+        assert logits is not None
+        return logits, feats
+
+    # --- independent sequences (training data) ----------------------------------------
+    def decode_sequences(self, tokens: list[int], positions: list[int], seqs: list[int]
+                         ) -> tuple[np.ndarray, list[int]]:
+        """Decode tokens of independent sequences (one sequence id per token) outside
+        the sequence-0 bookkeeping. Returns their features and the target's argmax after
+        each. Needs features on; the caller owns the sequences it names."""
+        if not self.ctx.embeddings:
+            raise ValueError("decode_sequences needs a target opened with features=True")
+        self.batch.fill(tokens, positions, [(s,) for s in seqs], True)
+        self.ctx.decode(self.batch)
+        return self.ctx.hidden_states(len(tokens)), self.ctx.argmax_logits(len(tokens))
+
+    def forget_sequence(self, seq: int) -> None:
+        """Drop every cached cell of ``seq`` (independent sequences only)."""
+        self.ctx.kv_remove(seq, -1, -1)
+
+    # --- verification ----------------------------------------------------------------
+    def verify(self, root: int, draft: DraftTree) -> Verification:
+        """Decode ``[root, *draft]`` in one batch; every node is an output.
+
+        A chain lives in sequence 0. A tree gives each leaf its own sequence (the first
+        leaf sequence 0), copies the committed prefix into each, and puts every node in
+        the sequences of the leaves below it, at position n_past + depth.
+        Raises ContextFullError (nothing changed) when the batch does not fit.
+        """
+        self._settle()
+        n = 1 + len(draft)
+        if self.n_used + n > self.n_ctx:
+            raise ContextFullError(self.n_used + n, self.n_ctx, what="verification batch")
+        base = self.n_past
+        if len(draft) == 0:
+            self.batch.fill_one(root, base)
+            self._decode_or_trim()
+            logits = self.ctx.last_logits_view(1)[None, :]
+            feats = self.ctx.hidden_states(1) if self.ctx.embeddings else None
+            return Verification(logits, feats, {0: 0}, [(0,)], [0])
+
+        depths = [0] + draft.depths()
+        tokens = [root] + draft.tokens
+        positions = [base + d for d in depths]
+        if draft.is_chain():
+            node_seqs: list[tuple[int, ...]] = [(0,)] * n
+            leaf_seq = {n - 1: 0}
+            self.batch.fill(tokens, positions, None, True)
+        else:
+            leaves = [leaf + 1 for leaf in draft.leaves()]
+            if len(leaves) > self.park_seq:
+                raise ValueError(f"a tree of {len(leaves)} leaves exceeds the "
+                                 f"{self.park_seq} sequences available")
+            leaf_seq = {leaf: s for s, leaf in enumerate(leaves)}
+            parents = [-1] + [p + 1 for p in draft.parents]
+            below: list[set[int]] = [set() for _ in range(n)]
+            for leaf, s in leaf_seq.items():
+                node = leaf
+                while node >= 0:
+                    below[node].add(s)
+                    node = parents[node]
+            node_seqs = [tuple(sorted(b)) for b in below]
+            for s in range(1, len(leaves)):
+                self.ctx.kv_copy(0, s, -1, -1)
+            self.batch.fill(tokens, positions, node_seqs, True)
+        self._decode_or_trim(n_tree_seqs=len(leaf_seq))
+        logits = self.ctx.logits(n)
+        feats = self.ctx.hidden_states(n) if self.ctx.embeddings else None
+        return Verification(logits, feats, leaf_seq, node_seqs, depths)
+
+    def _decode_or_trim(self, n_tree_seqs: int = 1) -> None:
+        try:
+            self.ctx.decode(self.batch)
+        except BaseException:
+            self._drop_uncommitted(n_tree_seqs)
+            raise
+
+    def _drop_uncommitted(self, n_tree_seqs: int) -> None:
+        self.ctx.kv_remove(0, self.n_past, -1)
+        for s in range(1, n_tree_seqs):
+            self.ctx.kv_remove(s, -1, -1)
+
+    def commit(self, verification: Verification, path: list[int], path_tokens: list[int]
+               ) -> None:
+        """Keep the accepted ``path`` (verification numbering, root first) in sequence 0."""
+        base = self.n_past
+        if len(verification.depths) == 1:  # a plain step: its one cell is kept as it is
+            self.tokens.extend(path_tokens)
+            return
+        n_keep = base + len(path)
+        n_tree_seqs = len(verification.leaf_seq)
+        on_path = set(path)
+        for node in range(1, path[-1]):
+            if node not in on_path:  # rejected, but its cell precedes an accepted one
+                pos = base + verification.depths[node]
+                self.ctx.kv_copy(verification.node_seqs[node][0], self.park_seq, pos, pos + 1)
+                if not self.n_parked:
+                    self._parked_from = base + 1
+                self.n_parked += 1
+        seq = verification.node_seqs[path[-1]][0]
+        if seq == 0:
+            self.ctx.kv_remove(0, n_keep, -1)
+        else:
+            # The path sits in another leaf's sequence: move it into sequence 0.
+            self.ctx.kv_remove(0, base + 1, -1)
+            self.ctx.kv_copy(seq, 0, base + 1, n_keep)
+        for s in range(1, n_tree_seqs):
+            self.ctx.kv_remove(s, -1, -1)
+        self.tokens.extend(path_tokens)
