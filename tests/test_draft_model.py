@@ -49,12 +49,16 @@ def test_q4_draft_for_an_f32_target_equals_plain(f32_target, model_path, prompts
     try:
         outs = drafted_equals_plain(f32_target, drafter, rows, plain, MAX_TOKENS,
                                     free_verification=False, after=cache_follows)
-        n_accepted = sum(s.n_accepted for out in outs for s in out.stats.steps)
+        steps = [s for out in outs for s in out.stats.steps if s.n_proposed]
         side_sequences = drafter.stats()["side_sequences_per_call"]
     finally:
         drafter.close()
-    # Same weights at another precision: most drafts are right.
-    assert n_accepted > len(rows) * MAX_TOKENS // 3
+    # Same weights at another precision: most steps that drafted kept a draft token. (A
+    # share, not a count: how many nodes the budget verifies follows this machine's costs.)
+    kept = sum(s.n_accepted > 0 for s in steps)
+    print(f"\n{len(steps)} drafting steps, {kept} kept a draft token, "
+          f"{sum(s.n_accepted for s in steps)} of {sum(s.n_proposed for s in steps)} accepted")
+    assert len(steps) >= len(rows) and kept > 0.6 * len(steps)
     assert (side_sequences > 0) == (sequences > 1)  # DuoDecoding's sequences were drafted
 
 
@@ -104,6 +108,7 @@ def test_a_second_turn_reuses_the_draft_cache(f32_target, model_path, prompts_an
 
 
 def test_sampling_with_a_draft_model_keeps_the_target_distribution(f32_target, model_path):
+    from engine.decoding.budget import VerifyCostModel
     from engine.decoding.sampling import SamplingParams
 
     from .stats_helpers import two_sample_z
@@ -119,7 +124,8 @@ def test_sampling_with_a_draft_model_keeps_the_target_distribution(f32_target, m
             out_p = generate(t, prompt, None, GenerationConfig(
                 3, sampling=SamplingParams(seed=seed, **params))).tokens
             out_s = generate(t, prompt, drafter, GenerationConfig(
-                3, sampling=SamplingParams(seed=10_000 + seed, **params)), remember=False)
+                3, sampling=SamplingParams(seed=10_000 + seed, **params)), remember=False,
+                cost=VerifyCostModel(slope=0.0, learn=False))  # every draft judged
             n_drafted += sum(s.n_proposed for s in out_s.stats.steps)
             plain += out_p[1:2]
             spec += out_s.tokens[1:2]
