@@ -7,10 +7,12 @@ same threads and context as the engine's target.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 from app.bench import Runner
+from engine.runtime.native import TILED_MM_SET_BY_USER
 from engine.runtime.target import Target
 
 BASELINE_NAMES = ("lcp", "lcp-lookup")
@@ -73,7 +75,13 @@ class LlamaServer:
         cmd = [binary, "-m", model, "-c", str(n_ctx), "-t", str(n_threads), "-tb",
                str(n_threads), "-np", "1", "--host", "127.0.0.1", "--port", str(self.port),
                "--no-webui", "--cache-type-k", type_k, "--cache-type-v", type_v, *extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # The peer runs as its users run it: not with the kernel switch Tandem sets for
+        # itself (engine.runtime.native), unless the user set it.
+        env = dict(os.environ)
+        if not TILED_MM_SET_BY_USER:
+            env.pop("GGML_CPU_TILED_MM", None)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     env=env)
         self._wait_ready()
 
     def _wait_ready(self, timeout_s: float = 120.0) -> None:

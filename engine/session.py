@@ -2,7 +2,9 @@
 governor and the plan, built once in a fixed order.
 
 1. probe the hardware;
-2. read the model's facts from its GGUF header (no weights loaded);
+2. read the model's facts from its GGUF header (no weights loaded), and choose the CPU
+   kernels that make verified batches exact (engine.planning.kernels: probed once per
+   model file, cached);
 3. (``auto``) calibrate if the cache has no costs for this machine, model, head,
    threads and target placements, measuring the target where plans may put it; plan;
 4. open the target once, where the plan puts it (the CPU, with a note, if the GPU
@@ -50,6 +52,7 @@ from engine.planning.calibration import (
     measure_verify_curve,
 )
 from engine.planning.draft_record import DraftRecord, pair_key
+from engine.planning.kernels import KernelChoice, choose_kernels
 from engine.planning.planner import (
     DRAFT_MODEL_ACCEPTANCE,
     DraftModelFacts,
@@ -140,9 +143,22 @@ class Engine:
         type_k, type_v = KV_MODES[config.kv_cache]
         target_config = TargetConfig(n_ctx=self._context_length(), n_threads=self.n_threads,
                                      type_k=type_k, type_v=type_v)
+        # Plain decoding is its own reference: only speculation needs the probe.
+        self.kernels: KernelChoice | None = None
+        if config.drafter != "none":
+            self.kernels = choose_kernels(path, target_config, self.n_threads,
+                                          CalibrationCache(self._cache_dir()), say)
+            target_config = replace(target_config, repack=self.kernels.repack)
         target: Target | None = None
         try:
-            if config.drafter == "auto":
+            if config.drafter == "auto" and self.kernels is not None and not self.kernels.exact:
+                target = self._open_target(target_config, 0, None)
+                spec = DrafterSpec("none")
+                self.max_draft = 0
+                self.notes.append(
+                    f"auto does not speculate on {path.name}: {self.kernels.describe()}. "
+                    "Choose a drafter by name to speculate anyway")
+            elif config.drafter == "auto":
                 head_dir = self._usable_head()
                 draft = self._usable_draft_model()
                 target = self._calibrate_and_plan(target_config, head_dir, say, draft)
@@ -382,6 +398,13 @@ class Engine:
             with contextlib.suppress(OSError):  # a read-only disk must not stop the chat
                 DraftRecord(self._cache_dir()).add(self._draft_pair, result.stats.steps)
         return result
+
+    @property
+    def guarantee(self) -> str:
+        """What speculation promises on this model, in words (with the probe's figures)."""
+        if self.kernels is None:
+            return "plain decoding"
+        return self.kernels.describe()
 
     @property
     def kv_cache_text(self) -> str:

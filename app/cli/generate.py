@@ -23,10 +23,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         stream = None if args.json else (lambda s: print(s, end="", flush=True))
         result = engine.generate(prompt, config, on_text=stream)
         plan = engine.plan.to_json() if engine.plan is not None else None
+        exactness = engine.kernels.to_json() if engine.kernels is not None else None
     if args.json:
         print(json.dumps({"text": result.text, "tokens": result.tokens,
                           "finish_reason": result.finish_reason,
-                          "stats": result.stats.summary(), "plan": plan}))
+                          "stats": result.stats.summary(), "plan": plan,
+                          "exactness": exactness}))
     else:
         print()
         print(stats_line(result.stats), file=sys.stderr)

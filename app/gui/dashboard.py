@@ -157,10 +157,11 @@ class DashboardWidget(QScrollArea):
             why = plan["reason"][:1].upper() + plan["reason"][1:] + speed
             self.set_plan(PlanInfo(f"{plan['layout_text']}; {ready.n_threads} CPU threads; "
                                    f"{device}", budget,
-                                   f"{why} {ready.note} {_sentence(ready.kv_cache)}".strip()))
+                                   f"{why} {ready.note} {_sentence(ready.kv_cache)} "
+                                   f"{_guarantee(ready.guarantee)}".strip()))
             return
         reason = (ready.note or f"Drafter “{ready.drafter}” as chosen ({ready.requested}).") \
-            + " " + _sentence(ready.kv_cache)
+            + " " + _sentence(ready.kv_cache) + " " + _guarantee(ready.guarantee)
         self.set_plan(PlanInfo(f"target and {ready.drafter} drafter on the CPU "
                                f"({ready.n_threads} threads); {device}", budget, reason))
 
@@ -238,6 +239,10 @@ class DashboardWidget(QScrollArea):
 
 def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:] + "." if text else ""
+
+
+def _guarantee(text: str) -> str:
+    return f"Output: {text}." if text else ""
 
 
 def _budget_text(budget: dict) -> str:

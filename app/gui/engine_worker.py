@@ -66,6 +66,7 @@ class EngineReady:
     # The planner's decision (engine.planning.planner.Plan.to_json), for auto.
     plan: dict | None = None
     kv_cache: str = ""  # the KV cache setting and its trade-off, in words
+    guarantee: str = ""  # what speculation promises on this model (Engine.guarantee)
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,7 @@ class EngineWorker(QObject):
                                         note, target.n_ctx, target.n_threads,
                                         engine.max_draft, gpu.name if gpu else None,
                                         engine.plan.to_json() if engine.plan else None,
-                                        engine.kv_cache_text))
+                                        engine.kv_cache_text, engine.guarantee))
         except (TandemError, OSError, ValueError) as exc:
             self._close_engine()
             self.failed.emit(EngineFailure(-1, "load", str(exc)))

@@ -61,6 +61,7 @@ class ServerState:
                 "drafter": s.drafter,
                 "layout": plan.layout_text() if plan is not None else "plain",
                 "prompt_tokens_reused": s.n_prompt_reused,
+                "guarantee": engine.guarantee if engine is not None else "",
                 "queue_wait_s": round(job.queue_wait_s, 4),
                 "finish_reason": result.finish_reason}
 

@@ -85,7 +85,7 @@ class CostProfile:
         return cls(**d)
 
 
-def _file_key(path: Path | None) -> str:
+def file_key(path: Path | None) -> str:
     if path is None:
         return "-"
     path = Path(path)
@@ -103,12 +103,12 @@ def cache_key(hardware_fingerprint: str, model_path: Path, head_dir: Path | None
     """Changes when the machine, the model file (path, size, modification time), the
     head's files, the draft model's file, the thread count, or where the target and head
     were measured change."""
-    parts = [hardware_fingerprint, _file_key(model_path), _file_key(head_dir),
+    parts = [hardware_fingerprint, file_key(model_path), file_key(head_dir),
              str(n_threads), ",".join(target_placements), ",".join(head_devices),
              ",".join(map(str, VERIFY_SIZES)),  # a curve of other sizes is measured again
              CURVE_METHOD]
     if draft_model is not None:  # keys without one stay as they were
-        parts.append(_file_key(draft_model))
+        parts.append(file_key(draft_model))
     text = "\n".join(parts)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -125,6 +125,19 @@ class CalibrationCache:
         except (OSError, ValueError):
             return {}
 
+    def get_entry(self, key: str) -> dict | None:
+        """A raw entry (the exactness probe's verdict keeps beside the costs)."""
+        entry = self._read().get(key)
+        return entry if isinstance(entry, dict) else None
+
+    def put_entry(self, key: str, entry: dict) -> None:
+        data = self._read()
+        data[key] = entry
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, self.path)
+
     def get(self, key: str) -> CostProfile | None:
         entry = self._read().get(key)
         if entry is None:
@@ -135,12 +148,7 @@ class CalibrationCache:
             return None  # an older format: measure again
 
     def put(self, key: str, profile: CostProfile) -> None:
-        data = self._read()
-        data[key] = profile.to_json()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, self.path)
+        self.put_entry(key, profile.to_json())
 
 
 def _median_time(fn: Callable[[], None], repeats: int) -> float:

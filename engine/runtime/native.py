@@ -14,13 +14,21 @@ import threading
 from collections import deque
 from pathlib import Path
 
-import llama_cpp
-import numpy as np
+# One summation order for every decode and verification batch size (the lossless
+# contract; engine.runtime.exactness probes it): ggml's tiled K-quant matmul takes batches
+# of 8 rows or more and sums in another order than the one-token kernel. Read once per
+# process, at the first matmul, so it is set before llama.cpp loads. A user's own setting
+# stands (the probe then tells whether output stays exact).
+TILED_MM_SET_BY_USER = "GGML_CPU_TILED_MM" in os.environ
+os.environ.setdefault("GGML_CPU_TILED_MM", "0")
 
-from engine.errors import ClosedError, ContextFullError, ModelLoadError, NativeError
-from engine.gguf.check import why_unloadable
-from engine.gguf.draft_compat import VOCAB_TYPES, VocabFacts
-from engine.gguf.header import check_gguf_magic
+import llama_cpp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from engine.errors import ClosedError, ContextFullError, ModelLoadError, NativeError  # noqa: E402
+from engine.gguf.check import why_unloadable  # noqa: E402
+from engine.gguf.draft_compat import VOCAB_TYPES, VocabFacts  # noqa: E402
+from engine.gguf.header import check_gguf_magic  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -122,15 +130,19 @@ class NativeModel:
     """A loaded GGUF: weights and vocabulary."""
 
     def __init__(self, path: str | os.PathLike[str], n_gpu_layers: int = 0,
-                 vocab_only: bool = False) -> None:
+                 vocab_only: bool = False, repack: bool = True) -> None:
         """Raises ModelLoadError for a missing, non-GGUF, truncated or unsupported file.
-        ``vocab_only`` reads the header and vocabulary, no weights (fast)."""
+        ``vocab_only`` reads the header and vocabulary, no weights (fast). ``repack``:
+        llama.cpp's CPU "extra" buffers (weights repacked for SIMD; for some types a
+        batch of 4+ rows then sums in another order than one row)."""
         self.path = Path(path)
         check_gguf_magic(self.path)
         _ensure_backend()
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.vocab_only = vocab_only
+        params.use_extra_bufts = repack
+        self.repack = repack
         mark = len(_recent_native_log)
         handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not handle:
@@ -476,4 +488,33 @@ FTYPES = {
     "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
     "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
 }
+
+
+def ftype_named(name: str) -> int:
+    """llama.cpp's file type for any type its quantize makes, by name: ``f32``, ``q4_k_m``,
+    ``iq4_nl``, ``mxfp4_moe``... (IQ1/IQ2 and IQ3_XXS also need an importance matrix,
+    which ``quantize`` does not take). Raises ValueError naming the known ones."""
+    key = name.strip().upper()
+    for prefix in ("LLAMA_FTYPE_MOSTLY_", "LLAMA_FTYPE_ALL_"):
+        value = getattr(llama_cpp, prefix + key, None)
+        if isinstance(value, int):
+            return value
+    known = sorted(n.split("_", 3)[-1].lower() for n in dir(llama_cpp)
+                   if n.startswith(("LLAMA_FTYPE_MOSTLY_", "LLAMA_FTYPE_ALL_")))
+    raise ValueError(f"unknown weight type {name!r}; llama.cpp makes {', '.join(known)}")
 FTYPE_Q4_0 = FTYPES["q4_0"]
+
+
+def kernel_settings(repack: bool) -> dict[str, object]:
+    """The CPU kernel switches a model runs with, as the plan shows them: weight
+    repacking (per model load), the tiled K-quant matmul and op fusion (per process,
+    from the environment), and llamafile's sgemm (the build: off, see the Makefile)."""
+    tiled = os.environ.get("GGML_CPU_TILED_MM", "1")
+    fusion = os.environ.get("GGML_CPU_DISABLE_FUSION", "0")
+    return {"repack": repack, "tiled_matmul": tiled.strip() not in ("0", ""),
+            "fusion": fusion.strip() in ("0", ""), "llamafile_sgemm": False}
+
+
+def llama_version() -> str:
+    """The llama-cpp-python release (its vendored llama.cpp), for cache keys."""
+    return str(getattr(llama_cpp, "__version__", "unknown"))

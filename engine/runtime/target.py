@@ -58,6 +58,9 @@ class TargetConfig:
     # Long prompts are prefilled in a second, F16/F16 context and moved into this one
     # (engine.runtime.kv_transfer says why); off, or when it cannot apply, they are prefilled here.
     f16_prefill: bool = True
+    # llama.cpp's repacked weights (engine.runtime.native.NativeModel); the exactness
+    # probe turns them off for weight types whose batches then sum in another order.
+    repack: bool = True
 
 
 @dataclass
@@ -88,7 +91,8 @@ class Target:
         self.path = Path(model_path)
         self.n_threads = self.config.n_threads or default_threads()
         self.n_gpu_layers = self.config.n_gpu_layers
-        self.model = NativeModel(self.path, n_gpu_layers=self.n_gpu_layers)
+        self.model = NativeModel(self.path, n_gpu_layers=self.n_gpu_layers,
+                                 repack=self.config.repack)
         try:
             n_ctx = min(self.config.n_ctx, self.model.n_ctx_train or self.config.n_ctx)
             self._ctx = NativeContext(self.model, n_ctx=n_ctx, n_batch=self.config.n_batch,
