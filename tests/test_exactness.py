@@ -12,8 +12,11 @@ import json
 from pathlib import Path
 
 import pytest
+from gguf import GGUFReader
 
 from engine.decoding.generation import GenerationConfig
+from engine.gguf.model_shapes import ModelShape
+from engine.gguf.synthetic import write_synthetic_gguf
 from engine.planning.calibration import CalibrationCache
 from engine.planning.kernels import ROUNDED, KernelChoice, choose_kernels, exactness_key
 from engine.runtime.exactness import ExactnessProbe, probe_exactness
@@ -22,9 +25,10 @@ from engine.runtime.target import Target, TargetConfig
 from engine.session import Engine, EngineConfig
 
 # Fast to make without an importance matrix; every family of CPU kernel: legacy, K-quants
-# of each width, i-quants with a non-linear grid, and floats.
-WEIGHT_TYPES = ("q4_0", "q5_1", "q8_0", "q2_k", "q3_k_m", "q4_k_m", "q5_k_s", "q6_k",
-                "iq4_nl", "iq4_xs", "f16", "bf16")
+# of several widths, an i-quant with a non-linear grid, and floats (the 256-aligned model
+# below covers more K-quants and i-quants whole).
+WEIGHT_TYPES = ("q4_0", "q5_1", "q8_0", "q2_k", "q4_k_m", "q5_k_s", "q6_k", "iq4_nl", "f16",
+                "bf16")
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +120,25 @@ def test_auto_does_not_speculate_where_batches_are_not_exact(model_path, tmp_pat
     with Engine(EngineConfig(model_path=model_path, drafter="memory", n_threads=2,
                              cache_dir=tmp_path, memory_dir=tmp_path)) as engine:
         assert engine.drafter_name == "memory" and not engine.target.model.repack
+
+
+# Every matrix 256-aligned, so each type covers every tensor (the bundled model's 576-wide
+# ones fall back to legacy types).
+ALIGNED = ModelShape("aligned-tiny", "llama", 256, 2, 4, 2, 768, 49152, True,
+                     context_length=2048)
+
+
+@pytest.fixture(scope="module")
+def aligned_f32(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("aligned") / "aligned-tiny.F32.gguf"
+    return write_synthetic_gguf(ALIGNED, path, model_path, weights="F32")
+
+
+@pytest.mark.parametrize("name", ["q4_k_m", "q6_k", "q3_k_s", "q5_k_m", "iq4_xs"])
+def test_types_that_cover_every_tensor_are_exact_with_the_chosen_kernels(aligned_f32, name):
+    path = aligned_f32.with_name(f"aligned-tiny.{name.upper()}.gguf")
+    quantize(aligned_f32, path, ftype_named(name), 2)
+    types = {t.tensor_type.name for t in GGUFReader(str(path)).tensors if len(t.shape) == 2}
+    assert not types & {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "F32"}, types  # no fallbacks
+    choice = choose_kernels(path, CONFIG, 2, cache=None)
+    assert choice.exact, f"{name}: {choice.describe()}"

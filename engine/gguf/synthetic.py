@@ -99,10 +99,14 @@ def _copy_tokenizer(writer, source: Path) -> int:  # noqa: ANN001 - gguf.GGUFWri
 
 
 def write_synthetic_gguf(shape: ModelShape, path: Path, tokenizer_from: Path,
-                         seed: int = 0, progress: Callable[[int, int], None] | None = None
-                         ) -> Path:
-    """Write ``path``: ``shape``'s matrices in Q4_0 with random weights, the tokenizer of
-    ``tokenizer_from``. ``progress(bytes written, total)`` is called per tensor."""
+                         seed: int = 0, progress: Callable[[int, int], None] | None = None,
+                         weights: str = "Q4_0") -> Path:
+    """Write ``path``: ``shape``'s matrices with random weights, the tokenizer of
+    ``tokenizer_from``. ``weights``: "Q4_0" (cheap to write, for timing) or "F32" (normal
+    weights of unit-preserving scale, to requantize to any type with llama.cpp's
+    quantize). ``progress(bytes written, total)`` is called per tensor."""
+    if weights not in ("Q4_0", "F32"):
+        raise ValueError(f"weights must be Q4_0 or F32, not {weights!r}")
     from gguf import GGMLQuantizationType, GGUFWriter
 
     rng = np.random.default_rng(seed)
@@ -119,10 +123,12 @@ def write_synthetic_gguf(shape: ModelShape, path: Path, tokenizer_from: Path,
     writer.add_head_count_kv(shape.n_kv_heads)
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_file_type(2)  # mostly Q4_0
+    writer.add_file_type(2 if weights == "Q4_0" else 0)  # mostly Q4_0, or all F32
     n_vocab = _copy_tokenizer(writer, tokenizer_from)
     writer.add_vocab_size(n_vocab)
     plan = _tensor_plan(shape, n_vocab)
+    if weights == "F32":
+        plan = [(name, dims, "F32") for name, dims, _ in plan]
     pools = {q: _random_pool(q, rng) for q in _BLOCK}
     sizes = []
     for name, dims, qtype in plan:
@@ -141,7 +147,12 @@ def write_synthetic_gguf(shape: ModelShape, path: Path, tokenizer_from: Path,
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     for (name, dims, qtype), nbytes in zip(plan, sizes, strict=True):
-        if qtype == "F32":
+        if qtype == "F32" and len(dims) == 2:
+            # A matrix whose outputs keep unit size: normal, scaled by 1/sqrt(inputs).
+            scale = 1.0 / np.sqrt(dims[1])
+            writer.write_tensor_data((rng.standard_normal(dims, np.float32) * scale)
+                                     .astype(np.float32))
+        elif qtype == "F32":
             # Norm weights 1, biases small: the layer keeps its scale.
             value = 0.01 if name.endswith(".bias") else 1.0
             writer.write_tensor_data(np.full(dims, value, np.float32))
