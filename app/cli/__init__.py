@@ -13,7 +13,9 @@ COMMANDS = (chat, generate, serve, plan, bench, train, models, profile)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tandem", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="tandem", description="Tandem: local chat, lossless speculative decoding on "
+        "llama.cpp (chat, generate, serve, plan, bench, models, profile, train-draft).")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
