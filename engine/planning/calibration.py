@@ -211,7 +211,6 @@ def measure_head(target: Target, head_dir: Path | None, device: str, repeats: in
 
     import torch
 
-
     # A chain of fixed depth: dynamic depth would stop early on unlikely tokens.
     spec = DrafterSpec("head-chain", head_dir, device, {"depth": 2, "dynamic_depth": False})
     drafter = build_drafter(spec, target, fingerprint)
