@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from engine.decoding.budget import VerifyCostModel
 from engine.decoding.generation import GenerationConfig, generate
 from engine.decoding.stats import StepStats
 from engine.drafters.draft_model import DraftModelConfig, DraftModelDrafter
@@ -108,7 +109,6 @@ def test_a_second_turn_reuses_the_draft_cache(f32_target, model_path, prompts_an
 
 
 def test_sampling_with_a_draft_model_keeps_the_target_distribution(f32_target, model_path):
-    from engine.decoding.budget import VerifyCostModel
     from engine.decoding.sampling import SamplingParams
 
     from .stats_helpers import two_sample_z
@@ -165,9 +165,15 @@ def test_the_engine_drafts_with_a_draft_model(f32_model_path, model_path, tmp_pa
                           n_ctx=1024, n_threads=2, cache_dir=tmp_path, memory_dir=tmp_path)
     with Engine(config) as engine:
         assert engine.drafter_name == "draft" and not engine.notes
+        # Verification priced by a fixed curve: learnt costs follow the machine's load and
+        # may trim the drafts to one token (CI saw 1.46 tokens a step that way).
+        engine.cost = VerifyCostModel(slope=0.35, learn=False)
         prompt = engine.chat_prompt([{"role": "user", "content": "Name three colours."}])
         out = engine.generate(prompt, GenerationConfig(24))
-        assert out.stats.drafter == "draft" and out.stats.mean_accepted > 1.5
+        proposed = sum(s.n_proposed for s in out.stats.steps)
+        accepted = sum(s.n_accepted for s in out.stats.steps)
+        assert out.stats.drafter == "draft" and proposed >= 8
+        assert accepted >= 0.7 * proposed, (accepted, proposed)  # Q4_0 of the target itself
 
 
 def test_auto_prices_the_draft_model_and_drafts_with_it_when_it_pays(
