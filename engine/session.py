@@ -178,6 +178,16 @@ class Engine:
                        else MAX_DRAFT)
                 self.max_draft = cap if ov.max_draft is None else ov.max_draft
             check_first_forward(target)
+            if target.template.completion:
+                self.notes.append(f"{path.name} is a base model: it continues your text "
+                                  f"rather than answering it (chat format: "
+                                  f"{target.template.origin})")
+            elif target.template.origin != "the model's own":
+                self.notes.append(f"{path.name} has no chat template: chat format "
+                                  f"{target.template.origin}")
+            if target.arch.why_plain and spec.name != "none":
+                spec, self.max_draft = DrafterSpec("none"), 0
+                self.notes.append(f"{path.name} decodes plainly: {target.arch.why_plain}")
             self.memory = self._open_memory() if spec.name not in ("none", "lookup") else None
             self.drafter: Drafter | None
             self.drafter, notes = open_drafter(spec, target, self.model.fingerprint,
@@ -405,6 +415,11 @@ class Engine:
         if self.kernels is None:
             return "plain decoding"
         return self.kernels.describe()
+
+    @property
+    def architecture(self) -> dict[str, object]:
+        """What this model's architecture lets speculation do (engine.runtime.architecture)."""
+        return self.target.arch.table()
 
     @property
     def kv_cache_text(self) -> str:

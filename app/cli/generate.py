@@ -24,11 +24,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         result = engine.generate(prompt, config, on_text=stream)
         plan = engine.plan.to_json() if engine.plan is not None else None
         exactness = engine.kernels.to_json() if engine.kernels is not None else None
+        architecture = engine.architecture
     if args.json:
         print(json.dumps({"text": result.text, "tokens": result.tokens,
                           "finish_reason": result.finish_reason,
                           "stats": result.stats.summary(), "plan": plan,
-                          "exactness": exactness}))
+                          "exactness": exactness, "architecture": architecture}))
     else:
         print()
         print(stats_line(result.stats), file=sys.stderr)

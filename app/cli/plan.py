@@ -53,18 +53,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
         notes, calibrated_now = engine.notes, engine.calibrated_now
         kv_text = engine.kv_cache_text
         kernels = engine.kernels
+        architecture = engine.architecture
+        arch_text = engine.target.arch.describe()
     assert plan is not None and costs is not None
     if args.json:
         print(json.dumps({"plan": plan.to_json(), "costs": costs.to_json(),
                           "hardware": hardware.to_json(), "notes": notes,
                           "kv_cache": kv_text,
-                          "exactness": kernels.to_json() if kernels else None},
+                          "exactness": kernels.to_json() if kernels else None,
+                          "architecture": architecture},
                          indent=1))
         return 0
     print(plan.describe())
     print(kv_text[:1].upper() + kv_text[1:] + ". --kv-cache exact|fast chooses.")
     if kernels is not None:
         print(f"Output:   {kernels.describe()}")
+    print(f"Model:    {arch_text}")
     cached = "measured now" if calibrated_now else "cached; --recalibrate measures again"
     t1 = costs.verify_s.get("cpu", {}).get(1)
     curve = ", ".join(f"{n}: {t / t1:.2f}x" for n, t in sorted(costs.verify_s["cpu"].items())

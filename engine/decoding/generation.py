@@ -230,6 +230,8 @@ def _draft(run: _Run, room: int, cost: VerifyCost) -> tuple[DraftTree, bool]:
     if drafter is None or (governor is not None and not governor.should_draft()):
         return DraftTree(), False
     budget = min(run.config.max_draft, room, run.config.max_tokens - len(run.emitter.tokens))
+    if run.target.max_draft is not None:  # recurrent state: as far as its snapshots reach
+        budget = min(budget, run.target.max_draft)
     if budget <= 0:
         return DraftTree(), True
     try:
@@ -237,6 +239,8 @@ def _draft(run: _Run, room: int, cost: VerifyCost) -> tuple[DraftTree, bool]:
     except Exception as exc:  # noqa: BLE001 - any drafter failure
         run.drop_drafter(exc)
         return DraftTree(), True
+    if not run.target.trees:
+        proposed = proposed.best_chain()
     return trim_to_budget(proposed, cost), True
 
 

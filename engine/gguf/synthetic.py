@@ -86,12 +86,14 @@ def tokenizer_fields(source: Path) -> Fields:
     return out
 
 
-def _copy_tokenizer(writer, source: Path) -> int:  # noqa: ANN001 - gguf.GGUFWriter
-    """Copy every ``tokenizer.*`` key of ``source`` into ``writer``; returns its
-    vocabulary size."""
+def copy_tokenizer(writer, source: Path, skip: tuple[str, ...] = ()  # noqa: ANN001 - GGUFWriter
+                   ) -> int:
+    """Copy every ``tokenizer.*`` key of ``source`` but ``skip`` into ``writer``; returns
+    its vocabulary size."""
     fields = tokenizer_fields(source)
     for key, (value, vtype, sub) in fields.items():
-        writer.add_key_value(key, value, vtype, sub_type=sub)
+        if key not in skip:
+            writer.add_key_value(key, value, vtype, sub_type=sub)
     tokens = fields.get("tokenizer.ggml.tokens")
     if tokens is None:
         raise ValueError(f"{source} has no tokenizer.ggml.tokens to copy")
@@ -124,7 +126,7 @@ def write_synthetic_gguf(shape: ModelShape, path: Path, tokenizer_from: Path,
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(2 if weights == "Q4_0" else 0)  # mostly Q4_0, or all F32
-    n_vocab = _copy_tokenizer(writer, tokenizer_from)
+    n_vocab = copy_tokenizer(writer, tokenizer_from)
     writer.add_vocab_size(n_vocab)
     plan = _tensor_plan(shape, n_vocab)
     if weights == "F32":

@@ -55,16 +55,25 @@ class ChatTemplate:
     source: str
     bos_token: str = ""
     eos_token: str = ""
+    origin: str = "the model's own"  # where the template came from, for the plan
+    completion: bool = False  # a base model: the conversation is text to continue
 
     @classmethod
-    def from_model(cls, model: _ModelFacts) -> ChatTemplate:
+    def from_model(cls, model: _ModelFacts, source: str | None = None, origin: str = "",
+                   completion: bool = False) -> ChatTemplate:
+        """The model's own template, or ``source`` (chosen by
+        engine.runtime.template_choice) when the GGUF has none."""
         pieces = model.pieces()
 
         def text(tok: int) -> str:
             return pieces[tok].decode("utf-8", "replace") if 0 <= tok < len(pieces) else ""
 
         eos = min(model.eog_ids) if model.eog_ids else -1
-        return cls(model.chat_template() or CHATML, text(model.bos_id), text(eos))
+        own = model.chat_template()
+        if own:
+            return cls(own, text(model.bos_id), text(eos))
+        return cls(source or CHATML, text(model.bos_id), text(eos),
+                   origin or "ChatML (the file has no template)", completion)
 
     def render_parts(self, messages: list[dict[str, str]], add_generation_prompt: bool = True
                      ) -> list[tuple[str, bool]] | None:

@@ -67,6 +67,22 @@ class DraftTree:
         has_child = {p for p in self.parents if p >= 0}
         return [i for i in range(len(self.tokens)) if i not in has_child]
 
+    def best_chain(self) -> DraftTree:
+        """The path that follows, from the root, the best-scored child (the first when
+        unscored): what a cache that verifies chains only can take of a tree."""
+        if self.is_chain():
+            return self
+        out = DraftTree(made_ahead=self.made_ahead)
+        kids = self.children()
+        node = 0  # verification numbering: the root
+        while kids[node]:
+            best = max(kids[node], key=lambda k: self.scores[k - 1]) if self.scores \
+                else kids[node][0]
+            out.add(self.tokens[best - 1], len(out) - 1,
+                    self.scores[best - 1] if self.scores else None)
+            node = best
+        return out
+
     def truncated(self, n_max: int) -> DraftTree:
         """The first ``n_max`` nodes (still a tree, since parents come first)."""
         return DraftTree(self.tokens[:n_max], self.parents[:n_max], self.scores[:n_max],

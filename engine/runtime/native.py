@@ -29,6 +29,7 @@ from engine.errors import ClosedError, ContextFullError, ModelLoadError, NativeE
 from engine.gguf.check import why_unloadable  # noqa: E402
 from engine.gguf.draft_compat import VOCAB_TYPES, VocabFacts  # noqa: E402
 from engine.gguf.header import check_gguf_magic  # noqa: E402
+from engine.runtime.architecture import ArchitectureFacts  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +44,21 @@ _KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
 _backend_lock = threading.Lock()
 _backend_ready = False
 # llama.cpp's recent log lines, so a load failure can say what llama.cpp objected to.
+# Marks are counts of lines ever logged: the window's length stops growing once full.
 _recent_native_log: deque[str] = deque(maxlen=40)
+_native_log_lines = 0
+
+
+def _log_mark() -> int:
+    return _native_log_lines
 
 
 @llama_cpp.llama_log_callback
 def _on_native_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    global _native_log_lines
     line = text.decode("utf-8", errors="replace")
     _recent_native_log.append(line)
+    _native_log_lines += 1
     if level == 3:  # GGML_LOG_LEVEL_ERROR
         log.debug("llama.cpp: %s", line.rstrip())
 
@@ -64,7 +73,8 @@ def _ensure_backend() -> None:
 
 
 def _native_errors_since(mark: int) -> str:
-    lines = list(_recent_native_log)[mark:]
+    n_new = min(_native_log_lines - mark, len(_recent_native_log))
+    lines = list(_recent_native_log)[-n_new:] if n_new > 0 else []
     errors = [ln.strip() for ln in lines if "error" in ln.lower() or "failed" in ln.lower()]
     return "; ".join(errors[-3:])
 
@@ -143,7 +153,7 @@ class NativeModel:
         params.vocab_only = vocab_only
         params.use_extra_bufts = repack
         self.repack = repack
-        mark = len(_recent_native_log)
+        mark = _log_mark()
         handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not handle:
             why = (why_unloadable(self.path) or _native_errors_since(mark)
@@ -183,6 +193,14 @@ class NativeModel:
     def n_head_kv(self) -> int:
         """KV heads (of layer 0); llama.cpp aborts on this for a vocab-only load."""
         return int(llama_cpp.llama_model_n_head_kv(self.handle))
+
+    def architecture(self) -> ArchitectureFacts:
+        """The architecture's memory layout (sliding window, recurrent, hybrid)."""
+        handle = self.handle
+        return ArchitectureFacts(name=self.metadata("general.architecture") or "unknown",
+                                 n_swa=max(0, int(llama_cpp.llama_model_n_swa(handle))),
+                                 recurrent=bool(llama_cpp.llama_model_is_recurrent(handle)),
+                                 hybrid=bool(llama_cpp.llama_model_is_hybrid(handle)))
 
     def metadata(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(1 << 16)
@@ -317,8 +335,11 @@ class NativeContext:
         type_v: str = "f16",
         unified_kv: bool = True,
         flash_attn: bool = True,
+        n_rs_seq: int = 0,
     ) -> None:
-        """Raises ModelLoadError when llama.cpp cannot create the context (memory)."""
+        """Raises ModelLoadError when llama.cpp cannot create the context (memory).
+        ``n_rs_seq``: recurrent-state snapshots kept per sequence, so that many tokens can
+        be taken back after a decode (architectures that support it)."""
         _ensure_backend()
         self.model = model
         params = llama_cpp.llama_context_default_params()
@@ -343,9 +364,10 @@ class NativeContext:
         # 56.6/43.5 tok/s vs 59.6/42.1 for F16/F16; Q8_0 V would cost ~15%).
         params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                   else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        params.n_rs_seq = n_rs_seq
         params.type_k = _KV_TYPES[type_k]
         params.type_v = _KV_TYPES[type_v]
-        mark = len(_recent_native_log)
+        mark = _log_mark()
         handle = llama_cpp.llama_init_from_model(model.handle, params)
         if not handle:
             why = _native_errors_since(mark) or "out of memory?"
@@ -434,8 +456,10 @@ class NativeContext:
         return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_embd)).copy()
 
     # KV cache. Positions: p0 inclusive, p1 exclusive, negative means open-ended.
-    def kv_remove(self, seq_id: int, p0: int, p1: int = -1) -> None:
-        llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1)
+    def kv_remove(self, seq_id: int, p0: int, p1: int = -1) -> bool:
+        """False when the memory cannot drop that range: recurrent state past its
+        snapshots (nothing was removed then)."""
+        return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1))
 
     def kv_copy(self, seq_src: int, seq_dst: int, p0: int = -1, p1: int = -1) -> None:
         llama_cpp.llama_memory_seq_cp(self.memory, seq_src, seq_dst, p0, p1)
@@ -445,7 +469,7 @@ class NativeContext:
 
     def state_seq_get(self, seq_id: int) -> bytes:
         """llama.cpp's serialized cells of one sequence (engine.runtime.kv_transfer reads it)."""
-        mark = len(_recent_native_log)
+        mark = _log_mark()
         size = int(llama_cpp.llama_state_seq_get_size(self.handle, seq_id))
         buffer = (ctypes.c_uint8 * size)()
         written = int(llama_cpp.llama_state_seq_get_data(self.handle, buffer, size, seq_id))
@@ -456,7 +480,7 @@ class NativeContext:
     def state_seq_set(self, seq_id: int, blob: bytes) -> None:
         """Replace the sequence's cells with a blob from ``state_seq_get`` (of a cache of
         the same types); on failure llama.cpp leaves the sequence empty."""
-        mark = len(_recent_native_log)
+        mark = _log_mark()
         buffer = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
         if not llama_cpp.llama_state_seq_set_data(self.handle, buffer, len(blob), seq_id):
             raise NativeError("llama_state_seq_set_data", 0, _native_errors_since(mark))

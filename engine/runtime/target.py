@@ -22,13 +22,15 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import ContextFullError, InvalidPromptError, ModelLoadError, NativeError
-from engine.runtime.chat_template import ChatTemplate, check_messages
+from engine.runtime.architecture import RS_ROLLBACK_TOKENS
+from engine.runtime.chat_template import check_messages
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.hardware import default_threads
 from engine.runtime.kv_cache import TYPE_K, TYPE_V
 from engine.runtime.kv_transfer import StateFormatError, f16_to_q8_0_keys, llama_rotates_quantized_k
 from engine.runtime.native import NativeBatch, NativeContext, NativeModel
 from engine.runtime.sequences import common_prefix_length
+from engine.runtime.template_choice import choose_template
 
 log = logging.getLogger(__name__)
 
@@ -94,22 +96,28 @@ class Target:
         self.model = NativeModel(self.path, n_gpu_layers=self.n_gpu_layers,
                                  repack=self.config.repack)
         try:
+            self.arch = self.model.architecture()
             n_ctx = min(self.config.n_ctx, self.model.n_ctx_train or self.config.n_ctx)
+            # Recurrent state is kept per sequence and per snapshot: a chain-only target
+            # needs sequence 0 (and one spare), and snapshots for the longest draft.
+            n_seq_max = self.config.n_seq_max if self.arch.trees else 2
             self._ctx = NativeContext(self.model, n_ctx=n_ctx, n_batch=self.config.n_batch,
-                                      n_seq_max=self.config.n_seq_max,
+                                      n_seq_max=n_seq_max,
+                                      n_rs_seq=RS_ROLLBACK_TOKENS if self.arch.rs_rollback
+                                      else 0,
                                       n_threads=self.n_threads,
                                       embeddings=self.config.features,
                                       type_k=self.config.type_k,
                                       type_v=self.config.type_v,
                                       unified_kv=self.config.unified_kv,
                                       flash_attn=self.config.flash_attn)
-            self.batch = NativeBatch(self.config.n_batch, self.config.n_seq_max)
+            self.batch = NativeBatch(self.config.n_batch, n_seq_max)
         except BaseException:
             self.model.close()
             raise
-        self.template = ChatTemplate.from_model(self.model)
+        self.template = choose_template(self.model, self.path.name)
         self.tokens: list[int] = []
-        self.park_seq = self.config.n_seq_max - 1
+        self.park_seq = n_seq_max - 1
         self.n_parked = 0  # cells parked (see module docstring)
         self._parked_from = 0  # every parked cell sits at a position >= this
         # The F16 prefill context and the tokens its sequence 0 holds; why it is not
@@ -177,6 +185,16 @@ class Target:
         return self.model.n_vocab
 
     @property
+    def trees(self) -> bool:
+        """Whether a draft tree can be verified (else chains only)."""
+        return self.arch.trees
+
+    @property
+    def max_draft(self) -> int | None:
+        """The longest draft one verification may hold, None for no limit of the cache's."""
+        return self.arch.max_draft
+
+    @property
     def n_embd(self) -> int:
         return self.model.n_embd
 
@@ -228,12 +246,29 @@ class Target:
     def rollback(self, n_keep: int) -> None:
         """Forget everything after the first ``n_keep`` committed tokens."""
         if n_keep < len(self.tokens):
-            self.ctx.kv_remove(0, n_keep, -1)
+            kept = self.tokens[:n_keep]
             del self.tokens[n_keep:]
+            if not self.ctx.kv_remove(0, n_keep, -1):
+                self._evaluate_again(kept)
         if self.n_parked and n_keep <= self._parked_from:
             # Every parked cell now follows every kept cell: freeing them leaves no hole.
             self.ctx.kv_remove(self.park_seq, -1, -1)
             self.n_parked = 0
+
+    def _evaluate_again(self, kept: list[int]) -> None:
+        """Rebuild sequence 0 as ``kept`` from an empty cache: for recurrent state asked
+        to go back further than its snapshots reach (a new prompt sharing only part of
+        the last one; never a verification within ``max_draft``)."""
+        self.ctx.kv_clear()
+        self.tokens = []
+        self.n_parked = 0
+        if kept:
+            features = self._ctx.embeddings
+            self._ctx.set_embeddings(False)  # only the state is wanted
+            try:
+                self._evaluate(kept, self.config.n_batch)
+            finally:
+                self._ctx.set_embeddings(features)
 
     def compact(self) -> None:
         """Free the parked cells by re-evaluating the tokens committed since the first
@@ -305,6 +340,8 @@ class Target:
         c = self.config
         if not c.f16_prefill:
             return "turned off"
+        if self.arch.why_no_cell_move:
+            return self.arch.why_no_cell_move
         if c.type_k != "q8_0" or c.type_v != "f16":
             return f"the cache is {c.type_k}/{c.type_v}, not Q8_0/F16"
         if not (c.flash_attn and c.unified_kv):
@@ -567,7 +604,12 @@ class Target:
                 self.n_parked += 1
         seq = verification.node_seqs[path[-1]][0]
         if seq == 0:
-            self.ctx.kv_remove(0, n_keep, -1)
+            if not self.ctx.kv_remove(0, n_keep, -1):
+                # Past the state's snapshots (a draft longer than max_draft): rebuilt.
+                log.warning("the cache could not take back %d tokens; evaluating again",
+                            base + len(verification.depths) - n_keep)
+                self._evaluate_again(self.tokens + path_tokens)
+                return
         else:
             # The path sits in another leaf's sequence: move it into sequence 0.
             self.ctx.kv_remove(0, base + 1, -1)

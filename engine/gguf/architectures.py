@@ -1,0 +1,255 @@
+"""Tiny GGUF files of the architectures people download, in each one's real tensor layout.
+
+llama.cpp loads a file only when every tensor it asks for is there with its exact shape and
+no other tensor is (``wrong number of tensors``), and every key has its exact type. These
+layouts follow the vendored llama.cpp's loaders (``src/models/<arch>.cpp``): attention with
+q/k norms (qwen3), mixtures of experts (qwen3moe, gpt-oss), sliding windows (gemma3,
+gpt-oss), short convolutions (lfm2) and gated delta nets (qwen35) beside attention, fused
+q/k/v and gate/up (phi3). Sizes are tiny (a few MB besides the vocabulary) so a test loads
+and decodes one in well under a second; weights are random F32 that keep activations near
+unit size, so llama.cpp's quantize can requantize them to any type.
+
+The vocabulary is another GGUF's (the bundled model's): it decides nothing about layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.gguf.synthetic import copy_tokenizer
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss", "qwen35", "lfm2",
+                 "phi3")
+
+
+@dataclass(frozen=True)
+class TinyShape:
+    """The sizes every tiny layout shares. Head size 64 suits every backend's kernels."""
+
+    hidden: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    ffn: int = 512
+    n_experts: int = 4
+    n_experts_used: int = 2
+    expert_ffn: int = 128
+    window: int = 32  # sliding window: short, so tests cross its edge quickly
+    context: int = 4096
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.n_heads
+
+
+# A tensor: name, numpy shape (rows = outputs; the file's dims are reversed), how to fill.
+Tensor = tuple[str, tuple[int, ...], str]
+
+
+def _attention(b: str, s: TinyShape, q_norm: bool, q_rows: int | None = None) -> list[Tensor]:
+    d, kv = s.head_dim, s.n_kv_heads * s.head_dim
+    out = [(b + "attn_q.weight", (q_rows or s.hidden, s.hidden), "matrix"),
+           (b + "attn_k.weight", (kv, s.hidden), "matrix"),
+           (b + "attn_v.weight", (kv, s.hidden), "matrix"),
+           (b + "attn_output.weight", (s.hidden, s.n_heads * d), "matrix")]
+    if q_norm:
+        out += [(b + "attn_q_norm.weight", (d,), "ones"), (b + "attn_k_norm.weight", (d,), "ones")]
+    return out
+
+
+def _ffn(b: str, s: TinyShape) -> list[Tensor]:
+    return [(b + "ffn_gate.weight", (s.ffn, s.hidden), "matrix"),
+            (b + "ffn_up.weight", (s.ffn, s.hidden), "matrix"),
+            (b + "ffn_down.weight", (s.hidden, s.ffn), "matrix")]
+
+
+def _experts(b: str, s: TinyShape, biases: bool) -> list[Tensor]:
+    x, e, f = s.n_experts, s.hidden, s.expert_ffn
+    out = [(b + "ffn_gate_inp.weight", (x, e), "matrix"),
+           (b + "ffn_gate_exps.weight", (x, f, e), "matrix"),
+           (b + "ffn_up_exps.weight", (x, f, e), "matrix"),
+           (b + "ffn_down_exps.weight", (x, e, f), "matrix")]
+    if biases:
+        out += [(b + "ffn_gate_inp.bias", (x,), "zeros"),
+                (b + "ffn_gate_exps.bias", (x, f), "zeros"),
+                (b + "ffn_up_exps.bias", (x, f), "zeros"),
+                (b + "ffn_down_exps.bias", (x, e), "zeros")]
+    return out
+
+
+def _norm(name: str, s: TinyShape) -> Tensor:
+    return (name, (s.hidden,), "ones")
+
+
+def _layers(arch: str, s: TinyShape) -> list[Tensor]:
+    out: list[Tensor] = []
+    for i in range(s.n_layers):
+        b = f"blk.{i}."
+        out.append(_norm(b + "attn_norm.weight", s))
+        if arch in ("llama", "qwen2", "qwen3"):
+            out += _attention(b, s, q_norm=arch == "qwen3") + [_norm(b + "ffn_norm.weight", s)]
+            out += _ffn(b, s)
+        elif arch == "qwen3moe":
+            out += _attention(b, s, q_norm=True) + [_norm(b + "ffn_norm.weight", s)]
+            out += _experts(b, s, biases=False)
+        elif arch == "gemma3":
+            out += _attention(b, s, q_norm=True)
+            out += [_norm(b + "post_attention_norm.weight", s), _norm(b + "ffn_norm.weight", s)]
+            out += _ffn(b, s) + [_norm(b + "post_ffw_norm.weight", s)]
+        elif arch == "gpt-oss":
+            out += _attention(b, s, q_norm=False)
+            out += [(b + "attn_output.bias", (s.hidden,), "zeros"),
+                    (b + "attn_sinks.weight", (s.n_heads,), "zeros"),
+                    _norm(b + "post_attention_norm.weight", s)]
+            out += _experts(b, s, biases=True)
+        elif arch == "phi3":
+            kv = s.n_kv_heads * s.head_dim
+            out += [(b + "attn_qkv.weight", (s.hidden + 2 * kv, s.hidden), "matrix"),
+                    (b + "attn_output.weight", (s.hidden, s.hidden), "matrix"),
+                    _norm(b + "ffn_norm.weight", s),
+                    (b + "ffn_up.weight", (2 * s.ffn, s.hidden), "matrix"),  # gate and up
+                    (b + "ffn_down.weight", (s.hidden, s.ffn), "matrix")]
+        elif arch == "lfm2":
+            out.append(_norm(b + "ffn_norm.weight", s))
+            if _lfm2_attention(i):
+                out += _attention(b, s, q_norm=True)
+            else:
+                out += [(b + "shortconv.conv.weight", (s.hidden, LFM2_CONV), "conv"),
+                        (b + "shortconv.in_proj.weight", (3 * s.hidden, s.hidden), "matrix"),
+                        (b + "shortconv.out_proj.weight", (s.hidden, s.hidden), "matrix")]
+            out += _ffn(b, s)
+        elif arch == "qwen35":
+            out.append(_norm(b + "post_attention_norm.weight", s))
+            if _qwen35_attention(i):
+                # Query and its output gate, interleaved per head.
+                out += _attention(b, s, q_norm=True, q_rows=2 * s.n_heads * s.head_dim)
+            else:
+                out += _delta_net(b, s)
+            out += _ffn(b, s)
+        else:
+            raise ValueError(f"no tiny layout for {arch!r}; known: {', '.join(ARCHITECTURES)}")
+    return out
+
+
+# lfm2: short-convolution layers, every other one attention (its head_count_kv array says
+# which: 0 for a convolution). qwen35: a gated delta net, then attention, alternating.
+LFM2_CONV = 3
+
+
+def _lfm2_attention(i: int) -> bool:
+    return i % 2 == 1
+
+
+def _qwen35_attention(i: int) -> bool:
+    return (i + 1) % QWEN35_ATTENTION_INTERVAL == 0
+
+
+QWEN35_ATTENTION_INTERVAL = 2
+QWEN35_STATE, QWEN35_K_HEADS, QWEN35_V_HEADS, QWEN35_CONV = 64, 2, 4, 4
+
+
+def _delta_net(b: str, s: TinyShape) -> list[Tensor]:
+    k_dim, v_dim = QWEN35_STATE * QWEN35_K_HEADS, QWEN35_STATE * QWEN35_V_HEADS
+    conv = 2 * k_dim + v_dim
+    return [(b + "attn_qkv.weight", (conv, s.hidden), "matrix"),
+            (b + "attn_gate.weight", (v_dim, s.hidden), "matrix"),
+            (b + "ssm_conv1d.weight", (conv, QWEN35_CONV), "conv"),
+            (b + "ssm_dt.bias", (QWEN35_V_HEADS,), "zeros"),
+            (b + "ssm_a", (QWEN35_V_HEADS,), "decay"),
+            (b + "ssm_beta.weight", (QWEN35_V_HEADS, s.hidden), "matrix"),
+            (b + "ssm_alpha.weight", (QWEN35_V_HEADS, s.hidden), "matrix"),
+            (b + "ssm_norm.weight", (QWEN35_STATE,), "ones"),
+            (b + "ssm_out.weight", (s.hidden, v_dim), "matrix")]
+
+
+def tensor_layout(arch: str, s: TinyShape, n_vocab: int) -> list[Tensor]:
+    """Every tensor llama.cpp loads for ``arch`` at shape ``s``, no more."""
+    layers = _layers(arch, s)
+    final_norm = "token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight"
+    out = [("token_embd.weight", (n_vocab, s.hidden), "matrix"), _norm(final_norm, s)]
+    if arch == "gpt-oss":  # the only one here without tied embeddings
+        out.append(("output.weight", (n_vocab, s.hidden), "matrix"))
+    return out + layers
+
+
+def _write_keys(writer, arch: str, s: TinyShape) -> None:  # noqa: ANN001 - gguf.GGUFWriter
+    writer.add_context_length(s.context)
+    writer.add_embedding_length(s.hidden)
+    writer.add_block_count(s.n_layers)
+    writer.add_feed_forward_length(s.ffn)
+    writer.add_head_count(s.n_heads)
+    if arch == "lfm2":
+        writer.add_head_count_kv([s.n_kv_heads if _lfm2_attention(i) else 0
+                                  for i in range(s.n_layers)])
+        writer.add_shortconv_l_cache(LFM2_CONV)
+    else:
+        writer.add_head_count_kv(s.n_kv_heads)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(10000.0)
+    if arch in ("qwen3moe", "gpt-oss"):
+        writer.add_expert_count(s.n_experts)
+        writer.add_expert_used_count(s.n_experts_used)
+        writer.add_expert_feed_forward_length(s.expert_ffn)
+    if arch in ("gemma3", "gpt-oss"):
+        writer.add_sliding_window(s.window)
+        writer.add_sliding_window_pattern(2)  # even layers windowed, odd ones full
+    if arch == "qwen35":
+        writer.add_key_length(s.head_dim)
+        writer.add_value_length(s.head_dim)
+        writer.add_rope_dimension_count(s.head_dim)
+        writer.add_rope_dimension_sections([11, 11, 10, 0])  # sum: half the rotary size
+        writer.add_ssm_conv_kernel(QWEN35_CONV)
+        writer.add_ssm_state_size(QWEN35_STATE)
+        writer.add_ssm_group_count(QWEN35_K_HEADS)
+        writer.add_ssm_time_step_rank(QWEN35_V_HEADS)
+        writer.add_ssm_inner_size(QWEN35_STATE * QWEN35_V_HEADS)
+        writer.add_full_attention_interval(QWEN35_ATTENTION_INTERVAL)
+
+
+def _fill(kind: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    if kind == "matrix":  # outputs keep unit size: normal, scaled by 1/sqrt(inputs)
+        return (rng.standard_normal(dims, np.float32) / np.sqrt(dims[-1])).astype(np.float32)
+    if kind == "conv":
+        return (rng.standard_normal(dims, np.float32) * 0.3).astype(np.float32)
+    if kind == "decay":  # -exp(A_log): a state that forgets at a sane rate
+        return -rng.uniform(0.5, 2.0, dims).astype(np.float32)
+    return np.full(dims, 1.0 if kind == "ones" else 0.0, np.float32)
+
+
+def write_architecture_gguf(arch: str, path: Path, tokenizer_from: Path,
+                            shape: TinyShape | None = None, seed: int = 0,
+                            chat_template: bool = True, name: str | None = None,
+                            progress: Callable[[int, int], None] | None = None) -> Path:
+    """Write ``path``: a tiny ``arch`` model with random F32 weights and the tokenizer of
+    ``tokenizer_from``; without ``chat_template`` the file carries none (as a base model's
+    conversion often does). ``name`` is its general.name."""
+    from gguf import GGUFWriter
+
+    s = shape or TinyShape()
+    rng = np.random.default_rng(seed)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(str(path), arch)
+    # Not the architecture's name: llama.cpp sets token attributes by the model's name
+    # ("phi3" wants a "</s>" token this vocabulary does not have).
+    writer.add_name(name or "tiny synthetic model (random weights)")
+    _write_keys(writer, arch, s)
+    writer.add_file_type(0)  # all F32
+    skip = () if chat_template else ("tokenizer.chat_template",)
+    n_vocab = copy_tokenizer(writer, tokenizer_from, skip=skip)
+    layout = tensor_layout(arch, s, n_vocab)
+    for tensor_name, dims, _ in layout:
+        writer.add_tensor_info(tensor_name, dims, np.dtype(np.float32), 4 * int(np.prod(dims)))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for done, (_, dims, kind) in enumerate(layout, 1):
+        writer.write_tensor_data(_fill(kind, dims, rng))
+        if progress is not None:
+            progress(done, len(layout))
+    writer.close()
+    return path

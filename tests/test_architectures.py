@@ -1,0 +1,93 @@
+"""Every architecture people download, as tiny GGUFs in each one's real tensor layout
+(engine.gguf.architectures): it loads, its capability table says what speculation may do,
+plain decoding runs, and every drafter gives plain decoding's tokens with drafts accepted
+and rejected: rollback across a sliding window's edge, and recurrent state taken back
+through llama.cpp's snapshots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.decoding.budget import VerifyCostModel
+from engine.decoding.generation import GenerationConfig, generate
+from engine.drafters.lookup import PromptLookupDrafter
+from engine.drafters.memory import MemoryDrafter
+from engine.drafters.suffix_index import SuffixIndex
+from engine.gguf.architectures import ARCHITECTURES, TinyShape, write_architecture_gguf
+from engine.runtime.target import Target, TargetConfig
+
+# What each architecture's table must say: memory kind, trees, draft limit, layer inputs.
+EXPECTED = {
+    "llama": ("KV", True, None, True),
+    "qwen2": ("KV", True, None, False),
+    "qwen3": ("KV", True, None, True),
+    "qwen3moe": ("KV", True, None, True),
+    "gemma3": ("sliding-window KV", True, None, False),
+    "gpt-oss": ("sliding-window KV", True, None, True),
+    "qwen35": ("hybrid", False, 8, True),
+    "lfm2": ("hybrid", False, 8, True),
+    "phi3": ("KV", True, None, False),
+}
+PROMPTS = ("The lighthouse keeper wrote in his log every evening: the weather, the ships",
+           "Count with me: one two three four five six seven eight nine ten eleven")
+N_NEW = 40  # with a prompt of ~15 tokens, past the tiny window of 32
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("architectures")
+    return {arch: write_architecture_gguf(arch, folder / f"{arch}.gguf", model_path)
+            for arch in ARCHITECTURES}
+
+
+def _perturbed(tokens: list[int], every: int, shift: int) -> list[int]:
+    """``tokens`` with every ``every``-th one changed: a memory that is right in runs."""
+    return [t if (i + 1) % every else (t + shift) % 49152 for i, t in enumerate(tokens)]
+
+
+def test_the_tables_match_llama_cpp(tiny_models: dict[str, Path]) -> None:
+    for arch, path in tiny_models.items():
+        with Target(path, TargetConfig(n_ctx=256, n_threads=2)) as target:
+            table = target.arch.table()
+            memory, trees, max_draft, layer_inputs = EXPECTED[arch]
+            assert (table["memory"], table["trees"], table["max_draft"],
+                    table["layer_inputs"]) == EXPECTED[arch], arch
+            assert table["speculation"] and table["architecture"] == arch
+            assert table["sliding_window"] == (TinyShape().window if "sliding" in memory else 0)
+            # A long prompt's cells move from an F16 cache only out of a plain KV cache.
+            assert table["f16_prefill"] == (memory == "KV")
+            assert (target.f16_prefill_off is None) == (memory == "KV")
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_every_drafter_gives_plain_decodings_tokens(arch: str, tiny_models: dict[str, Path]
+                                                    ) -> None:
+    with Target(tiny_models[arch], TargetConfig(n_ctx=512, n_threads=2)) as target:
+        config = GenerationConfig(N_NEW, max_draft=16)
+        free = VerifyCostModel(slope=0.0, learn=False)  # every drafted node is verified
+        for text in PROMPTS:
+            prompt = target.tokenize(text, special=False)
+            target.reset()
+            plain = generate(target, prompt, None, config).tokens
+            assert len(plain) == N_NEW and np.all(np.array(plain) < target.n_vocab)
+            # Two memories of the answer, each wrong at other places: drafts are accepted
+            # in runs and rejected at each wrong token, and branch where the two differ.
+            memory = SuffixIndex()
+            memory.insert(prompt + _perturbed(plain, 7, 1))
+            memory.insert(prompt + _perturbed(plain, 5, 2))
+            for drafter in (PromptLookupDrafter(), MemoryDrafter(memory)):
+                target.reset()
+                out = generate(target, prompt, drafter, config, cost=free, remember=False)
+                assert out.tokens == plain, (arch, drafter.name, text)
+                if drafter.name != "memory":
+                    continue
+                steps = out.stats.steps
+                accepted = sum(s.n_accepted for s in steps)
+                proposed = sum(s.n_proposed for s in steps)
+                assert accepted >= N_NEW // 3, (arch, accepted)  # runs were accepted
+                assert proposed > accepted, arch  # and some drafts were taken back
+                if target.max_draft is not None:
+                    assert max(s.n_proposed for s in steps) <= target.max_draft
