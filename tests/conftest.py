@@ -114,12 +114,14 @@ def second_token_counts(target, prompt: list[int], drafter, n_runs: int,  # noqa
     plain = np.zeros(target.n_vocab)
     spec = np.zeros(target.n_vocab)
     n_proposed = 0
+    target.reset()
     for seed in range(n_runs):
         for counts, run_seed, run_drafter in ((plain, seed, None),
                                               (spec, 10_000 + seed, drafter)):
             cfg = GenerationConfig(max_tokens=3, sampling=SamplingParams(
                 seed=run_seed, temperature=1.0, top_k=50))
-            target.reset()
+            # No reset: every run after the first finds the prompt cached but its last
+            # token (the prefill rolls the last answer back), plain and drafted alike.
             out = generate(target, prompt, run_drafter, cfg,
                            cost=VerifyCostModel(slope=0.0, learn=False))
             if run_drafter is not None:

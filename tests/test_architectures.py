@@ -57,9 +57,10 @@ def test_the_tables_match_llama_cpp(tiny_models: dict[str, Path]) -> None:
                     table["layer_inputs"]) == EXPECTED[arch], arch
             assert table["speculation"] and table["architecture"] == arch
             assert table["sliding_window"] == (TinyShape().window if "sliding" in memory else 0)
-            # A long prompt's cells move from an F16 cache only out of a plain KV cache.
-            assert table["f16_prefill"] == (memory == "KV")
-            assert (target.f16_prefill_off is None) == (memory == "KV")
+            # A long prompt's cells move from an F16 cache out of KV caches, windowed or
+            # not; recurrent state has no such move.
+            assert table["f16_prefill"] == (memory != "hybrid")
+            assert (target.f16_prefill_off is None) == (memory != "hybrid")
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -91,3 +92,33 @@ def test_every_drafter_gives_plain_decodings_tokens(arch: str, tiny_models: dict
                 assert proposed > accepted, arch  # and some drafts were taken back
                 if target.max_draft is not None:
                     assert max(s.n_proposed for s in steps) <= target.max_draft
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gpt-oss"])
+def test_a_long_prompts_cells_move_into_a_sliding_window_cache(arch: str,
+                                                                tiny_models: dict[str, Path]
+                                                                ) -> None:
+    """A prompt far past the window is prefilled in the F16 context and its cells (both
+    caches: full attention and windowed) moved in; the first token's logits are the ones
+    an own prefill gives, up to F16 against Q8_0 keys, and drafted decoding after it still
+    gives plain decoding's tokens."""
+    config = GenerationConfig(24, max_draft=16)
+    with Target(tiny_models[arch], TargetConfig(n_ctx=1024, n_threads=2)) as target:
+        prompt = target.tokenize(" ".join(PROMPTS * 12), special=False)
+        assert len(prompt) > 8 * TinyShape().window
+        target.reset(cold=True)
+        moved = target.prefill(prompt).logits.copy()
+        target.reset(cold=True)
+        plain = generate(target, prompt, None, config).tokens
+        assert target.f16_prefill_off is None  # the move worked: a failure turns it off
+        memory = SuffixIndex()
+        memory.insert(prompt + _perturbed(plain, 6, 1))
+        target.reset(cold=True)
+        out = generate(target, prompt, MemoryDrafter(memory), config,
+                       cost=VerifyCostModel(slope=0.0, learn=False), remember=False)
+        assert out.tokens == plain and sum(s.n_accepted for s in out.stats.steps) > 8
+    own_config = TargetConfig(n_ctx=1024, n_threads=2, f16_prefill=False)
+    with Target(tiny_models[arch], own_config) as own:
+        logits = own.prefill(prompt).logits
+    assert moved.argmax() == logits.argmax()
+    assert 0 < np.abs(moved - logits).max() < 0.5

@@ -151,3 +151,20 @@ def test_closing_mid_answer_saves_it_as_stopped(qtbot, db: Path, model_path: Pat
         answer = store.messages(conv_id)[-1]
         assert answer.status == STOPPED and store.n_recovered == 0
         assert answer.content.startswith(shown)
+
+
+def test_a_base_model_is_shown_continuing_the_text(qtbot, db: Path, model_path: Path,
+                                                   tmp_path: Path) -> None:
+    """A GGUF without a chat template whose name says base: the window says so, asks for
+    text to continue, and labels the model's reply as a continuation of it."""
+    from engine.gguf.architectures import write_architecture_gguf
+
+    base = write_architecture_gguf("llama", tmp_path / "Tiny-1B-Base.gguf", model_path,
+                                   chat_template=False, name="Tiny-1B-Base")
+    w = open_window(qtbot, db, base, max_tokens=8)
+    assert w.engine_info.completion and "is a base model" in w.engine_info.note
+    assert w.engine_panel.note.isVisible() or w.engine_panel.note.text()
+    assert "continue" in w.chat.composer.placeholderText()
+    assert w.chat.delegate.model_author == "Continuation"
+    outcome = send_and_wait(qtbot, w, "Once upon a time")
+    assert outcome.stats.n_new == 8

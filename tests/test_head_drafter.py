@@ -91,14 +91,13 @@ def test_drafts_made_ahead_keep_the_target_distribution(fresh_target):
     spec: dict[tuple[int, ...], int] = {}
     params = dict(temperature=1.0, top_k=50)
     n_ahead = 0
+    t.reset()  # then each run finds the prompt cached but its last token, as the other
     for seed in range(n_runs):
         cfg = GenerationConfig(max_tokens=6, sampling=SamplingParams(seed=seed, **params))
-        t.reset()
         key = tuple(generate(t, prompt, None, cfg).tokens[1:])
         plain[key] = plain.get(key, 0) + 1
         cfg = GenerationConfig(max_tokens=6,
                                sampling=SamplingParams(seed=10_000 + seed, **params))
-        t.reset()
         out = generate(t, prompt, drafter, cfg, cost=VerifyCostModel(slope=0.0, learn=False))
         n_ahead += out.stats.n_drafted_ahead
         key = tuple(out.tokens[1:])

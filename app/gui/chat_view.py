@@ -54,6 +54,11 @@ class TranscriptView(QListView):
         self.doItemsLayout()
 
 
+CHAT_PLACEHOLDER = "Message Tandem (Enter sends, Shift+Enter: new line)"
+COMPLETION_PLACEHOLDER = ("Text for the base model to continue (Enter sends, Shift+Enter: "
+                          "new line)")
+
+
 class ChatView(QWidget):
     """Emits what the user asks for; the controller decides what happens."""
 
@@ -68,7 +73,8 @@ class ChatView(QWidget):
         self._busy = False
         self._editing: Message | None = None
 
-        self.transcript = TranscriptView(MessageDelegate(self))
+        self.delegate = MessageDelegate(self)
+        self.transcript = TranscriptView(self.delegate)
         self.transcript.setModel(model)
         self.transcript.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.transcript.customContextMenuRequested.connect(self._context_menu)
@@ -95,7 +101,7 @@ class ChatView(QWidget):
         self.edit_banner.setStyleSheet("background: #fff4ce; padding: 4px;")
         self.edit_banner.hide()
         self.composer = Composer()
-        self.composer.setPlaceholderText("Message Tandem (Enter sends, Shift+Enter: new line)")
+        self.composer.setPlaceholderText(CHAT_PLACEHOLDER)
         self.composer.setFixedHeight(72)
         self.composer.submitted.connect(self.submit)
         self.send_button = QPushButton("Send")
@@ -122,6 +128,13 @@ class ChatView(QWidget):
         self._update_actions()
 
     # --- state -----------------------------------------------------------------------
+    def set_completion_mode(self, on: bool) -> None:
+        """A base model continues the text it is given: its replies are labelled as
+        continuations and the composer asks for text to continue."""
+        self.delegate.model_author = "Continuation" if on else "Tandem"
+        self.composer.setPlaceholderText(COMPLETION_PLACEHOLDER if on else CHAT_PLACEHOLDER)
+        self.transcript.viewport().update()
+
     def set_busy(self, busy: bool) -> None:
         """While an answer streams: Stop on, editing and regenerating off."""
         self._busy = busy

@@ -67,6 +67,7 @@ class EngineReady:
     plan: dict | None = None
     kv_cache: str = ""  # the KV cache setting and its trade-off, in words
     guarantee: str = ""  # what speculation promises on this model (Engine.guarantee)
+    completion: bool = False  # a base model: it continues the text it is given
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,8 @@ class EngineWorker(QObject):
                                         note, target.n_ctx, target.n_threads,
                                         engine.max_draft, gpu.name if gpu else None,
                                         engine.plan.to_json() if engine.plan else None,
-                                        engine.kv_cache_text, engine.guarantee))
+                                        engine.kv_cache_text, engine.guarantee,
+                                        target.template.completion))
         except (TandemError, OSError, ValueError) as exc:
             self._close_engine()
             self.failed.emit(EngineFailure(-1, "load", str(exc)))

@@ -208,6 +208,7 @@ class MainWindow(QMainWindow):
         self.engine_info = ready  # the engine as loaded (what the widgets show)
         self.controller.engine_ready = True
         self.engine_panel.show_ready(ready)
+        self.chat.set_completion_mode(ready.completion)
         self.dashboard.on_engine_ready(ready)
         # The start-up notice about interrupted answers outranks the drafter's note.
         self.statusBar().showMessage(self._notice or ready.note or "Ready.", 15000)

@@ -51,6 +51,8 @@ class MessageDelegate(QStyledItemDelegate):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.width = 600
+        # A base model continues the user's text instead of answering it.
+        self.model_author = "Tandem"
         self._docs: OrderedDict[int, tuple[str, int, QTextDocument]] = OrderedDict()
 
     def set_width(self, width: int) -> None:
@@ -119,7 +121,7 @@ class MessageDelegate(QStyledItemDelegate):
         painter.setFont(bold)
         painter.setPen(text_color)
         y = card.y() + PAD
-        author = "You" if msg.role == "user" else "Tandem"
+        author = "You" if msg.role == "user" else self.model_author
         painter.drawText(QRectF(card.x() + PAD, y, w - 2 * PAD, fm.height()),
                          Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, author)
         badge = status_line(msg)

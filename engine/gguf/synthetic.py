@@ -11,6 +11,7 @@ Nothing this writes can say anything sensible: it exists to be timed."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -63,7 +64,17 @@ Fields = dict[str, tuple[object, int, int | None]]
 
 
 def tokenizer_fields(source: Path) -> Fields:
-    """Every ``tokenizer.*`` key of the GGUF ``source`` with its value and types."""
+    """Every ``tokenizer.*`` key of the GGUF ``source`` with its value and types (read
+    once per file version: parsing a 49k-token vocabulary takes seconds); a copy the
+    caller may edit."""
+    stat = Path(source).stat()
+    fields = _tokenizer_fields(Path(source).resolve(), stat.st_mtime_ns, stat.st_size)
+    return {key: (list(value) if isinstance(value, list) else value, vtype, sub)
+            for key, (value, vtype, sub) in fields.items()}
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer_fields(source: Path, _mtime_ns: int, _size: int) -> Fields:
     from gguf import GGUFReader, GGUFValueType
 
     reader = GGUFReader(str(source))

@@ -87,8 +87,6 @@ class ArchitectureFacts:
         (engine.runtime.kv_transfer reads one plain KV cache's saved layout)."""
         if self.has_state:
             return f"{self.name} keeps recurrent state beside its KV cache"
-        if self.n_swa:
-            return "a sliding-window cache saves two caches in one state"
         return None
 
     @property

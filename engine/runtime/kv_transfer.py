@@ -11,11 +11,14 @@ quantized to Q8_0. Any layout this module does not know raises ``StateFormatErro
 the caller then prefills the slow way.
 
 The blob, for a unified (single-stream) cache and models without per-cell extras:
-    u32 magic, i32 seq_id, u32 n_stream(=1), u32 n_cells,
+    u32 magic, i32 seq_id, then for each cache:
+    u32 n_stream(=1), u32 n_cells,
     n_cells x (i32 pos, u32 n_seq_id(=1), i32 seq_id),
     u32 v_trans(=0), u32 n_layer,
     n_layer x (i32 k_type, u64 k_row_bytes, n_cells rows),
     n_layer x (i32 v_type, u64 v_row_bytes, n_cells rows).
+A sliding-window model's cache is two caches (llama-kv-cache-iswa.cpp: the full-attention
+layers', then the windowed layers'), written one after the other.
 """
 
 from __future__ import annotations
@@ -120,8 +123,15 @@ def _f16_to_q8_0_keys(blob: bytes, n_head_kv: int, rotate: bool) -> bytes:
     it applies to heads whose size is a multiple of 64, a K row being ``n_head_kv``
     heads."""
     read = _Reader(blob)
-    header = blob[:8]
     read.take("<Ii")
+    out = [blob[:8]]
+    while read.at < len(blob):
+        out += _one_cache(read, n_head_kv, rotate)
+    return b"".join(out)
+
+
+def _one_cache(read: _Reader, n_head_kv: int, rotate: bool) -> list[bytes]:
+    """One cache's part of the blob, K rewritten."""
     n_stream, n_cells = read.take("<II")
     if n_stream != 1:
         raise StateFormatError(f"{n_stream} KV streams (Tandem's cache has one)")
@@ -131,8 +141,7 @@ def _f16_to_q8_0_keys(blob: bytes, n_head_kv: int, rotate: bool) -> bytes:
     v_trans, n_layer = read.take("<II")
     if v_trans:
         raise StateFormatError("a transposed V cache (flash attention off)")
-    out = [header, struct.pack("<II", 1, n_cells), meta.tobytes(),
-           struct.pack("<II", 0, n_layer)]
+    out = [struct.pack("<II", 1, n_cells), meta.tobytes(), struct.pack("<II", 0, n_layer)]
     for _ in range(n_layer):
         k_type, row_bytes = read.take("<iQ")
         if k_type != _F16:
@@ -149,6 +158,4 @@ def _f16_to_q8_0_keys(blob: bytes, n_head_kv: int, rotate: bool) -> bytes:
     for _ in range(n_layer):
         v_type, row_bytes = read.take("<iQ")
         out += [struct.pack("<iQ", v_type, row_bytes), read.rows(n_cells, row_bytes).tobytes()]
-    if read.at != len(blob):
-        raise StateFormatError(f"{len(blob) - read.at} unread bytes after the V cache")
-    return b"".join(out)
+    return out
