@@ -145,13 +145,16 @@ class Engine:
                                      type_k=type_k, type_v=type_v)
         # Plain decoding is its own reference: only speculation needs the probe.
         self.kernels: KernelChoice | None = None
-        if config.drafter != "none":
+        if config.drafter != "none" and self.model.why_plain is None:
             self.kernels = choose_kernels(path, target_config, self.n_threads,
                                           CalibrationCache(self._cache_dir()), say)
             target_config = replace(target_config, repack=self.kernels.repack)
         target: Target | None = None
         try:
-            if config.drafter == "auto" and self.kernels is not None and not self.kernels.exact:
+            if self.model.why_plain is not None:
+                target = self._open_target(target_config, 0, None)
+                spec, self.max_draft = DrafterSpec("none"), 0
+            elif config.drafter == "auto" and self.kernels is not None and not self.kernels.exact:
                 target = self._open_target(target_config, 0, None)
                 spec = DrafterSpec("none")
                 self.max_draft = 0
@@ -185,9 +188,11 @@ class Engine:
             elif target.template.origin != "the model's own":
                 self.notes.append(f"{path.name} has no chat template: chat format "
                                   f"{target.template.origin}")
-            if target.arch.why_plain and spec.name != "none":
+            if target.arch.why_plain and config.drafter != "none":
                 spec, self.max_draft = DrafterSpec("none"), 0
                 self.notes.append(f"{path.name} decodes plainly: {target.arch.why_plain}")
+            if target.max_draft is not None:  # recurrent state: as far as its snapshots go
+                self.max_draft = min(self.max_draft, target.max_draft)
             self.memory = self._open_memory() if spec.name not in ("none", "lookup") else None
             self.drafter: Drafter | None
             self.drafter, notes = open_drafter(spec, target, self.model.fingerprint,

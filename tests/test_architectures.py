@@ -6,6 +6,7 @@ through llama.cpp's snapshots."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,12 @@ from engine.decoding.generation import GenerationConfig, generate
 from engine.drafters.lookup import PromptLookupDrafter
 from engine.drafters.memory import MemoryDrafter
 from engine.drafters.suffix_index import SuffixIndex
-from engine.gguf.architectures import ARCHITECTURES, TinyShape, write_architecture_gguf
+from engine.gguf.architectures import (
+    ARCHITECTURES,
+    PLAIN_ONLY_ARCHITECTURES,
+    TinyShape,
+    write_architecture_gguf,
+)
 from engine.runtime.target import Target, TargetConfig
 
 # What each architecture's table must say: memory kind, trees, draft limit, layer inputs.
@@ -122,3 +128,50 @@ def test_a_long_prompts_cells_move_into_a_sliding_window_cache(arch: str,
         logits = own.prefill(prompt).logits
     assert moved.argmax() == logits.argmax()
     assert 0 < np.abs(moved - logits).max() < 0.5
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss", "qwen35", "lfm2", "gemma3"])
+def test_q4_k_m_of_every_memory_kind_is_made_exact(arch: str, tiny_models: dict[str, Path],
+                                                   tmp_path: Path) -> None:
+    """The most downloaded quantization on experts, windows and recurrent layers: the
+    repacked K-quant kernels sum a batch in another order (the probe sees it), the chosen
+    kernels do not, and drafted decoding then gives plain decoding's tokens."""
+    from engine.planning.kernels import choose_kernels
+    from engine.runtime.native import ftype_named, quantize
+
+    path = tmp_path / f"{arch}.Q4_K_M.gguf"
+    quantize(tiny_models[arch], path, ftype_named("q4_k_m"), 2)
+    config = TargetConfig(n_ctx=512, n_threads=2)
+    choice = choose_kernels(path, config, 2, None)
+    assert choice.exact and not choice.repack and not choice.tried[True].exact, arch
+    with Target(path, replace(config, repack=choice.repack)) as target:
+        prompt = target.tokenize(PROMPTS[0], special=False)
+        gen = GenerationConfig(N_NEW, max_draft=16)
+        plain = generate(target, prompt, None, gen).tokens
+        memory = SuffixIndex()
+        memory.insert(prompt + _perturbed(plain, 7, 1))
+        target.reset()
+        out = generate(target, prompt, MemoryDrafter(memory), gen,
+                       cost=VerifyCostModel(slope=0.0, learn=False), remember=False)
+        assert out.tokens == plain and sum(s.n_accepted for s in out.stats.steps) > 8
+
+
+def test_a_recurrent_model_without_snapshots_decodes_plainly_and_says_why(
+        model_path: Path, tmp_path: Path) -> None:
+    """Mamba's state cannot take back a rejected draft: auto and a drafter asked for by
+    name both decode plainly, with a note; nothing aborts."""
+    from engine.session import Engine, EngineConfig
+
+    mamba = write_architecture_gguf(PLAIN_ONLY_ARCHITECTURES[0], tmp_path / "mamba.gguf",
+                                    model_path)
+    for drafter in ("auto", "memory"):
+        config = EngineConfig(model_path=mamba, drafter=drafter, n_ctx=512, n_threads=2,
+                              cache_dir=tmp_path, memory_dir=tmp_path)
+        with Engine(config) as engine:
+            assert engine.drafter_name == "none", drafter
+            assert any("decodes plainly" in n and "recurrent state" in n
+                       for n in engine.notes), engine.notes
+            assert engine.architecture["speculation"] is False
+            out = engine.generate(engine.target.tokenize(PROMPTS[1], special=False),
+                                  GenerationConfig(12))
+            assert len(out.tokens) == 12 and not any(s.n_proposed for s in out.stats.steps)

@@ -42,6 +42,23 @@ def _acceptance_arg(text: str) -> tuple[float, ...]:
     return values
 
 
+def _show_plain(as_json: bool, notes: list[str], kernels, architecture: dict,  # noqa: ANN001
+                arch_text: str) -> int:
+    """A model auto does not speculate on (an inexact weight type, or a state that cannot
+    take a draft back): nothing was measured, and the notes say why."""
+    if as_json:
+        print(json.dumps({"plan": None, "notes": notes, "architecture": architecture,
+                          "exactness": kernels.to_json() if kernels else None}, indent=1))
+        return 0
+    print("Plan: plain decoding, no drafter.")
+    if kernels is not None:
+        print(f"Output:   {kernels.describe()}")
+    print(f"Model:    {arch_text}")
+    for note in notes:
+        print(f"  note: {note}")
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     if args.profile is not None:
         return show_profile_plan(args.profile, args.acceptance, args.json)
@@ -55,7 +72,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         kernels = engine.kernels
         architecture = engine.architecture
         arch_text = engine.target.arch.describe()
-    assert plan is not None and costs is not None
+    if plan is None or costs is None:  # nothing to weigh: this model decodes plainly
+        return _show_plain(args.json, notes, kernels, architecture, arch_text)
     if args.json:
         print(json.dumps({"plan": plan.to_json(), "costs": costs.to_json(),
                           "hardware": hardware.to_json(), "notes": notes,

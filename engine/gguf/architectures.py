@@ -24,6 +24,8 @@ from engine.gguf.synthetic import copy_tokenizer
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss", "qwen35", "lfm2",
                  "phi3")
+# Recurrent without state snapshots: loads and decodes, cannot take back a draft.
+PLAIN_ONLY_ARCHITECTURES = ("mamba",)
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,8 @@ def _layers(arch: str, s: TinyShape) -> list[Tensor]:
                         (b + "shortconv.in_proj.weight", (3 * s.hidden, s.hidden), "matrix"),
                         (b + "shortconv.out_proj.weight", (s.hidden, s.hidden), "matrix")]
             out += _ffn(b, s)
+        elif arch == "mamba":
+            out += _selective_scan(b, s)
         elif arch == "qwen35":
             out.append(_norm(b + "post_attention_norm.weight", s))
             if _qwen35_attention(i):
@@ -131,7 +135,8 @@ def _layers(arch: str, s: TinyShape) -> list[Tensor]:
                 out += _delta_net(b, s)
             out += _ffn(b, s)
         else:
-            raise ValueError(f"no tiny layout for {arch!r}; known: {', '.join(ARCHITECTURES)}")
+            known = ", ".join(ARCHITECTURES + PLAIN_ONLY_ARCHITECTURES)
+            raise ValueError(f"no tiny layout for {arch!r}; known: {known}")
     return out
 
 
@@ -166,6 +171,22 @@ def _delta_net(b: str, s: TinyShape) -> list[Tensor]:
             (b + "ssm_out.weight", (s.hidden, v_dim), "matrix")]
 
 
+MAMBA_CONV, MAMBA_STATE = 4, 16
+
+
+def _selective_scan(b: str, s: TinyShape) -> list[Tensor]:
+    inner, rank = 2 * s.hidden, s.hidden // 16  # llama.cpp takes an expansion of 2 only
+    return [(b + "ssm_in.weight", (2 * inner, s.hidden), "matrix"),
+            (b + "ssm_conv1d.weight", (inner, MAMBA_CONV), "conv"),
+            (b + "ssm_conv1d.bias", (inner,), "zeros"),
+            (b + "ssm_x.weight", (rank + 2 * MAMBA_STATE, inner), "matrix"),
+            (b + "ssm_dt.weight", (inner, rank), "matrix"),
+            (b + "ssm_dt.bias", (inner,), "zeros"),
+            (b + "ssm_a", (inner, MAMBA_STATE), "decay"),
+            (b + "ssm_d", (inner,), "ones"),
+            (b + "ssm_out.weight", (s.hidden, inner), "matrix")]
+
+
 def tensor_layout(arch: str, s: TinyShape, n_vocab: int) -> list[Tensor]:
     """Every tensor llama.cpp loads for ``arch`` at shape ``s``, no more."""
     layers = _layers(arch, s)
@@ -197,6 +218,11 @@ def _write_keys(writer, arch: str, s: TinyShape) -> None:  # noqa: ANN001 - gguf
     if arch in ("gemma3", "gpt-oss"):
         writer.add_sliding_window(s.window)
         writer.add_sliding_window_pattern(2)  # even layers windowed, odd ones full
+    if arch == "mamba":
+        writer.add_ssm_conv_kernel(MAMBA_CONV)
+        writer.add_ssm_inner_size(2 * s.hidden)
+        writer.add_ssm_state_size(MAMBA_STATE)
+        writer.add_ssm_time_step_rank(s.hidden // 16)
     if arch == "qwen35":
         writer.add_key_length(s.head_dim)
         writer.add_value_length(s.head_dim)

@@ -85,7 +85,9 @@ class ArchitectureFacts:
     def why_no_cell_move(self) -> str | None:
         """Why a long prompt cannot be prefilled in an F16 cache and its cells moved here
         (engine.runtime.kv_transfer reads one plain KV cache's saved layout)."""
-        if self.has_state:
+        if self.recurrent:
+            return f"{self.name} keeps a recurrent state, no KV cells to move"
+        if self.hybrid:
             return f"{self.name} keeps recurrent state beside its KV cache"
         return None
 

@@ -32,6 +32,9 @@ class ModelInfo:
     n_vocab: int
     fingerprint: TargetFingerprint  # what a draft must match
     eog_ids: frozenset[int]  # tokens that end a generation
+    # Why no draft can be taken back on this architecture (recurrent state), None when
+    # speculation can run: known before the weights load, so auto measures nothing.
+    why_plain: str | None = None
 
     @property
     def n_layer(self) -> int:
@@ -62,7 +65,9 @@ def read_model_info(path: Path) -> ModelInfo:
         return ModelInfo(path=path, size_bytes=path.stat().st_size, header=header,
                          n_vocab=vocab.n_vocab,
                          fingerprint=fingerprint(vocab.pieces(), header.hidden_size),
-                         eog_ids=vocab.eog_ids)
+                         eog_ids=vocab.eog_ids,
+                         # The architecture decides recurrence; a vocab-only load has it.
+                         why_plain=vocab.architecture().why_plain)
 
 
 def read_vocab_facts(path: Path) -> VocabFacts:
