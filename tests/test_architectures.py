@@ -175,3 +175,20 @@ def test_a_recurrent_model_without_snapshots_decodes_plainly_and_says_why(
             out = engine.generate(engine.target.tokenize(PROMPTS[1], special=False),
                                   GenerationConfig(12))
             assert len(out.tokens) == 12 and not any(s.n_proposed for s in out.stats.steps)
+
+
+def test_tandem_synth_writes_a_quantized_model_with_a_big_vocabulary(model_path: Path,
+                                                                     tmp_path: Path) -> None:
+    """The command behind the architecture benchmarks: an architecture, a weight type, a
+    vocabulary padded to a big model's size; llama.cpp loads and decodes it."""
+    from app.cli import main
+
+    out = tmp_path / "gemma3-big-vocab.gguf"
+    assert main(["synth", str(out), "--arch", "gemma3", "--type", "q4_0",
+                 "--vocab", "100000", "--tokenizer", str(model_path)]) == 0
+    with Target(out, TargetConfig(n_ctx=256, n_threads=2)) as target:
+        assert target.n_vocab == 100000 and target.arch.n_swa == TinyShape().window
+        prompt = target.tokenize(PROMPTS[0], special=False)
+        assert max(prompt) < 49152  # the padding is never made by the tokenizer
+        tokens = generate(target, prompt, None, GenerationConfig(6)).tokens
+        assert len(tokens) == 6 and target.detokenize(tokens)

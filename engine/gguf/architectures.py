@@ -30,7 +30,8 @@ PLAIN_ONLY_ARCHITECTURES = ("mamba",)
 
 @dataclass(frozen=True)
 class TinyShape:
-    """The sizes every tiny layout shares. Head size 64 suits every backend's kernels."""
+    """A layout's sizes; the defaults are tiny (head size 64 suits every backend's
+    kernels). ``REAL_SHAPES`` holds shapes of real models, to measure speed on."""
 
     hidden: int = 256
     n_layers: int = 4
@@ -41,11 +42,33 @@ class TinyShape:
     n_experts_used: int = 2
     expert_ffn: int = 128
     window: int = 32  # sliding window: short, so tests cross its edge quickly
+    window_pattern: int = 2  # every n-th layer attends fully, the others are windowed
     context: int = 4096
+    key_length: int = 0  # head size when not hidden / heads (gemma3, qwen3, qwen35)
+    # Gated delta net (qwen35): state size, key and value heads, convolution; and which
+    # layers attend (every n-th).
+    ssm_state: int = 64
+    ssm_k_heads: int = 2
+    ssm_v_heads: int = 4
+    ssm_conv: int = 4
+    attention_interval: int = 2
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.n_heads
+        return self.key_length or self.hidden // self.n_heads
+
+
+# Real models' shapes (config.json), random weights: what a decode of them costs. The
+# qwen35 one is a Qwen3.5-like 2B shape, its delta-net sizes as in Qwen3-Next's config.
+REAL_SHAPES: dict[str, tuple[str, TinyShape]] = {
+    "gemma-3-1b": ("gemma3", TinyShape(hidden=1152, n_layers=26, n_heads=4, n_kv_heads=1,
+                                       ffn=6912, key_length=256, window=512,
+                                       window_pattern=6, context=32768)),
+    "qwen3.5-like-2b": ("qwen35", TinyShape(hidden=2048, n_layers=24, n_heads=8,
+                                            n_kv_heads=2, ffn=6144, key_length=256,
+                                            ssm_state=128, ssm_k_heads=16, ssm_v_heads=16,
+                                            attention_interval=4, context=32768)),
+}
 
 
 # A tensor: name, numpy shape (rows = outputs; the file's dims are reversed), how to fill.
@@ -54,7 +77,7 @@ Tensor = tuple[str, tuple[int, ...], str]
 
 def _attention(b: str, s: TinyShape, q_norm: bool, q_rows: int | None = None) -> list[Tensor]:
     d, kv = s.head_dim, s.n_kv_heads * s.head_dim
-    out = [(b + "attn_q.weight", (q_rows or s.hidden, s.hidden), "matrix"),
+    out = [(b + "attn_q.weight", (q_rows or s.n_heads * d, s.hidden), "matrix"),
            (b + "attn_k.weight", (kv, s.hidden), "matrix"),
            (b + "attn_v.weight", (kv, s.hidden), "matrix"),
            (b + "attn_output.weight", (s.hidden, s.n_heads * d), "matrix")]
@@ -117,7 +140,7 @@ def _layers(arch: str, s: TinyShape) -> list[Tensor]:
                     (b + "ffn_down.weight", (s.hidden, s.ffn), "matrix")]
         elif arch == "lfm2":
             out.append(_norm(b + "ffn_norm.weight", s))
-            if _lfm2_attention(i):
+            if _lfm2_attention(i, s):
                 out += _attention(b, s, q_norm=True)
             else:
                 out += [(b + "shortconv.conv.weight", (s.hidden, LFM2_CONV), "conv"),
@@ -128,7 +151,7 @@ def _layers(arch: str, s: TinyShape) -> list[Tensor]:
             out += _selective_scan(b, s)
         elif arch == "qwen35":
             out.append(_norm(b + "post_attention_norm.weight", s))
-            if _qwen35_attention(i):
+            if _qwen35_attention(i, s):
                 # Query and its output gate, interleaved per head.
                 out += _attention(b, s, q_norm=True, q_rows=2 * s.n_heads * s.head_dim)
             else:
@@ -141,33 +164,30 @@ def _layers(arch: str, s: TinyShape) -> list[Tensor]:
 
 
 # lfm2: short-convolution layers, every other one attention (its head_count_kv array says
-# which: 0 for a convolution). qwen35: a gated delta net, then attention, alternating.
+# which: 0 for a convolution). qwen35: gated delta nets, every n-th layer attention.
 LFM2_CONV = 3
+QWEN35_ROPE = 64  # rotary dimensions (a quarter of a 256 head, as Qwen3-Next)
 
 
-def _lfm2_attention(i: int) -> bool:
+def _lfm2_attention(i: int, s: TinyShape) -> bool:
     return i % 2 == 1
 
 
-def _qwen35_attention(i: int) -> bool:
-    return (i + 1) % QWEN35_ATTENTION_INTERVAL == 0
-
-
-QWEN35_ATTENTION_INTERVAL = 2
-QWEN35_STATE, QWEN35_K_HEADS, QWEN35_V_HEADS, QWEN35_CONV = 64, 2, 4, 4
+def _qwen35_attention(i: int, s: TinyShape) -> bool:
+    return (i + 1) % s.attention_interval == 0
 
 
 def _delta_net(b: str, s: TinyShape) -> list[Tensor]:
-    k_dim, v_dim = QWEN35_STATE * QWEN35_K_HEADS, QWEN35_STATE * QWEN35_V_HEADS
+    k_dim, v_dim = s.ssm_state * s.ssm_k_heads, s.ssm_state * s.ssm_v_heads
     conv = 2 * k_dim + v_dim
     return [(b + "attn_qkv.weight", (conv, s.hidden), "matrix"),
             (b + "attn_gate.weight", (v_dim, s.hidden), "matrix"),
-            (b + "ssm_conv1d.weight", (conv, QWEN35_CONV), "conv"),
-            (b + "ssm_dt.bias", (QWEN35_V_HEADS,), "zeros"),
-            (b + "ssm_a", (QWEN35_V_HEADS,), "decay"),
-            (b + "ssm_beta.weight", (QWEN35_V_HEADS, s.hidden), "matrix"),
-            (b + "ssm_alpha.weight", (QWEN35_V_HEADS, s.hidden), "matrix"),
-            (b + "ssm_norm.weight", (QWEN35_STATE,), "ones"),
+            (b + "ssm_conv1d.weight", (conv, s.ssm_conv), "conv"),
+            (b + "ssm_dt.bias", (s.ssm_v_heads,), "zeros"),
+            (b + "ssm_a", (s.ssm_v_heads,), "decay"),
+            (b + "ssm_beta.weight", (s.ssm_v_heads, s.hidden), "matrix"),
+            (b + "ssm_alpha.weight", (s.ssm_v_heads, s.hidden), "matrix"),
+            (b + "ssm_norm.weight", (s.ssm_state,), "ones"),
             (b + "ssm_out.weight", (s.hidden, v_dim), "matrix")]
 
 
@@ -204,7 +224,7 @@ def _write_keys(writer, arch: str, s: TinyShape) -> None:  # noqa: ANN001 - gguf
     writer.add_feed_forward_length(s.ffn)
     writer.add_head_count(s.n_heads)
     if arch == "lfm2":
-        writer.add_head_count_kv([s.n_kv_heads if _lfm2_attention(i) else 0
+        writer.add_head_count_kv([s.n_kv_heads if _lfm2_attention(i, s) else 0
                                   for i in range(s.n_layers)])
         writer.add_shortconv_l_cache(LFM2_CONV)
     else:
@@ -217,7 +237,10 @@ def _write_keys(writer, arch: str, s: TinyShape) -> None:  # noqa: ANN001 - gguf
         writer.add_expert_feed_forward_length(s.expert_ffn)
     if arch in ("gemma3", "gpt-oss"):
         writer.add_sliding_window(s.window)
-        writer.add_sliding_window_pattern(2)  # even layers windowed, odd ones full
+        writer.add_sliding_window_pattern(s.window_pattern)
+    if s.key_length and arch in ("gemma3", "qwen3", "qwen3moe"):
+        writer.add_key_length(s.key_length)
+        writer.add_value_length(s.key_length)
     if arch == "mamba":
         writer.add_ssm_conv_kernel(MAMBA_CONV)
         writer.add_ssm_inner_size(2 * s.hidden)
@@ -226,14 +249,14 @@ def _write_keys(writer, arch: str, s: TinyShape) -> None:  # noqa: ANN001 - gguf
     if arch == "qwen35":
         writer.add_key_length(s.head_dim)
         writer.add_value_length(s.head_dim)
-        writer.add_rope_dimension_count(s.head_dim)
+        writer.add_rope_dimension_count(QWEN35_ROPE)
         writer.add_rope_dimension_sections([11, 11, 10, 0])  # sum: half the rotary size
-        writer.add_ssm_conv_kernel(QWEN35_CONV)
-        writer.add_ssm_state_size(QWEN35_STATE)
-        writer.add_ssm_group_count(QWEN35_K_HEADS)
-        writer.add_ssm_time_step_rank(QWEN35_V_HEADS)
-        writer.add_ssm_inner_size(QWEN35_STATE * QWEN35_V_HEADS)
-        writer.add_full_attention_interval(QWEN35_ATTENTION_INTERVAL)
+        writer.add_ssm_conv_kernel(s.ssm_conv)
+        writer.add_ssm_state_size(s.ssm_state)
+        writer.add_ssm_group_count(s.ssm_k_heads)
+        writer.add_ssm_time_step_rank(s.ssm_v_heads)
+        writer.add_ssm_inner_size(s.ssm_state * s.ssm_v_heads)
+        writer.add_full_attention_interval(s.attention_interval)
 
 
 def _fill(kind: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -249,10 +272,12 @@ def _fill(kind: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndar
 def write_architecture_gguf(arch: str, path: Path, tokenizer_from: Path,
                             shape: TinyShape | None = None, seed: int = 0,
                             chat_template: bool = True, name: str | None = None,
-                            progress: Callable[[int, int], None] | None = None) -> Path:
+                            progress: Callable[[int, int], None] | None = None,
+                            n_vocab: int | None = None) -> Path:
     """Write ``path``: a tiny ``arch`` model with random F32 weights and the tokenizer of
     ``tokenizer_from``; without ``chat_template`` the file carries none (as a base model's
-    conversion often does). ``name`` is its general.name."""
+    conversion often does). ``name`` is its general.name; ``n_vocab`` pads the
+    vocabulary with unused tokens (Gemma 3's 262,144, say)."""
     from gguf import GGUFWriter
 
     s = shape or TinyShape()
@@ -266,7 +291,7 @@ def write_architecture_gguf(arch: str, path: Path, tokenizer_from: Path,
     _write_keys(writer, arch, s)
     writer.add_file_type(0)  # all F32
     skip = () if chat_template else ("tokenizer.chat_template",)
-    n_vocab = copy_tokenizer(writer, tokenizer_from, skip=skip)
+    n_vocab = copy_tokenizer(writer, tokenizer_from, skip=skip, n_vocab=n_vocab)
     layout = tensor_layout(arch, s, n_vocab)
     for tensor_name, dims, _ in layout:
         writer.add_tensor_info(tensor_name, dims, np.dtype(np.float32), 4 * int(np.prod(dims)))

@@ -97,11 +97,14 @@ def _tokenizer_fields(source: Path, _mtime_ns: int, _size: int) -> Fields:
     return out
 
 
-def copy_tokenizer(writer, source: Path, skip: tuple[str, ...] = ()  # noqa: ANN001 - GGUFWriter
-                   ) -> int:
+def copy_tokenizer(writer, source: Path, skip: tuple[str, ...] = (),  # noqa: ANN001
+                   n_vocab: int | None = None) -> int:
     """Copy every ``tokenizer.*`` key of ``source`` but ``skip`` into ``writer``; returns
-    its vocabulary size."""
+    its vocabulary size. ``n_vocab`` pads the vocabulary with unused tokens to that size
+    (a 262k-token model's logits row, with a tokenizer that never makes those tokens)."""
     fields = tokenizer_fields(source)
+    if n_vocab is not None:
+        _pad_vocabulary(fields, n_vocab)
     for key, (value, vtype, sub) in fields.items():
         if key not in skip:
             writer.add_key_value(key, value, vtype, sub_type=sub)
@@ -109,6 +112,20 @@ def copy_tokenizer(writer, source: Path, skip: tuple[str, ...] = ()  # noqa: ANN
     if tokens is None:
         raise ValueError(f"{source} has no tokenizer.ggml.tokens to copy")
     return len(tokens[0])  # type: ignore[arg-type]
+
+
+def _pad_vocabulary(fields: Fields, n_vocab: int) -> None:
+    tokens = fields["tokenizer.ggml.tokens"][0]
+    assert isinstance(tokens, list)
+    n_have = len(tokens)
+    if n_vocab < n_have:
+        raise ValueError(f"cannot shrink a vocabulary of {n_have} tokens to {n_vocab}")
+    tokens += [f"<unused{i}>".encode() for i in range(n_vocab - n_have)]
+    for key, pad in (("tokenizer.ggml.token_type", 5), ("tokenizer.ggml.scores", 0.0)):
+        if key in fields:  # 5: unused, as the vocabularies that have such tokens mark them
+            values = fields[key][0]
+            assert isinstance(values, list)
+            values += [pad] * (n_vocab - n_have)
 
 
 def write_synthetic_gguf(shape: ModelShape, path: Path, tokenizer_from: Path,

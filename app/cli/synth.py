@@ -1,0 +1,67 @@
+"""``tandem synth``: a GGUF of any supported architecture with random weights, tiny or of a
+real model's shape, in any weight type llama.cpp makes: what the architecture benchmarks
+and tests run on where the real model cannot be downloaded."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tqdm import tqdm
+
+from engine.gguf.architectures import (
+    ARCHITECTURES,
+    PLAIN_ONLY_ARCHITECTURES,
+    REAL_SHAPES,
+    TinyShape,
+    write_architecture_gguf,
+)
+from engine.hub.model_store import default_model_path
+from engine.runtime.native import ftype_named, quantize
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    arch, shape = args.arch, TinyShape()
+    if args.shape:
+        arch, shape = REAL_SHAPES[args.shape]
+    if arch is None:
+        raise ValueError("name an architecture (--arch) or a real shape (--shape)")
+    out = Path(args.out)
+    f32 = out if args.type == "f32" else out.with_suffix(".f32.tmp")
+    with tqdm(total=1, unit="tensor", desc=f"{arch} F32") as bar:
+        def moved(done: int, total: int) -> None:
+            bar.total, bar.n = total, done
+            bar.refresh()
+        write_architecture_gguf(arch, f32, args.tokenizer or default_model_path(),
+                                shape, chat_template=not args.no_template,
+                                name=args.name, progress=moved, n_vocab=args.vocab)
+    if f32 != out:
+        try:
+            print(f"quantizing to {args.type.upper()}…", flush=True)
+            quantize(f32, out, ftype_named(args.type), args.threads)
+        finally:
+            f32.unlink(missing_ok=True)
+    print(f"{out} ({out.stat().st_size / 1e6:.0f} MB)")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``synth`` to the ``tandem`` command's sub-parsers."""
+    p = subparsers.add_parser("synth", help="write a GGUF of an architecture with random "
+                                            "weights (for benchmarks and tests)")
+    p.add_argument("out", type=Path, help="the GGUF to write")
+    p.add_argument("--arch", choices=ARCHITECTURES + PLAIN_ONLY_ARCHITECTURES, default=None,
+                   help="a tiny model of this architecture")
+    p.add_argument("--shape", choices=sorted(REAL_SHAPES), default=None,
+                   help="a real model's shape (and its architecture) instead")
+    p.add_argument("--type", default="f32", help="weight type: f32 or any llama.cpp "
+                                                 "quantize makes (q4_k_m, q4_0, iq4_xs...)")
+    p.add_argument("--vocab", type=int, default=None, metavar="N",
+                   help="pad the vocabulary to N tokens (Gemma 3 has 262144)")
+    p.add_argument("--tokenizer", type=Path, default=None,
+                   help="copy the tokenizer of this GGUF (default: the bundled model's)")
+    p.add_argument("--no-template", action="store_true",
+                   help="write no chat template (as many base models' files)")
+    p.add_argument("--name", default=None, help="general.name (says base or instruct)")
+    p.add_argument("--threads", type=int, default=2, help="threads for quantizing")
+    p.set_defaults(func=cmd_synth)
