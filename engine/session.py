@@ -142,7 +142,9 @@ class Engine:
         self.n_threads = config.n_threads or default_threads()
         type_k, type_v = KV_MODES[config.kv_cache]
         target_config = TargetConfig(n_ctx=self._context_length(), n_threads=self.n_threads,
-                                     type_k=type_k, type_v=type_v)
+                                     type_k=type_k, type_v=type_v,
+                                     # No drafts to take back: no state snapshots to pay.
+                                     state_snapshots=config.drafter != "none")
         # Plain decoding is its own reference: only speculation needs the probe.
         self.kernels: KernelChoice | None = None
         if config.drafter != "none" and self.model.why_plain is None:

@@ -192,3 +192,19 @@ def test_tandem_synth_writes_a_quantized_model_with_a_big_vocabulary(model_path:
         assert max(prompt) < 49152  # the padding is never made by the tokenizer
         tokens = generate(target, prompt, None, GenerationConfig(6)).tokens
         assert len(tokens) == 6 and target.detokenize(tokens)
+
+
+def test_a_plain_only_target_keeps_no_state_snapshots(tiny_models: dict[str, Path]) -> None:
+    """Snapshots cost every decode a copy of the state; without drafts they are not kept,
+    and such a target verifies no drafts (they could not be taken back)."""
+    config = TargetConfig(n_ctx=256, n_threads=2, state_snapshots=False)
+    with Target(tiny_models["qwen35"], config) as target:
+        assert target.max_draft == 0
+        prompt = target.tokenize(PROMPTS[0], special=False)
+        memory = SuffixIndex()
+        memory.insert(prompt + list(range(100, 140)))
+        out = generate(target, prompt, MemoryDrafter(memory), GenerationConfig(8),
+                       remember=False)
+        assert len(out.tokens) == 8 and not any(s.n_proposed for s in out.stats.steps)
+    with Target(tiny_models["llama"], config) as target:  # no state: nothing changes
+        assert target.max_draft is None

@@ -63,6 +63,10 @@ class TargetConfig:
     # llama.cpp's repacked weights (engine.runtime.native.NativeModel); the exactness
     # probe turns them off for weight types whose batches then sum in another order.
     repack: bool = True
+    # Recurrent-state snapshots on hybrid models, so a rejected draft can be taken back:
+    # every decode then copies the state (~10% of a token on a 2B hybrid, 2 cores), so
+    # plain-only targets go without.
+    state_snapshots: bool = True
 
 
 @dataclass
@@ -101,9 +105,10 @@ class Target:
             # Recurrent state is kept per sequence and per snapshot: a chain-only target
             # needs sequence 0 (and one spare), and snapshots for the longest draft.
             n_seq_max = self.config.n_seq_max if self.arch.trees else 2
+            self._snapshots = self.arch.rs_rollback and self.config.state_snapshots
             self._ctx = NativeContext(self.model, n_ctx=n_ctx, n_batch=self.config.n_batch,
                                       n_seq_max=n_seq_max,
-                                      n_rs_seq=RS_ROLLBACK_TOKENS if self.arch.rs_rollback
+                                      n_rs_seq=RS_ROLLBACK_TOKENS if self._snapshots
                                       else 0,
                                       n_threads=self.n_threads,
                                       embeddings=self.config.features,
@@ -192,6 +197,8 @@ class Target:
     @property
     def max_draft(self) -> int | None:
         """The longest draft one verification may hold, None for no limit of the cache's."""
+        if self.arch.has_state and not self._snapshots:
+            return 0
         return self.arch.max_draft
 
     @property
