@@ -14,7 +14,14 @@ from engine.hub.catalog import HeadPair, matching_heads
 from engine.hub.fit import FITS_GPU, FITS_RAM, TOO_LARGE, MachineMemory, estimate_fit
 from engine.hub.quant import group_shards, parse_quant
 from engine.hub.search import list_repo, read_remote_facts, search_gguf
-from tests.hub_server import HEAD_REPO, TARGET_REPO, FakeHub, standard_repos
+from tests.hub_server import (
+    HEAD_REPO,
+    TARGET_REPO,
+    FakeHub,
+    FakeRepo,
+    standard_repos,
+    write_tiny_gguf,
+)
 
 GiB = 2**30
 
@@ -137,3 +144,17 @@ def test_no_network_is_a_clear_error() -> None:
         port = s.getsockname()[1]
     with pytest.raises(NetworkUnavailableError, match="cannot reach the Hub"):
         list_repo(TARGET_REPO, endpoint=f"http://127.0.0.1:{port}")
+
+
+def test_base_models_are_labelled_and_listed_after_instruct_ones(tmp_path: Path) -> None:
+    """A chat app wants instruct models: a repository whose name says base is marked and
+    comes after the others, however often it was downloaded."""
+    tiny = write_tiny_gguf(tmp_path / "t.gguf").read_bytes()
+    repos = [FakeRepo("org/Cool-7B-Base-GGUF", {"c.gguf": tiny}, downloads=900),
+             FakeRepo("org/Cool-7B-Instruct-GGUF", {"c.gguf": tiny}, downloads=50),
+             FakeRepo("org/Cool-7B-GGUF", {"c.gguf": tiny}, downloads=10)]
+    with FakeHub(repos) as hub:
+        hits = search_gguf("cool", endpoint=hub.endpoint)
+    assert [h.repo_id for h in hits] == ["org/Cool-7B-Instruct-GGUF", "org/Cool-7B-GGUF",
+                                         "org/Cool-7B-Base-GGUF"]
+    assert [h.base_model for h in hits] == [False, False, True]

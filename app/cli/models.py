@@ -66,8 +66,9 @@ def cmd_search(args: argparse.Namespace) -> int:
         if not hits:
             print(f"no GGUF repositories match {args.query!r}")
             return 0
-        print(format_table(("repository", "downloads", "likes"),
-                           [(h.repo_id, h.n_downloads, h.n_likes) for h in hits]))
+        print(format_table(("repository", "downloads", "likes", "kind"),
+                           [(h.repo_id, h.n_downloads, h.n_likes,
+                             "base: continues text" if h.base_model else "") for h in hits]))
         print("\nshow a repository's files: tandem models search --repo OWNER/NAME")
         return 0
     pairing = _pairing(args.repo, args)

@@ -240,7 +240,8 @@ class ModelWizardDialog(QDialog):
     @Slot(object)
     def _on_searched(self, hits: list) -> None:
         for h in hits:
-            item = QListWidgetItem(f"{h.repo_id}   ↓{h.n_downloads}")
+            base = "   base model: continues text" if h.base_model else ""
+            item = QListWidgetItem(f"{h.repo_id}   ↓{h.n_downloads}{base}")
             item.setData(Qt.ItemDataRole.UserRole, h.repo_id)
             self.repos.addItem(item)
         self.status.setText(f"{len(hits)} repositories found." if hits

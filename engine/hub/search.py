@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from engine.gguf.header import GGUFFacts, read_facts_prefix
 from engine.hub.quant import BITS_PER_WEIGHT, group_shards, parse_quant
 from engine.hub.remote import call_api, fetch_prefix, make_api, resolve_url
+from engine.runtime.template_choice import name_says_base
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +23,11 @@ class RepoHit:
     repo_id: str
     n_downloads: int
     n_likes: int
+
+    @property
+    def base_model(self) -> bool:
+        """The name says base (it continues text rather than answering)."""
+        return name_says_base(self.repo_id) is True
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,9 @@ def search_gguf(query: str, *, limit: int = 20, endpoint: str | None = None,
     def run() -> list[RepoHit]:
         models = api.list_models(search=query or None, filter="gguf", sort="downloads",
                                  limit=limit)
-        return [RepoHit(m.id, int(m.downloads or 0), int(m.likes or 0)) for m in models]
+        hits = [RepoHit(m.id, int(m.downloads or 0), int(m.likes or 0)) for m in models]
+        # A chat app wants instruct models: base ones after them, each kept by downloads.
+        return sorted(hits, key=lambda h: h.base_model)
 
     return call_api(run, f"searching the Hub for {query!r}")
 

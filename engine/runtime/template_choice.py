@@ -64,23 +64,23 @@ class ModelKind:
     evidence: str
 
 
-def _descriptive_text(model: _Model, file_name: str) -> str:
-    """The model's name, fine-tune, tags and file name, lower case, words split."""
-    fields = [model.metadata(k) or "" for k in
-              ("general.name", "general.finetune", "general.basename", "general.tags")]
-    return re.sub(r"[-_.,/\[\]]", " ", " ".join(fields + [file_name]).lower())
+def name_says_base(name: str) -> bool | None:
+    """What a model's name (or repository id) says: True for a base model, False for an
+    instruct or chat model, None when it says neither."""
+    text = re.sub(r"[-_.,/\[\]]", " ", name.lower())
+    if _INSTRUCT.search(text):
+        return False
+    return True if _BASE.search(text) else None
 
 
 def model_kind(model: _Model, file_name: str) -> ModelKind:
     """Whether the model is a base model: its name, fine-tune or tags say so, or it has
     no chat template and nothing names it an instruct or chat model."""
-    text = _descriptive_text(model, file_name)
-    instruct = _INSTRUCT.search(text)
-    if instruct:
-        return ModelKind(False, f"its name or tags say {instruct.group(1)!r}")
-    base = _BASE.search(text)
-    if base:
-        return ModelKind(True, f"its name or tags say {base.group(1)!r}")
+    fields = [model.metadata(k) or "" for k in
+              ("general.name", "general.finetune", "general.basename", "general.tags")]
+    said = name_says_base(" ".join(fields + [file_name]))
+    if said is not None:
+        return ModelKind(said, "its name or tags say " + ("base" if said else "instruct"))
     if not model.chat_template():
         return ModelKind(True, "it has no chat template and nothing names it an instruct "
                                "model")
