@@ -184,9 +184,9 @@ class Engine:
                 self.max_draft = cap if ov.max_draft is None else ov.max_draft
             check_first_forward(target)
             if target.template.completion:
-                self.notes.append(f"{path.name} is a base model: it continues your text "
-                                  f"rather than answering it (chat format: "
-                                  f"{target.template.origin})")
+                # origin: "a base model, as its name or tags say base"
+                self.notes.append(f"{path.name} is {target.template.origin}: it continues "
+                                  "your text rather than answering it")
             elif target.template.origin != "the model's own":
                 self.notes.append(f"{path.name} has no chat template: chat format "
                                   f"{target.template.origin}")

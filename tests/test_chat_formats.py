@@ -54,7 +54,8 @@ def test_the_engine_says_what_it_chose(untemplated: dict[str, Path], model_path:
     config = EngineConfig(model_path=untemplated["base"], drafter="none", n_ctx=256,
                           n_threads=2, cache_dir=tmp_path, memory_dir=tmp_path)
     with Engine(config) as engine:
-        assert any("is a base model: it continues your text" in n for n in engine.notes)
+        assert any("is a base model, as its name or tags say base: it continues your text"
+                   in n for n in engine.notes), engine.notes
         out = engine.generate(engine.chat_prompt(CHAT), _few_tokens())
         assert len(out.tokens) == 4
     config = EngineConfig(model_path=model_path, drafter="none", n_ctx=256, n_threads=2,

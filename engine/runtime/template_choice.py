@@ -96,8 +96,7 @@ def choose_template(model: _Model, file_name: str) -> ChatTemplate:
     bos = _BOS if model.add_bos else ""
     if kind.base:
         return ChatTemplate.from_model(
-            model, bos + COMPLETION, f"none: a base model ({kind.evidence}) continues the text",
-            completion=True)
+            model, bos + COMPLETION, f"a base model, as {kind.evidence}", completion=True)
     vocabulary = set(model.pieces())
     for family, markers, source in FAMILY_FORMATS:
         if all(m.encode() in vocabulary for m in markers):
