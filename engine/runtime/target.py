@@ -270,12 +270,16 @@ class Target:
         self.tokens = []
         self.n_parked = 0
         if kept:
-            features = self._ctx.embeddings
-            self._ctx.set_embeddings(False)  # only the state is wanted
-            try:
-                self._evaluate(kept, self.config.n_batch)
-            finally:
-                self._ctx.set_embeddings(features)
+            self._evaluate_cells_only(kept)
+
+    def _evaluate_cells_only(self, tokens: list[int]) -> None:
+        """Append ``tokens`` for their cells (or state) alone: no hidden states asked."""
+        features = self._ctx.embeddings
+        self._ctx.set_embeddings(False)
+        try:
+            self._evaluate(tokens, self.config.n_batch)
+        finally:
+            self._ctx.set_embeddings(features)
 
     def compact(self) -> None:
         """Free the parked cells by re-evaluating the tokens committed since the first
@@ -455,12 +459,7 @@ class Target:
             self._turn_off_f16_prefill(exc)
             redo = self.tokens[start:]
             del self.tokens[start:]
-            features = self._ctx.embeddings
-            self._ctx.set_embeddings(False)  # only the cells are wanted
-            try:
-                self._evaluate(redo, self.config.n_batch)
-            finally:
-                self._ctx.set_embeddings(features)
+            self._evaluate_cells_only(redo)
 
     def _f16_features_again(self, f16: NativeContext, full: list[int], n_features: int
                             ) -> np.ndarray:
