@@ -61,6 +61,7 @@ from engine.planning.planner import (
     Plan,
     choose_plan,
 )
+from engine.runtime.chat_template import OWN_TEMPLATE
 from engine.runtime.hardware import HardwareProfile, check_device, default_threads, probe_hardware
 from engine.runtime.kv_cache import KV_MODES, KV_TRADE_OFF
 from engine.runtime.model_info import ModelInfo, read_model_info, read_vocab_facts
@@ -153,9 +154,11 @@ class Engine:
             target_config = replace(target_config, repack=self.kernels.repack)
         target: Target | None = None
         try:
-            if self.model.why_plain is not None:
+            if self.model.why_plain is not None:  # known before any probe or measurement
                 target = self._open_target(target_config, 0, None)
                 spec, self.max_draft = DrafterSpec("none"), 0
+                if config.drafter != "none":
+                    self.notes.append(f"{path.name} decodes plainly: {self.model.why_plain}")
             elif config.drafter == "auto" and self.kernels is not None and not self.kernels.exact:
                 target = self._open_target(target_config, 0, None)
                 spec = DrafterSpec("none")
@@ -187,12 +190,9 @@ class Engine:
                 # origin: "a base model, as its name or tags say base"
                 self.notes.append(f"{path.name} is {target.template.origin}: it continues "
                                   "your text rather than answering it")
-            elif target.template.origin != "the model's own":
+            elif target.template.origin != OWN_TEMPLATE:
                 self.notes.append(f"{path.name} has no chat template: chat format "
                                   f"{target.template.origin}")
-            if target.arch.why_plain and config.drafter != "none":
-                spec, self.max_draft = DrafterSpec("none"), 0
-                self.notes.append(f"{path.name} decodes plainly: {target.arch.why_plain}")
             if target.max_draft is not None:  # recurrent state: as far as its snapshots go
                 self.max_draft = min(self.max_draft, target.max_draft)
             self.memory = self._open_memory() if spec.name not in ("none", "lookup") else None

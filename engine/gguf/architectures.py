@@ -140,7 +140,7 @@ def _layers(arch: str, s: TinyShape) -> list[Tensor]:
                     (b + "ffn_down.weight", (s.hidden, s.ffn), "matrix")]
         elif arch == "lfm2":
             out.append(_norm(b + "ffn_norm.weight", s))
-            if _lfm2_attention(i, s):
+            if _lfm2_attention(i):
                 out += _attention(b, s, q_norm=True)
             else:
                 out += [(b + "shortconv.conv.weight", (s.hidden, LFM2_CONV), "conv"),
@@ -169,7 +169,7 @@ LFM2_CONV = 3
 QWEN35_ROPE = 64  # rotary dimensions (a quarter of a 256 head, as Qwen3-Next)
 
 
-def _lfm2_attention(i: int, s: TinyShape) -> bool:
+def _lfm2_attention(i: int) -> bool:
     return i % 2 == 1
 
 
@@ -224,7 +224,7 @@ def _write_keys(writer, arch: str, s: TinyShape) -> None:  # noqa: ANN001 - gguf
     writer.add_feed_forward_length(s.ffn)
     writer.add_head_count(s.n_heads)
     if arch == "lfm2":
-        writer.add_head_count_kv([s.n_kv_heads if _lfm2_attention(i, s) else 0
+        writer.add_head_count_kv([s.n_kv_heads if _lfm2_attention(i) else 0
                                   for i in range(s.n_layers)])
         writer.add_shortconv_l_cache(LFM2_CONV)
     else:

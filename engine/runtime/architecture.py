@@ -84,7 +84,7 @@ class ArchitectureFacts:
     @property
     def why_no_cell_move(self) -> str | None:
         """Why a long prompt cannot be prefilled in an F16 cache and its cells moved here
-        (engine.runtime.kv_transfer reads one plain KV cache's saved layout)."""
+        (engine.runtime.kv_transfer rewrites KV caches' saved cells, not recurrent state)."""
         if self.recurrent:
             return f"{self.name} keeps a recurrent state, no KV cells to move"
         if self.hybrid:

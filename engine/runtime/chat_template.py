@@ -20,6 +20,7 @@ CHATML = (
 
 
 ROLES = ("system", "user", "assistant")
+OWN_TEMPLATE = "the model's own"  # ChatTemplate.origin of a GGUF's own template
 
 
 def check_messages(messages: object) -> None:
@@ -55,7 +56,7 @@ class ChatTemplate:
     source: str
     bos_token: str = ""
     eos_token: str = ""
-    origin: str = "the model's own"  # where the template came from, for the plan
+    origin: str = OWN_TEMPLATE  # where the template came from, for the plan
     completion: bool = False  # a base model: the conversation is text to continue
 
     @classmethod

@@ -253,10 +253,10 @@ class Target:
     def rollback(self, n_keep: int) -> None:
         """Forget everything after the first ``n_keep`` committed tokens."""
         if n_keep < len(self.tokens):
-            kept = self.tokens[:n_keep]
+            removed = self.ctx.kv_remove(0, n_keep, -1)
             del self.tokens[n_keep:]
-            if not self.ctx.kv_remove(0, n_keep, -1):
-                self._evaluate_again(kept)
+            if not removed:
+                self._evaluate_again(self.tokens)
         if self.n_parked and n_keep <= self._parked_from:
             # Every parked cell now follows every kept cell: freeing them leaves no hole.
             self.ctx.kv_remove(self.park_seq, -1, -1)
@@ -267,7 +267,7 @@ class Target:
         to go back further than its snapshots reach (a new prompt sharing only part of
         the last one; never a verification within ``max_draft``)."""
         self.ctx.kv_clear()
-        self.tokens = []
+        kept, self.tokens = list(kept), []
         self.n_parked = 0
         if kept:
             self._evaluate_cells_only(kept)
