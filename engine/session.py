@@ -45,14 +45,19 @@ from engine.errors import InvalidSettingError, ModelLoadError, TandemError
 from engine.gguf.draft_compat import check_draft_model
 from engine.hub.model_store import data_dir, default_model_path, default_model_ready
 from engine.planning.calibration import (
+    SPOT_SIZES,
     CalibrationCache,
     CostProfile,
     cache_key,
     calibrate,
     measure_verify_curve,
+    spot_check,
 )
 from engine.planning.draft_record import DraftRecord, pair_key
 from engine.planning.kernels import KernelChoice, choose_kernels
+from engine.planning.machine_load import look_at_load
+from engine.planning.plan_check import PlanChange, PlanCheck
+from engine.planning.plan_log import PlanEvent, PlanLog
 from engine.planning.planner import (
     DRAFT_MODEL_ACCEPTANCE,
     DraftModelFacts,
@@ -133,6 +138,15 @@ class Engine:
         self.calibrated_now = False
         self.memory: SuffixIndex | None = None
         self._memory_path: Path | None = None
+        # What auto planned with, kept to check the plan against the answers and to
+        # measure again (engine.planning.plan_check).
+        self.plan_check: PlanCheck | None = None
+        self.plan_events: list[PlanEvent] = []  # this model's plan changes, oldest first
+        self.remeasure_wanted = False  # provisional costs, or a plan changed by answers
+        self._head_dir: Path | None = None
+        self._draft_path: Path | None = None
+        self._cache_key = ""
+        self._start_why = ""
         path = config.model_path
         if path is None:
             if not default_model_ready():
@@ -167,17 +181,13 @@ class Engine:
                     f"auto does not speculate on {path.name}: {self.kernels.describe()}. "
                     "Choose a drafter by name to speculate anyway")
             elif config.drafter == "auto":
-                head_dir = self._usable_head()
-                draft = self._usable_draft_model()
-                target = self._calibrate_and_plan(target_config, head_dir, say, draft)
+                self._head_dir = self._usable_head()
+                self._draft_path = self._usable_draft_model()
+                target = self._calibrate_and_plan(target_config, say)
                 assert self.plan is not None
                 target = self._open_target(target_config, self.plan.target_gpu_layers, target)
-                spec = self._planned_spec(head_dir, draft)
-                self.max_draft = self.plan.budget.max_draft
-                if spec.name == "head+memory" and config.overrides.max_draft is None:
-                    # A memory match may run long: the per-step budget trims what the
-                    # head's depth would cut off.
-                    self.max_draft = max(self.max_draft, MAX_MEMORY_DRAFT)
+                spec = self._planned_spec()
+                self.max_draft = self._planned_max_draft(spec)
             else:
                 target = self._open_target(target_config, 0, None)
                 spec = self._asked_spec()
@@ -205,20 +215,16 @@ class Engine:
                 target.close()
             raise
         self.target = target
-        # A draft model's steps correct the acceptance the next plan assumes for the pair.
-        self._draft_pair = (pair_key(self.model.path, config.draft_model)
-                            if isinstance(self.drafter, DraftModelDrafter)
-                            and config.draft_model is not None else None)
-        # The governor guards a draft model, whose every draft costs time. Prompt lookup
-        # costs ~nothing when it has no match and its hits come in bursts a pause would
-        # miss: the per-step budget is the right judge there. A drafter asked for by
-        # name runs as asked.
-        self.governor = (SpeculationGovernor() if config.drafter == "auto" and self.drafter
-                         is not None and self.drafter.is_draft_model else None)
+        self._target_config = target_config
+        self._drafter_changed()
         # The budget starts from the calibrated curve where there is one and learns on.
-        curve = self.costs.verify_s.get("gpu" if target.n_gpu_layers else "cpu") \
+        curve = self.costs.verify_s.get(self._target_device) \
             if self.costs is not None else None
         self.cost = VerifyCostModel.from_curve(curve) if curve else VerifyCostModel()
+        if self.plan is not None and self.costs is not None:
+            self.plan_check = PlanCheck(self.costs, self.plan, self._price,
+                                        self._target_device)
+            self._log_plan(self._start_why)
 
     # --- building, in order ------------------------------------------------------------
     def _context_length(self) -> int:
@@ -273,30 +279,45 @@ class Engine:
         return DraftModelFacts(path.name, info.size_bytes, info.kv_bytes(n_ctx, "f16", "f16"),
                                acceptance, source)
 
-    def _calibrate_and_plan(self, target_config: TargetConfig, head_dir: Path | None,
-                            say: Callable[[str], None], draft: Path | None = None
+    def _calibrate_and_plan(self, target_config: TargetConfig, say: Callable[[str], None]
                             ) -> Target | None:
         """Costs from the cache or measured now, then the plan. Returns the target opened
-        for measuring (on the CPU), for reuse when the plan keeps it there."""
+        for measuring (on the CPU), for reuse when the plan keeps it there. Provisional
+        costs (measured on a busy machine) are measured again when the machine is quiet
+        now; while it is not, they are used and the engine wants to measure again."""
         hw, model = self.hardware, self.model
-        gpu_target = self._gpu_can_hold_target(target_config)
-        placements = ("cpu", "gpu") if gpu_target else ("cpu",)
-        head_devices = ["cpu"] + [g.device for g in hw.gpus]
+        head_dir, draft = self._head_dir, self._draft_path
+        placements = ("cpu", "gpu") if self._gpu_can_hold_target(target_config) else ("cpu",)
+        head_devices = ("cpu", *(g.device for g in hw.gpus)) if head_dir else ()
         cache = CalibrationCache(self._cache_dir())
-        key = cache_key(hw.fingerprint(), model.path, head_dir, self.n_threads,
-                        placements, tuple(head_devices) if head_dir else (), draft)
+        self._cache_key = key = cache_key(hw.fingerprint(), model.path, head_dir,
+                                          self.n_threads, placements, head_devices, draft)
         costs = None if self.config.recalibrate else cache.get(key)
+        self._start_why = ("costs measured again, as asked" if self.config.recalibrate else
+                           "costs measured for the first time")
+        previous = None
+        if costs is not None and costs.provisional:
+            now = look_at_load(self.n_threads)
+            if now.busy:
+                self._start_why = (f"costs from a busy machine, kept while it is still "
+                                   f"{now.describe()}")
+            else:
+                say("measuring again: the last measurement was taken on a busy machine")
+                previous, costs = costs, None
+                self._start_why = "costs measured again on a quiet machine"
+        elif costs is not None:
+            self._start_why = "planned from the measured costs"
         target = None
         if costs is None:
             self.calibrated_now = True
             target = Target(model.path, target_config)
-            costs = calibrate(target, head_dir, head_devices, progress=say,
-                              fingerprint=model.fingerprint, draft_model=draft,
-                              draft_on_gpu=bool(hw.best_gpu and hw.llama_gpu_offload))
-            if gpu_target:
-                self._measure_gpu_target(costs, target_config, say)
+            costs = self._measure(target, target_config, say)
+            if previous is not None and costs.provisional and (
+                    previous.others_cores <= costs.others_cores):
+                costs = previous  # busy again: the less disturbed measurement stays
             cache.put(key, costs)
         self.costs = costs
+        self.remeasure_wanted = costs.provisional
         head = None
         if head_dir is not None:
             matrices = 2 * model.n_vocab * model.n_embd * 4  # embeddings + LM head, float32
@@ -304,8 +325,27 @@ class Engine:
         facts = model.planner_facts(target_config.n_ctx, target_config.type_k,
                                     target_config.type_v)
         draft_facts = self._draft_facts(draft, target_config.n_ctx) if draft else None
-        self.plan = choose_plan(hw, costs, facts, head, self.config.overrides, draft_facts)
+        overrides = self.config.overrides
+
+        def price(c: CostProfile) -> Plan:
+            return choose_plan(hw, c, facts, head, overrides, draft_facts)
+
+        self._price = price
+        self.plan = price(costs)
         return target
+
+    def _measure(self, target: Target, target_config: TargetConfig,
+                 say: Callable[[str], None]) -> CostProfile:
+        """Everything the planner prices, measured now with ``target`` (on the CPU), and
+        the target on the GPU where it fits."""
+        hw = self.hardware
+        costs = calibrate(target, self._head_dir, ["cpu"] + [g.device for g in hw.gpus],
+                          progress=say, fingerprint=self.model.fingerprint,
+                          draft_model=self._draft_path,
+                          draft_on_gpu=bool(hw.best_gpu and hw.llama_gpu_offload))
+        if self._gpu_can_hold_target(target_config):
+            self._measure_gpu_target(costs, target_config, say)
+        return costs
 
     def _gpu_can_hold_target(self, target_config: TargetConfig) -> bool:
         gpu = self.hardware.best_gpu
@@ -360,8 +400,8 @@ class Engine:
         except OSError as exc:  # a full or read-only disk must not stop the chat
             log.warning("could not save the draft memory to %s: %s", self._memory_path, exc)
 
-    def _planned_spec(self, head_dir: Path | None, draft: Path | None = None) -> DrafterSpec:
-        plan = self.plan
+    def _planned_spec(self) -> DrafterSpec:
+        plan, head_dir, draft = self.plan, self._head_dir, self._draft_path
         assert plan is not None
         if plan.drafter == "draft" and draft is not None:
             return DrafterSpec("draft", head_options={
@@ -377,6 +417,32 @@ class Engine:
                                 "draft_ahead": overlap})
         return DrafterSpec("memory" if plan.drafter != "none" else "none")
 
+    def _planned_max_draft(self, spec: DrafterSpec) -> int:
+        assert self.plan is not None
+        max_draft = self.plan.budget.max_draft
+        if spec.name == "head+memory" and self.config.overrides.max_draft is None:
+            # A memory match may run long: the per-step budget trims what the head's
+            # depth would cut off.
+            max_draft = max(max_draft, MAX_MEMORY_DRAFT)
+        return max_draft
+
+    def _drafter_changed(self) -> None:
+        """The pair record and the governor for the drafter now in use."""
+        config = self.config
+        # A draft model's steps correct the acceptance the next plan assumes for the pair.
+        self._draft_pair = (pair_key(self.model.path, config.draft_model)
+                            if isinstance(self.drafter, DraftModelDrafter)
+                            and config.draft_model is not None else None)
+        # With auto every drafter is governed: a head or draft model whose drafts cost
+        # time and are not accepted is paused and probed again. Drafts from memory cost
+        # microseconds and their hits come in bursts: they are let off 5% of a token and
+        # paused 32 steps at most, so a repeat is not missed for long. A drafter asked
+        # for by name runs as asked.
+        self.governor = None
+        if config.drafter == "auto" and self.drafter is not None:
+            self.governor = (SpeculationGovernor() if self.drafter.is_draft_model else
+                             SpeculationGovernor(tolerance=0.05, max_pause=32))
+
     def _asked_spec(self) -> DrafterSpec:
         config = self.config
         options: dict[str, object] = {}
@@ -384,6 +450,104 @@ class Engine:
             options["depth"] = config.overrides.depth
         return DrafterSpec(config.drafter, config.head_dir, config.head_device, options,
                            config.draft_model)
+
+    # --- plans that stay right ----------------------------------------------------------
+    @property
+    def _target_device(self) -> str:
+        target = getattr(self, "target", None)
+        return "gpu" if target is not None and target.n_gpu_layers else "cpu"
+
+    def _log_plan(self, why: str) -> None:
+        """Keep the plan in this model's log when it differs from the last one logged."""
+        assert self.plan is not None
+        log_file = PlanLog(self._cache_dir())
+        self.plan_events = log_file.events(self._cache_key)
+        text = self.plan.layout_text()
+        if not self.plan_events or self.plan_events[-1].plan != text:
+            self.plan_events.append(log_file.record(self._cache_key, text, why))
+
+    def _switch_plan(self, plan: Plan, why: str) -> None:
+        """Run ``plan`` from the next answer on: the target where it puts it, its drafter
+        and budget (between answers: nothing in flight)."""
+        self.plan = plan
+        self.target = self._open_target(self._target_config, plan.target_gpu_layers,
+                                        self.target)
+        spec = self._planned_spec()
+        if spec.name not in ("none", "lookup") and self.memory is None:
+            self.memory = self._open_memory()
+        old, self.drafter = self.drafter, None
+        if old is not None:
+            old.close()
+        self.drafter, notes = open_drafter(spec, self.target, self.model.fingerprint,
+                                           self.memory)
+        self.notes += notes
+        self.max_draft = self._planned_max_draft(spec)
+        if self.target.max_draft is not None:
+            self.max_draft = min(self.max_draft, self.target.max_draft)
+        self._drafter_changed()
+        self._log_plan(why)
+        log.info("plan changed to %s: %s", plan.layout_text(), why)
+
+    def _check_plan(self, result: GenerationResult) -> None:
+        if self.plan_check is None:
+            return
+        target, tokens = self.target, result.tokens
+
+        def spot() -> dict[int, float]:
+            # The answer's last token is not cached yet: it is the root of the checks.
+            if not tokens or target.n_ctx - target.n_used <= max(SPOT_SIZES) + 1:
+                return {}
+            return spot_check(target, tokens[-1], tokens[-max(SPOT_SIZES):])
+
+        change: PlanChange | None = self.plan_check.observe(result.stats.steps, spot)
+        if change is not None:
+            self._switch_plan(change.new, change.why)
+            self.remeasure_wanted = True  # settle it with a real measurement when idle
+
+    def remeasure(self, progress: Callable[[str], None] | None = None) -> bool:
+        """Measure this machine's costs again (between answers: the target's cache is
+        emptied) and plan from them. A quiet measurement replaces the cached one and the
+        plan follows it; a busy one is dropped and the wish to measure stays. Returns
+        whether the plan changed."""
+        if self.plan is None or self.plan_check is None:
+            return False
+        say = progress or (lambda _msg: None)
+        on_cpu = self.target.n_gpu_layers == 0
+        target = self.target if on_cpu else Target(self.model.path, self._target_config)
+        try:
+            costs = self._measure(target, self._target_config, say)
+        finally:
+            if not on_cpu:
+                target.close()
+        if costs.provisional:
+            return False
+        CalibrationCache(self._cache_dir()).put(self._cache_key, costs)
+        self.costs, self.remeasure_wanted = costs, False
+        plan = self._price(costs)
+        changed = (plan.layout, plan.drafter, plan.head_device, plan.target_gpu_layers) != (
+            self.plan.layout, self.plan.drafter, self.plan.head_device,
+            self.plan.target_gpu_layers)
+        self.plan_check.rebase(costs, plan)
+        if changed:
+            self._switch_plan(plan, "costs measured again while the app was idle")
+        else:
+            self.plan = plan
+        return changed
+
+    def plan_status(self) -> dict[str, object] | None:
+        """When and how the plan's costs were measured, whether they are provisional, the
+        last plan change and why, and what the last answer said about the plan."""
+        if self.costs is None or self.plan is None:
+            return None
+        last = self.plan_events[-1] if self.plan_events else None
+        check = self.plan_check
+        return {"costs": self.costs.conditions(), "measured_at": self.costs.measured_at,
+                "busy": self.costs.busy, "others_cores": self.costs.others_cores,
+                "spread": self.costs.spread, "provisional": self.costs.provisional,
+                "remeasure_wanted": self.remeasure_wanted,
+                "last_change": last.describe() if last else None,
+                "changes": len(check.changes) if check else 0,
+                "check": check.last_verdict if check else ""}
 
     # --- use ---------------------------------------------------------------------------
     @property
@@ -414,6 +578,8 @@ class Engine:
         if not plain and self._draft_pair is not None:
             with contextlib.suppress(OSError):  # a read-only disk must not stop the chat
                 DraftRecord(self._cache_dir()).add(self._draft_pair, result.stats.steps)
+        if not plain:
+            self._check_plan(result)
         return result
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
@@ -35,6 +36,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     from training.spec_bench import load_prompts
 
+    if args.heal:
+        return _heal(args)
     if args.sweep:
         from engine.runtime.hardware import probe_hardware
 
@@ -97,11 +100,41 @@ def cmd_bench(args: argparse.Namespace) -> int:
                             meta, progress_to(bar), resume=not args.fresh, repeat=args.repeat,
                             pause_s=args.pause)
         bar.close()
+        switches = {n: len(e.plan_check.changes) for n, e in engines.items()
+                    if e.plan_check is not None}
     finally:
         for engine in engines.values():
             engine.close()
     print(format_table(payload["summary"]))
+    for n, count in switches.items():
+        print(f"{n}: {count} plan change(s) during the run")
+    if args.json and switches:
+        data = json.loads(args.json.read_text())
+        data["plan_changes"] = switches
+        args.json.write_text(json.dumps(data, indent=1))
     if args.json:
+        print(f"results written to {args.json}", file=sys.stderr)
+    return 0
+
+
+def _heal(args: argparse.Namespace) -> int:
+    """``--heal N``: a plan made under load, then N answers on the quiet machine."""
+    from app.heal_bench import format_heal, run_heal_bench
+    from training.spec_bench import load_prompts
+
+    base = engine_config(args, drafter="auto")
+    rows = load_prompts(args.prompts, 1)[:args.heal]
+    workdir = Path(tempfile.mkdtemp(prefix="tandem-heal-"))
+    try:
+        with Engine(replace(base, drafter="none", cache_dir=workdir / "tokens")) as e:
+            prompts = [e.chat_prompt([{"role": "user", "content": r.turns[0]}]) for r in rows]
+        out = run_heal_bench(base, prompts, args.max_tokens, workdir,
+                             lambda what: print(f"tandem: {what}...", file=sys.stderr))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(format_heal(out))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
         print(f"results written to {args.json}", file=sys.stderr)
     return 0
 
@@ -138,4 +171,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="before a fresh run, the runners that remember (Tandem's memory, "
                         "server-ngram's pool) answer N ShareGPT prompts untimed, as after "
                         "some use of the app (default 0: they start empty)")
+    p.add_argument("--heal", type=int, default=0, metavar="N",
+                   help="the healing benchmark: auto plans while another llama.cpp process "
+                        "decodes on the same cores, then answers N prompts (one per "
+                        "category) on the quiet machine; prints the plans and each "
+                        "answer's speed")
     p.set_defaults(func=cmd_bench)

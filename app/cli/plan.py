@@ -72,6 +72,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         kernels = engine.kernels
         architecture = engine.architecture
         arch_text = engine.target.arch.describe()
+        status = engine.plan_status()
     if plan is None or costs is None:  # nothing to weigh: this model decodes plainly
         return _show_plain(args.json, notes, kernels, architecture, arch_text)
     if args.json:
@@ -79,7 +80,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                           "hardware": hardware.to_json(), "notes": notes,
                           "kv_cache": kv_text,
                           "exactness": kernels.to_json() if kernels else None,
-                          "architecture": architecture},
+                          "architecture": architecture, "status": status},
                          indent=1))
         return 0
     print(plan.describe())
@@ -89,9 +90,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"Model:    {arch_text}")
     cached = "measured now" if calibrated_now else "cached; --recalibrate measures again"
     t1 = costs.verify_s.get("cpu", {}).get(1)
+    if status is not None and status["last_change"]:
+        print(f"Planned:  {status['last_change']}")
     curve = ", ".join(f"{n}: {t / t1:.2f}x" for n, t in sorted(costs.verify_s["cpu"].items())
                       if n > 1) if t1 else ""
-    print(f"\nCosts ({cached}):")
+    print(f"\nCosts ({cached}): {costs.conditions()}")
     if t1:
         print(f"  target, one token: {t1 * 1000:.1f} ms; n tokens, relative: {curve}")
     for dev, lvl in costs.head_level_s.items():

@@ -36,6 +36,8 @@ class PlanInfo:
     layout: str
     budget: str
     reason: str
+    measured: str = "–"  # when and how the costs were measured
+    changed: str = "–"  # the plan's last change and why
 
 
 class _Metric(QFrame):
@@ -79,11 +81,15 @@ class DashboardWidget(QScrollArea):
 
         plan_box = QGroupBox("Plan")
         self.plan_layout, self.plan_budget, self.plan_reason = QLabel(), QLabel(), QLabel()
-        self.plan_reason.setWordWrap(True)
+        self.plan_measured, self.plan_changed = QLabel(), QLabel()
+        for label in (self.plan_reason, self.plan_measured, self.plan_changed):
+            label.setWordWrap(True)
         plan_grid = QGridLayout(plan_box)
         for row, (name, label) in enumerate((("Layout", self.plan_layout),
                                              ("Budget", self.plan_budget),
-                                             ("Why", self.plan_reason))):
+                                             ("Why", self.plan_reason),
+                                             ("Measured", self.plan_measured),
+                                             ("Changed", self.plan_changed))):
             plan_grid.addWidget(QLabel(f"<b>{name}</b>"), row, 0)
             plan_grid.addWidget(label, row, 1)
         plan_grid.setColumnStretch(1, 1)
@@ -137,10 +143,13 @@ class DashboardWidget(QScrollArea):
         """Show the planner's decision: ``{"layout", "budget", "reason"}``."""
         if isinstance(info, Mapping):
             info = PlanInfo(str(info.get("layout", "")), str(info.get("budget", "")),
-                            str(info.get("reason", "")))
+                            str(info.get("reason", "")), str(info.get("measured", "–")),
+                            str(info.get("changed", "–")))
         self.plan_layout.setText(info.layout)
         self.plan_budget.setText(info.budget)
         self.plan_reason.setText(info.reason)
+        self.plan_measured.setText(info.measured)
+        self.plan_changed.setText(info.changed)
 
     def on_engine_ready(self, ready: EngineReady) -> None:
         self._drafter = ready.drafter
@@ -155,10 +164,13 @@ class DashboardWidget(QScrollArea):
                      f"{plan['plain_tok_per_s']:.0f} plain.")
             budget = _budget_text(plan["budget"]) if ready.drafter != "none" else budget
             why = plan["reason"][:1].upper() + plan["reason"][1:] + speed
+            status = ready.plan_status or {}
             self.set_plan(PlanInfo(f"{plan['layout_text']}; {ready.n_threads} CPU threads; "
                                    f"{device}", budget,
                                    f"{why} {ready.note} {_sentence(ready.kv_cache)} "
-                                   f"{_guarantee(ready.guarantee)}".strip()))
+                                   f"{_guarantee(ready.guarantee)}".strip(),
+                                   _sentence(str(status.get("costs") or "")) or "–",
+                                   _sentence(str(status.get("last_change") or "")) or "–"))
             return
         reason = (ready.note or f"Drafter “{ready.drafter}” as chosen ({ready.requested}).") \
             + " " + _sentence(ready.kv_cache) + " " + _guarantee(ready.guarantee)

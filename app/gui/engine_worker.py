@@ -68,6 +68,8 @@ class EngineReady:
     kv_cache: str = ""  # the KV cache setting and its trade-off, in words
     guarantee: str = ""  # what speculation promises on this model (Engine.guarantee)
     completion: bool = False  # a base model: it continues the text it is given
+    # When and how the plan's costs were measured and its last change (Engine.plan_status)
+    plan_status: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -138,11 +140,13 @@ class EngineWorker(QObject):
     compared = Signal(object)  # Comparison
     failed = Signal(object)  # EngineFailure
     stopped = Signal()  # shut down; the thread may quit
+    plan_changed = Signal(object)  # EngineReady: the plan or what is known of it moved
     _call = Signal(object)  # a _Call for call_in_worker, run in the worker's thread
 
     def __init__(self) -> None:
         super().__init__()
         self._engine: Engine | None = None
+        self._requested = "auto"  # the drafter the user chose for the loaded engine
         # Held while the engine loads, generates or closes: the local API server
         # (app.server) runs its requests under it too, so they take turns with the chat.
         self.engine_lock = threading.RLock()
@@ -214,16 +218,8 @@ class EngineWorker(QObject):
                                          kv_cache=choice.kv_cache, draft_model=draft),
                             progress=lambda what: self.status.emit(what[:1].upper() + what[1:]
                                                                    + "…"))
-            self._engine = engine
-            target = engine.target
-            gpu = engine.hardware.best_gpu
-            note = " ".join(n[:1].upper() + n[1:] + "." for n in engine.notes)
-            self.ready.emit(EngineReady(str(target.path), engine.drafter_name, choice.drafter,
-                                        note, target.n_ctx, target.n_threads,
-                                        engine.max_draft, gpu.name if gpu else None,
-                                        engine.plan.to_json() if engine.plan else None,
-                                        engine.kv_cache_text, engine.guarantee,
-                                        target.template.completion))
+            self._engine, self._requested = engine, choice.drafter
+            self.ready.emit(self._ready_info(engine))
         except (TandemError, OSError, ValueError) as exc:
             self._close_engine()
             self.failed.emit(EngineFailure(-1, "load", str(exc)))
@@ -234,7 +230,8 @@ class EngineWorker(QObject):
 
     @Slot(object)
     def generate(self, request: GenerationRequest) -> None:
-        """Answer ``request``: emits text deltas and steps, then finished or failed."""
+        """Answer ``request``: emits text deltas and steps, then finished or failed (and
+        plan_changed when the planner checked its plan against the answer)."""
         try:
             outcome = self._run(request, plain=False, stream=True)
         except Exception as exc:
@@ -243,6 +240,23 @@ class EngineWorker(QObject):
         finally:
             self._forget(request.request_id)
         self.finished.emit(outcome)
+        self._plan_moved()
+
+    @Slot()
+    def remeasure(self) -> None:
+        """Measure this machine's costs again when the engine wants it (provisional
+        costs, or a plan the answers changed); the GUI asks when the app is idle."""
+        with self.engine_lock:
+            engine = self._engine
+            if engine is None or not engine.remeasure_wanted:
+                return
+            self.status.emit("Measuring this machine again while the app is idle…")
+            try:
+                engine.remeasure()
+            except (TandemError, OSError) as exc:
+                log.warning("measuring again failed: %s", exc)
+            self.status.emit("Ready.")
+        self._plan_moved()
 
     @Slot(object)
     def compare(self, request: GenerationRequest) -> None:
@@ -267,6 +281,22 @@ class EngineWorker(QObject):
         self.stopped.emit()
 
     # --- internals -------------------------------------------------------------------
+    def _ready_info(self, engine: Engine) -> EngineReady:
+        target = engine.target
+        gpu = engine.hardware.best_gpu
+        note = " ".join(n[:1].upper() + n[1:] + "." for n in engine.notes)
+        return EngineReady(str(target.path), engine.drafter_name, self._requested, note,
+                           target.n_ctx, target.n_threads, engine.max_draft,
+                           gpu.name if gpu else None,
+                           engine.plan.to_json() if engine.plan else None,
+                           engine.kv_cache_text, engine.guarantee, target.template.completion,
+                           engine.plan_status())
+
+    def _plan_moved(self) -> None:
+        engine = self._engine
+        if engine is not None and engine.plan_check is not None:
+            self.plan_changed.emit(self._ready_info(engine))
+
     def _run(self, request: GenerationRequest, plain: bool, stream: bool
              ) -> GenerationOutcome:
         engine = self._engine

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import QCoreApplication, QEvent, Qt, QThread, Signal, Slot
+from PySide6.QtCore import QCoreApplication, QEvent, Qt, QThread, QTimer, Signal, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import QDockWidget, QMainWindow, QMessageBox, QSplitter, QVBoxLayout, QWidget
 
@@ -29,6 +29,8 @@ from app.gui.resource_sampler import ResourceSampler
 from app.gui.settings_panel import SettingsPanel
 from app.gui.transcript_model import TranscriptModel
 
+IDLE_REMEASURE_MS = 30_000
+
 
 class MainWindow(QMainWindow):
     """Owns the store, the worker thread and every widget. ``default_model`` replaces the
@@ -37,6 +39,7 @@ class MainWindow(QMainWindow):
     load_request = Signal(object)  # EngineChoice, to the worker
     engine_ready = Signal(object)  # EngineReady, once the widgets show it
     shutdown_request = Signal()
+    remeasure_request = Signal()  # to the worker, when the app has been idle a while
 
     def __init__(self, db_path: Path | str | None = None,
                  default_model: Path | None = None, n_threads: int | None = None) -> None:
@@ -85,6 +88,13 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.dashboard_dock)
         self.resizeDocks([self.dashboard_dock], [600], Qt.Orientation.Horizontal)
 
+        # Provisional costs (or a plan the answers changed) are measured again once the
+        # app has been idle this long: no answer waits on it.
+        self.idle_remeasure = QTimer(self)
+        self.idle_remeasure.setSingleShot(True)
+        self.idle_remeasure.setInterval(IDLE_REMEASURE_MS)
+        self.idle_remeasure.timeout.connect(self._remeasure_if_idle)
+
         self._wire()
         self._menus()
         self.thread_.start()
@@ -97,6 +107,9 @@ class MainWindow(QMainWindow):
         w, c = self.worker, self.controller
         self.load_request.connect(w.load)
         self.shutdown_request.connect(w.shutdown)
+        self.remeasure_request.connect(w.remeasure)
+        w.plan_changed.connect(self._on_plan_changed)
+        c.busy_changed.connect(lambda _busy: self._arm_remeasure())
         c.generate_request.connect(w.generate)
         c.compare_request.connect(w.compare)
         w.status.connect(self._on_status)
@@ -210,10 +223,35 @@ class MainWindow(QMainWindow):
         self.engine_panel.show_ready(ready)
         self.chat.set_completion_mode(ready.completion)
         self.dashboard.on_engine_ready(ready)
+        self._arm_remeasure()
         # The start-up notice about interrupted answers outranks the drafter's note.
         self.statusBar().showMessage(self._notice or ready.note or "Ready.", 15000)
         self._notice = ""
         self.engine_ready.emit(ready)
+
+    @Slot(object)
+    def _on_plan_changed(self, ready: EngineReady) -> None:
+        before = (self.engine_info.plan_status or {}).get("last_change") \
+            if self.engine_info else None
+        self.engine_info = ready
+        self.dashboard.on_engine_ready(ready)
+        after = (ready.plan_status or {}).get("last_change")
+        if after and after != before:
+            self.statusBar().showMessage(f"Plan changed: {ready.plan['layout_text']}"
+                                         if ready.plan else "Plan changed.", 15000)
+        self._arm_remeasure()
+
+    def _arm_remeasure(self) -> None:
+        """(Re)start the idle countdown when the engine wants to measure again."""
+        status = (self.engine_info.plan_status or {}) if self.engine_info else {}
+        if status.get("remeasure_wanted") and not self.controller.busy:
+            self.idle_remeasure.start()
+        else:
+            self.idle_remeasure.stop()
+
+    def _remeasure_if_idle(self) -> None:
+        if not self.controller.busy:
+            self.remeasure_request.emit()
 
     @Slot(object)
     def _on_failed(self, failure: EngineFailure) -> None:

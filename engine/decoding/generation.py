@@ -290,7 +290,8 @@ def _step(run: _Run, last: int, ahead_pool: ThreadPoolExecutor | None
     step = StepStats(t_draft_s=t_drafted - t_step, t_verify_s=t_verified - t_drafted,
                      n_proposed=len(draft), n_accepted=len(acc.path) - 1,
                      accepted_depths=tuple(range(1, len(acc.path))),
-                     drafted_ahead=draft.made_ahead)
+                     drafted_ahead=draft.made_ahead, n_past=n_past,
+                     drafter_asked=drafting)
     run.stats.steps.append(step)
     return acc.next_token, step, new_tokens
 

@@ -15,6 +15,8 @@ class StepStats:
     n_accepted: int  # draft tokens the target kept (the bonus token not counted)
     accepted_depths: tuple[int, ...] = ()  # depth of each accepted draft token
     drafted_ahead: bool = False  # the draft was made while the previous step verified
+    n_past: int = 0  # tokens cached before the step (its batch's context)
+    drafter_asked: bool = False  # the drafter was asked (not paused, not plain)
 
 
 @dataclass

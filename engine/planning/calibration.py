@@ -18,7 +18,7 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +29,7 @@ from engine.decoding.budget import MAX_MEMORY_DRAFT, VerifyCostModel
 from engine.decoding.generation import GenerationConfig, generate
 from engine.drafters import DrafterSpec, build_drafter, make_drafter
 from engine.drafters.head import HeadDrafter
+from engine.planning.machine_load import LoadMeter
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.target import Target, TargetConfig
 
@@ -41,6 +42,12 @@ CACHE_FILE = "calibration.json"
 CURVE_METHOD = "interleaved rounds, monotone"
 # Up to a long repeat drafted from memory, verified whole with its root.
 VERIFY_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, MAX_MEMORY_DRAFT + 1)
+# What a spot check between answers measures (engine.planning.plan_check).
+SPOT_SIZES = (1, 2, 4, 8)
+# Repeats of one measurement further apart than this (interquartile range relative to the
+# median) are not trusted: a quiet 2-core machine gives 0.03-0.09, one shared with
+# another decode 0.35-0.45.
+SPREAD_LIMIT = 0.2
 # A neutral filler for the calibration context: the cost of a decode depends on how
 # many tokens are cached, not on which.
 _FILLER = ("The engine measures how long the model takes to check a batch of tokens. "
@@ -61,6 +68,34 @@ class CostProfile:
     lookup_step_s: float = 0.0002
     features_overhead: float = 0.0  # extra verify time with features on, relative
     measured_s: float = 0.0  # how long the calibration took
+    # The conditions of the measurement (engine.planning.machine_load): when, how many
+    # cores other programs used meanwhile, whether that was more than the target left
+    # free, and how much the verification repeats disagreed (repeat_spread).
+    measured_at: float = 0.0  # seconds since the epoch; 0: before conditions were kept
+    others_cores: float = 0.0
+    busy: bool = False
+    spread: float = 0.0
+
+    @property
+    def provisional(self) -> bool:
+        """Measured on a busy machine or with repeats too unstable to trust: kept for now,
+        measured again when the machine is quiet."""
+        return self.busy or self.spread > SPREAD_LIMIT
+
+    def conditions(self) -> str:
+        """When and how the costs were measured, in words."""
+        when = (time.strftime("%Y-%m-%d %H:%M", time.localtime(self.measured_at))
+                if self.measured_at else "at an unrecorded time")
+        load = (f"while the machine was busy (other programs used {self.others_cores:.1f} "
+                "cores)" if self.busy else
+                f"on a quiet machine (other programs used {self.others_cores:.2f} cores)")
+        steady = f"repeats within {self.spread:.0%} of each other"
+        if self.spread > SPREAD_LIMIT:
+            steady = f"repeats unstable ({self.spread:.0%} apart)"
+        text = f"measured {when} {load}, {steady}"
+        if self.provisional:
+            text += "; provisional: measured again when the machine is quiet"
+        return text
 
     def verify(self, device: str, n: int) -> float:
         """Seconds to verify ``n`` tokens on ``device`` (linear beyond what was measured)."""
@@ -160,25 +195,58 @@ def _median_time(fn: Callable[[], None], repeats: int) -> float:
     return statistics.median(times)
 
 
+def repeat_spread(samples: Iterable[list[float]]) -> float:
+    """The median, over measured quantities, of their repeats' interquartile range
+    relative to their median: 0.05 means repeats mostly within 5% of each other."""
+    spreads = []
+    for times in samples:
+        if len(times) >= 3 and statistics.median(times) > 0:
+            q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
+            spreads.append((q3 - q1) / statistics.median(times))
+    return statistics.median(spreads) if spreads else 0.0
+
+
 def measure_verify_curve(target: Target, context: int = 256,
                          sizes: tuple[int, ...] = VERIFY_SIZES, repeats: int = 5,
                          timings: dict[str, float] | None = None) -> dict[int, float]:
     """Median seconds of a verification decode of each size, ``context`` tokens cached.
-    The target's cache is left empty. ``timings["prefill_s"]`` gets the time the
-    context took to prefill (a first token's wait) when ``timings`` is given."""
+    The target's cache is left empty. With ``timings`` given, ``timings["prefill_s"]``
+    gets the time the context took to prefill (a first token's wait) and
+    ``timings["spread"]`` how much the repeats of a size disagreed (the median over sizes
+    of their interquartile range relative to their median)."""
     filler = target.tokenize(_FILLER * (1 + context // 16), special=False)[:context]
     target.reset()
     t0 = time.perf_counter()
     target.prefill(filler)
     if timings is not None:
         timings["prefill_s"] = time.perf_counter() - t0
-    root = filler[-1]
-    draft_tokens = filler[:max(sizes)]
+    times = _time_batches(target, filler[-1], filler[:max(sizes)], sizes, repeats)
+    target.reset()
+    if timings is not None:
+        timings["spread"] = repeat_spread(times.values())
+    return _monotone(times)
+
+
+def spot_check(target: Target, root: int, tokens: list[int],
+               sizes: tuple[int, ...] = SPOT_SIZES, repeats: int = 3) -> dict[int, float]:
+    """Median seconds of a verification of each size at the target's present context,
+    which is left as it was: ``root`` (not yet cached) and chains of ``tokens``. A few
+    hundred milliseconds; the engine runs it when an answer's costs disagreed with the
+    calibration, to see the curve's shape (the answer shows only the sizes it drafted)."""
+    return _monotone(_time_batches(target, root, tokens, sizes, repeats))
+
+
+def _time_batches(target: Target, root: int, tokens: list[int], sizes: tuple[int, ...],
+                  repeats: int) -> dict[int, list[float]]:
+    """Seconds of each repeat of each size: ``root`` and a chain of ``tokens``, verified,
+    committed and rolled back to the cache as it was."""
+    n_keep = target.n_past
+    tokens = (tokens * (1 + max(sizes) // max(1, len(tokens))))[:max(sizes)]
 
     def once(n: int) -> None:
-        ver = target.verify(root, DraftTree.chain(draft_tokens[:n - 1]))
+        ver = target.verify(root, DraftTree.chain(tokens[:n - 1]))
         target.commit(ver, [0], [root])
-        target.rollback(len(filler))
+        target.rollback(n_keep)
 
     once(max(sizes))  # warm-up (allocations, repacking)
     # Sizes interleaved round by round: on a shared machine a burst of load then slows
@@ -191,10 +259,13 @@ def measure_verify_curve(target: Target, context: int = 256,
             t0 = time.perf_counter()
             once(n)
             times[n].append(time.perf_counter() - t0)
-    target.reset()
-    # A bigger batch never costs less than a smaller one.
+    return times
+
+
+def _monotone(times: dict[int, list[float]]) -> dict[int, float]:
+    """Medians by size, where a bigger batch never costs less than a smaller one."""
     curve, slowest = {}, 0.0
-    for n in sorted(sizes):
+    for n in sorted(times):
         slowest = max(slowest, statistics.median(times[n]))
         curve[n] = slowest
     return curve
@@ -270,13 +341,30 @@ def calibrate(target: Target, head_dir: Path | None, head_devices: list[str],
               fingerprint: TargetFingerprint | None = None,
               draft_model: Path | None = None, draft_on_gpu: bool = False) -> CostProfile:
     """Measure everything the planner needs for ``target`` as it is loaded (and for the
-    draft model, on the CPU and, with ``draft_on_gpu``, offloaded)."""
+    draft model, on the CPU and, with ``draft_on_gpu``, offloaded), and the conditions
+    of the measurement: how busy the machine was, how stable the repeats."""
     t0 = time.perf_counter()
-    note = progress or (lambda _msg: None)
-    profile = CostProfile(context=context)
+    profile = CostProfile(context=context, measured_at=time.time())
+    with LoadMeter(target.n_threads) as meter:
+        _measure_all(profile, target, head_dir, head_devices, progress or (lambda _m: None),
+                     fingerprint, draft_model, draft_on_gpu)
+    assert meter.reading is not None
+    profile.others_cores, profile.busy = meter.reading.others_cores, meter.reading.busy
+    profile.measured_s = time.perf_counter() - t0
+    return profile
+
+
+def _measure_all(profile: CostProfile, target: Target, head_dir: Path | None,
+                 head_devices: list[str], note: Callable[[str], None],
+                 fingerprint: TargetFingerprint | None, draft_model: Path | None,
+                 draft_on_gpu: bool) -> None:
+    context = profile.context
     device = "gpu" if getattr(target, "n_gpu_layers", 0) else "cpu"
     note("target verification cost")
-    profile.verify_s[device] = measure_verify_curve(target, context, repeats=7)
+    timings: dict[str, float] = {}
+    profile.verify_s[device] = measure_verify_curve(target, context, repeats=7,
+                                                    timings=timings)
+    profile.spread = timings["spread"]
     target.set_features(True)
     try:
         with_features = measure_verify_curve(target, context, sizes=(1, 4), repeats=5)
@@ -305,8 +393,6 @@ def calibrate(target: Target, head_dir: Path | None, head_devices: list[str],
                 continue
             profile.draft_token_s[key] = token_s
             profile.draft_sync_s[key] = sync_s
-    profile.measured_s = time.perf_counter() - t0
-    return profile
 
 
 def measure_acceptance(target: Target, head_dir: Path | None, prompts: list[list[int]],

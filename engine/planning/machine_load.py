@@ -1,0 +1,84 @@
+"""How busy the rest of the machine was while Tandem measured something.
+
+Every CPU cost Tandem measures (a decode, a draft head level) stretches when other
+programs take the cores: a laptop's first start is often during indexing or updates. The
+meter reads the whole machine's CPU time and this process's own over a span; what is
+left is other programs' use, in cores. A measurement is trusted when the others fitted
+in the cores the target leaves free (plus a quarter of a core of background noise: a
+browser tab, a terminal).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import psutil
+
+# Other programs' average use, in cores, that a measurement tolerates beyond the cores
+# the target does not use. A desktop idles at 0.02-0.1 cores; a second decode, a build
+# or an indexer takes 1 or more.
+BUSY_MARGIN_CORES = 0.25
+QUICK_LOOK_S = 0.3  # a look at the machine before deciding to measure again
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds all processes spent busy, summed over the logical cores (guest time is
+    inside user time on Linux, so it is not added again)."""
+    t = psutil.cpu_times()
+    busy = t.user + t.system + getattr(t, "nice", 0.0)
+    for extra in ("irq", "softirq", "steal"):  # steal: a hypervisor gave our core away
+        busy += getattr(t, extra, 0.0)
+    return busy
+
+
+def _own_busy_s(process: psutil.Process) -> float:
+    t = process.cpu_times()
+    return t.user + t.system
+
+
+@dataclass(frozen=True)
+class LoadReading:
+    """Other programs' CPU use over a span."""
+
+    others_cores: float  # their average use, in cores
+    wall_s: float
+    spare_cores: float  # physical cores the measured work left free
+
+    @property
+    def busy(self) -> bool:
+        return self.others_cores > self.spare_cores + BUSY_MARGIN_CORES
+
+    def describe(self) -> str:
+        state = "busy" if self.busy else "quiet"
+        return f"{state} (other programs used {self.others_cores:.2f} cores)"
+
+
+class LoadMeter:
+    """``with LoadMeter(n_threads) as meter: ...``; then ``meter.reading``."""
+
+    def __init__(self, n_threads: int) -> None:
+        physical = psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+        self.spare_cores = max(0, physical - n_threads)
+        self._process = psutil.Process()
+        self.reading: LoadReading | None = None
+
+    def __enter__(self) -> LoadMeter:
+        self._t0 = time.perf_counter()
+        self._machine0 = _machine_busy_s()
+        self._own0 = _own_busy_s(self._process)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = max(1e-6, time.perf_counter() - self._t0)
+        others = (_machine_busy_s() - self._machine0) - (_own_busy_s(self._process) - self._own0)
+        # The two clocks tick at different moments: a tiny negative is zero.
+        self.reading = LoadReading(max(0.0, others) / wall, wall, self.spare_cores)
+
+
+def look_at_load(n_threads: int, seconds: float = QUICK_LOOK_S) -> LoadReading:
+    """Other programs' use over the next ``seconds`` (this process idles meanwhile)."""
+    with LoadMeter(n_threads) as meter:
+        time.sleep(seconds)
+    assert meter.reading is not None
+    return meter.reading
