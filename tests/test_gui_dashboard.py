@@ -37,6 +37,9 @@ def test_live_steps_and_comparison_with_plain(qtbot, db: Path, model_path: Path)
     ready = w.engine_info
     assert ready.drafter == ready.plan["runs"]
     assert ready.plan["layout_text"] in w.dashboard.plan_layout.text()
+    # When and how the costs were measured, and what set the plan.
+    assert w.dashboard.plan_measured.text().startswith("Measured ")
+    assert w.dashboard.plan_changed.text() != "–"
     with qtbot.waitSignal(w.controller.comparison_finished, timeout=ANSWER_TIMEOUT_MS) as blocker:
         w.dashboard.compare_button.click()
     comparison = blocker.args[0]
