@@ -222,8 +222,11 @@ class Engine:
             if self.costs is not None else None
         self.cost = VerifyCostModel.from_curve(curve) if curve else VerifyCostModel()
         if self.plan is not None and self.costs is not None:
-            self.plan_check = PlanCheck(self.costs, self.plan, self._price,
-                                        self._target_device)
+            # A layout or drafter the user fixed is not second-guessed by the answers.
+            ov = config.overrides
+            if ov.layout is None and ov.drafter is None:
+                self.plan_check = PlanCheck(self.costs, self.plan, self._price,
+                                            self._target_device)
             self._log_plan(self._start_why)
 
     # --- building, in order ------------------------------------------------------------
@@ -509,7 +512,7 @@ class Engine:
         emptied) and plan from them. A quiet measurement replaces the cached one and the
         plan follows it; a busy one is dropped and the wish to measure stays. Returns
         whether the plan changed."""
-        if self.plan is None or self.plan_check is None:
+        if self.plan is None:
             return False
         say = progress or (lambda _msg: None)
         on_cpu = self.target.n_gpu_layers == 0
@@ -527,7 +530,8 @@ class Engine:
         changed = (plan.layout, plan.drafter, plan.head_device, plan.target_gpu_layers) != (
             self.plan.layout, self.plan.drafter, self.plan.head_device,
             self.plan.target_gpu_layers)
-        self.plan_check.rebase(costs, plan)
+        if self.plan_check is not None:
+            self.plan_check.rebase(costs, plan)
         if changed:
             self._switch_plan(plan, "costs measured again while the app was idle")
         else:

@@ -294,7 +294,7 @@ class EngineWorker(QObject):
 
     def _plan_moved(self) -> None:
         engine = self._engine
-        if engine is not None and engine.plan_check is not None:
+        if engine is not None and engine.plan is not None:
             self.plan_changed.emit(self._ready_info(engine))
 
     def _run(self, request: GenerationRequest, plain: bool, stream: bool
