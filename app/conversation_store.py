@@ -156,6 +156,27 @@ class ConversationStore:
             " VALUES (?, ?, ?, ?, ?)", (title, system_prompt, settings.to_json(), now, now))
         return Conversation(cur.lastrowid, title, system_prompt, settings, now, now)
 
+    def add_conversation(self, title: str, system_prompt: str, settings: ChatSettings,
+                         messages: list[tuple[str, str, str, dict]]) -> Conversation:
+        """A conversation with its messages (role, content, status, info), in one
+        transaction: an import is whole or absent."""
+        for _, _, status, _ in messages:
+            if status not in STATUSES:
+                raise ValueError(f"unknown message status {status!r}")
+        now = time.time()
+        with self._transaction():
+            cur = self.db.execute(
+                "INSERT INTO conversations (title, system_prompt, settings, created_at,"
+                " updated_at) VALUES (?, ?, ?, ?, ?)",
+                (title, system_prompt, settings.to_json(), now, now))
+            conversation_id = cur.lastrowid
+            self.db.executemany(
+                "INSERT INTO messages (conversation_id, position, role, content, status, info,"
+                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(conversation_id, i, role, content, status, json.dumps(info), now, now)
+                 for i, (role, content, status, info) in enumerate(messages)])
+        return self.conversation(conversation_id)
+
     def conversations(self) -> list[Conversation]:
         """All conversations, most recently updated first."""
         rows = self.db.execute(

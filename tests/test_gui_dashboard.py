@@ -126,3 +126,44 @@ def test_added_gguf_is_offered_and_loaded(qtbot, db: Path, model_path: Path,
     w.close()
     w2 = open_window(qtbot, db, model_path)
     assert w2.engine_panel.choice().model_path == user_model
+
+
+def test_provisional_costs_are_measured_again_when_the_app_is_idle(qtbot, db: Path,
+                                                                   model_path: Path,
+                                                                   monkeypatch) -> None:
+    import engine.session as session
+    from engine.drafters import DEFAULT_HEAD_DIR
+    from engine.hub.model_store import data_dir
+    from engine.planning.calibration import CalibrationCache, cache_key
+    from engine.planning.machine_load import LoadReading
+    from engine.runtime.hardware import probe_hardware
+    from tests.test_plan_check import _busy
+
+    # Costs recorded on a busy machine, and the machine looks busy at start: kept.
+    monkeypatch.setattr(session, "look_at_load", lambda _t: LoadReading(2.0, 0.3, 0))
+    cache = CalibrationCache(data_dir() / "cache")
+    key = cache_key(probe_hardware().fingerprint(), model_path, DEFAULT_HEAD_DIR, 2,
+                    ("cpu",), ("cpu",))
+    saved = cache.get_entry(key)
+    cache.put(key, _busy())
+    try:
+        w = open_window(qtbot, db, model_path)
+        status = w.engine_info.plan_status
+        assert status["provisional"] and status["remeasure_wanted"]
+        assert "busy" in w.dashboard.plan_measured.text()
+        assert "provisional" in w.dashboard.plan_measured.text()
+        assert w.idle_remeasure.isActive()  # armed: it measures again once the app idles
+        w.idle_remeasure.setInterval(50)
+        with qtbot.waitSignal(w.worker.plan_changed, timeout=ANSWER_TIMEOUT_MS) as blocker:
+            w.idle_remeasure.start()
+        ready = blocker.args[0]
+        assert w.dashboard.plan_measured.text().startswith("Measured ")
+        if not ready.plan_status["provisional"]:  # quiet here: measured again, disarmed
+            assert "quiet machine" in w.dashboard.plan_measured.text()
+            assert not w.idle_remeasure.isActive()
+            assert ready.drafter == ready.plan["runs"]
+        outcome = send_and_wait(qtbot, w, "Hi!")  # the chat goes on after it
+        assert outcome.stats.n_new > 0
+    finally:
+        if saved is not None:
+            cache.put_entry(key, saved)

@@ -1,8 +1,12 @@
-"""``tandem chat``: a conversation in the terminal."""
+"""``tandem chat``: a conversation in the terminal, exported with ``/export FILE`` and
+continued from an export with ``--load FILE``."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
+from pathlib import Path
 
 from app.cli.common import (
     add_model_args,
@@ -11,17 +15,59 @@ from app.cli.common import (
     open_engine,
     stats_line,
 )
+from app.conversation_export import read_import, write_export
+from app.conversation_store import Conversation, Message
 from engine.errors import TandemError
+
+HELP = "/reset clears, /export FILE.md|FILE.json saves, /quit or Ctrl-D leaves."
+
+
+class TerminalChat:
+    """The messages of a terminal conversation, with each answer's figures."""
+
+    def __init__(self, system: str = "", title: str = "") -> None:
+        self.system, self.title = system, title
+        self.turns: list[Message] = []
+        self.created_at = time.time()
+
+    @classmethod
+    def load(cls, path: Path) -> TerminalChat:
+        """Raises ValueError naming the file and what is wrong."""
+        imported = read_import(path)
+        chat = cls(imported.system_prompt, imported.title)
+        for m in imported.messages:
+            chat.add(m.role, m.content, m.info)
+        return chat
+
+    def add(self, role: str, content: str, info: dict | None = None) -> None:
+        self.turns.append(Message(len(self.turns), 0, len(self.turns), role, content,
+                                  info=dict(info or {})))
+        if not self.title and role == "user":
+            self.title = content.strip().splitlines()[0][:60] if content.strip() else ""
+
+    def messages(self) -> list[dict[str, str]]:
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        return system + [{"role": m.role, "content": m.content} for m in self.turns]
+
+    def export(self, path: Path) -> str:
+        conv = Conversation(0, self.title or "Terminal chat", self.system,
+                            created_at=self.created_at, updated_at=time.time())
+        return write_export(conv, self.turns, path)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
     config = generation_config(args)
+    chat = TerminalChat(args.system)
+    if args.load is not None:
+        try:
+            chat = TerminalChat.load(args.load)
+        except ValueError as exc:
+            print(f"tandem: {exc}", file=sys.stderr)
+            return 2
     with open_engine(args) as engine:
-        print(f"Tandem chat on {engine.describe()}. /reset clears, /quit or Ctrl-D leaves.")
-        messages: list[dict[str, str]] = []
-        if args.system:
-            messages.append({"role": "system", "content": args.system})
-        n_fixed = len(messages)
+        print(f"Tandem chat on {engine.describe()}. {HELP}")
+        if chat.turns:
+            print(f"(continuing “{chat.title}”: {len(chat.turns)} messages)")
         while True:
             try:
                 user = input("\nyou> ").strip()
@@ -33,24 +79,42 @@ def cmd_chat(args: argparse.Namespace) -> int:
             if user in ("/quit", "/exit"):
                 return 0
             if user == "/reset":
-                del messages[n_fixed:]
+                chat.turns.clear()
                 print("(conversation cleared)")
                 continue
-            messages.append({"role": "user", "content": user})
+            if user.startswith("/export"):
+                _export(chat, user.removeprefix("/export").strip())
+                continue
+            chat.add("user", user)
             print("tandem> ", end="", flush=True)
             try:
-                result = engine.generate(engine.chat_prompt(messages), config,
+                result = engine.generate(engine.chat_prompt(chat.messages()), config,
                                          on_text=lambda s: print(s, end="", flush=True))
             except KeyboardInterrupt:
                 print("\n(stopped)")
-                messages.pop()
+                chat.turns.pop()
                 continue
             except TandemError as exc:
                 print(f"\n(error: {exc})")
-                messages.pop()
+                chat.turns.pop()
                 continue
-            messages.append({"role": "assistant", "content": result.text})
-            print("\n" + stats_line(result.stats))
+            summary = stats_line(result.stats)
+            chat.add("assistant", result.text, {"summary": summary,
+                                                "finish_reason": result.finish_reason,
+                                                "stats": result.stats.summary()})
+            print("\n" + summary)
+
+
+def _export(chat: TerminalChat, name: str) -> None:
+    if not name:
+        print("(usage: /export FILE.md or /export FILE.json)")
+        return
+    try:
+        kind = chat.export(Path(name).expanduser())
+    except OSError as exc:
+        print(f"(could not export: {exc.strerror or exc})")
+        return
+    print(f"(exported to {name}, {kind})")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -59,4 +123,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_sampling_args(p)
     p.add_argument("--system", default="", help="system prompt")
+    p.add_argument("--load", type=Path, default=None, metavar="FILE.json",
+                   help="continue a conversation exported as JSON (from the window, "
+                        "/export, or an OpenAI message list)")
     p.set_defaults(func=cmd_chat)

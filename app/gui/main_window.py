@@ -9,8 +9,17 @@ from pathlib import Path
 
 from PySide6.QtCore import QCoreApplication, QEvent, Qt, QThread, QTimer, Signal, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
-from PySide6.QtWidgets import QDockWidget, QMainWindow, QMessageBox, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QDockWidget,
+    QFileDialog,
+    QMainWindow,
+    QMessageBox,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
 
+from app.conversation_export import import_into, read_import, write_export
 from app.conversation_store import ConversationStore
 from app.gui.api_switch import ApiServerSwitch
 from app.gui.chat_controller import ChatController
@@ -148,6 +157,11 @@ class MainWindow(QMainWindow):
         self._action(file_menu, "Add local &GGUF…", self.engine_panel._add_model)
         self._action(file_menu, "Add draft &head…", self.engine_panel._add_head)
         file_menu.addSeparator()
+        self._action(file_menu, "&Export chat…", self._export_dialog,
+                     QKeySequence("Ctrl+Shift+E"))
+        self._action(file_menu, "&Import chat…", self._import_dialog,
+                     QKeySequence("Ctrl+Shift+I"))
+        file_menu.addSeparator()
         self._action(file_menu, "&Quit", self.close, QKeySequence.StandardKey.Quit)
         chat_menu = self.menuBar().addMenu("&Chat")
         self._action(chat_menu, "&Stop", self.controller.stop, QKeySequence("Esc"))
@@ -209,6 +223,53 @@ class MainWindow(QMainWindow):
                                         Path(draft) if draft else None)
         else:
             self.engine_panel._fill()
+
+    # --- export and import ------------------------------------------------------------
+    def _export_dialog(self) -> None:
+        if self.controller.current_id is None:
+            return
+        title = self.store.conversation(self.controller.current_id).title
+        name = "".join(c if c.isalnum() or c in " -_" else "_" for c in title).strip() or "chat"
+        path, chosen = QFileDialog.getSaveFileName(
+            self, "Export chat", str(Path.home() / f"{name}.md"),
+            "Markdown (*.md);;JSON, OpenAI messages (*.json)")
+        if path:
+            if "json" in chosen.lower() and not path.lower().endswith(".json"):
+                path += ".json"
+            self.export_conversation(Path(path))
+
+    def export_conversation(self, path: Path) -> bool:
+        """Write the open chat to ``path`` (Markdown for .md, else JSON); says so."""
+        cid = self.controller.current_id
+        if cid is None:
+            return False
+        try:
+            kind = write_export(self.store.conversation(cid), self.store.messages(cid), path)
+        except OSError as exc:
+            self.statusBar().showMessage(f"Could not export to {path}: "
+                                         f"{exc.strerror or exc}", 15000)
+            return False
+        self.statusBar().showMessage(f"Chat exported to {path} ({kind}).", 10000)
+        return True
+
+    def _import_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Import chat", str(Path.home()),
+                                              "JSON (*.json);;All files (*)")
+        if path:
+            self.import_conversation(Path(path))
+
+    def import_conversation(self, path: Path) -> int | None:
+        """A chat exported as JSON (Tandem's or an OpenAI message list) as a new
+        conversation, opened; None with the reason in the status bar when refused."""
+        try:
+            conv = import_into(self.store, read_import(path))
+        except ValueError as exc:
+            self.statusBar().showMessage(f"Could not import: {exc}", 15000)
+            return None
+        self._refresh_conversations()
+        self.controller.open_conversation(conv.id)
+        self.statusBar().showMessage(f"Imported “{conv.title}”.", 10000)
+        return conv.id
 
     # --- worker events ---------------------------------------------------------------
     @Slot(str)

@@ -1,0 +1,149 @@
+"""Conversations out and back in: Markdown to read or share, JSON to keep or move.
+
+The JSON is OpenAI's message list (``{"role", "content"}``, the system prompt first) so
+other tools read it as it is, wrapped with what Tandem needs to restore the chat: title,
+settings, and each answer's status and generation figures under ``"tandem"``. Importing
+checks everything before anything is written, and says what is wrong in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from app.conversation_store import (
+    COMPLETE,
+    INTERRUPTED,
+    STATUSES,
+    STREAMING,
+    ChatSettings,
+    Conversation,
+    ConversationStore,
+    Message,
+)
+
+FORMAT = "tandem.conversation"
+VERSION = 1
+ROLES = ("user", "assistant")
+MAX_IMPORT_BYTES = 64 << 20  # a chat larger than this is not a chat export
+
+
+@dataclass(frozen=True)
+class ImportedMessage:
+    role: str
+    content: str
+    status: str = COMPLETE
+    info: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ImportedConversation:
+    title: str
+    system_prompt: str
+    settings: ChatSettings
+    messages: tuple[ImportedMessage, ...]
+
+
+def to_json(conversation: Conversation, messages: list[Message]) -> dict:
+    out_messages: list[dict] = []
+    if conversation.system_prompt:
+        out_messages.append({"role": "system", "content": conversation.system_prompt})
+    for m in messages:
+        entry: dict = {"role": m.role, "content": m.content}
+        if m.status != COMPLETE or m.info:
+            entry["tandem"] = {"status": m.status, **m.info}
+        out_messages.append(entry)
+    return {"format": FORMAT, "version": VERSION, "title": conversation.title,
+            "created_at": conversation.created_at, "exported_at": time.time(),
+            "settings": asdict(conversation.settings), "messages": out_messages}
+
+
+def to_markdown(conversation: Conversation, messages: list[Message]) -> str:
+    lines = [f"# {conversation.title}", ""]
+    if conversation.system_prompt:
+        lines += ["> **System:** " + conversation.system_prompt.replace("\n", "\n> "), ""]
+    for m in messages:
+        who = "You" if m.role == "user" else "Assistant"
+        note = m.info.get("summary", "") if m.role == "assistant" else ""
+        if m.status not in (COMPLETE, STREAMING):
+            note = f"{m.status}; {note}" if note else m.status
+        lines += [f"### {who}" + (f" *({note})*" if note else ""), "", m.content, ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_export(conversation: Conversation, messages: list[Message], path: Path) -> str:
+    """Markdown for ``.md``/``.markdown``, JSON otherwise; returns the format written."""
+    path = Path(path)
+    if path.suffix.lower() in (".md", ".markdown"):
+        path.write_text(to_markdown(conversation, messages), encoding="utf-8")
+        return "markdown"
+    path.write_text(json.dumps(to_json(conversation, messages), indent=1,
+                               ensure_ascii=False) + "\n", encoding="utf-8")
+    return "json"
+
+
+def read_import(path: Path) -> ImportedConversation:
+    """Raises ValueError naming the file and what is wrong with it."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_IMPORT_BYTES:
+            raise ValueError(f"{path.name} is over {MAX_IMPORT_BYTES >> 20} MiB: not a "
+                             "conversation export")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"cannot read {path.name}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path.name} is not JSON: {exc}") from None
+    try:
+        return from_json(data, fallback_title=path.stem)
+    except ValueError as exc:
+        raise ValueError(f"{path.name}: {exc}") from None
+
+
+def from_json(data: object, fallback_title: str = "Imported chat") -> ImportedConversation:
+    """A Tandem export, or a bare OpenAI message list (or ``{"messages": [...]}``)."""
+    if isinstance(data, list):
+        data = {"messages": data}
+    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+        raise ValueError("expected a list of messages or an object with \"messages\"")
+    if data.get("format", FORMAT) != FORMAT or int(data.get("version", VERSION)) > VERSION:
+        raise ValueError(f"written by a newer or another program ({data.get('format')} "
+                         f"version {data.get('version')})")
+    system, messages = "", []
+    for i, m in enumerate(data["messages"]):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            raise ValueError(f"message {i + 1} has no text content")
+        role = m.get("role")
+        if role == "system":
+            if messages or system:
+                raise ValueError(f"message {i + 1}: a system prompt only comes first")
+            system = m["content"]
+            continue
+        if role not in ROLES:
+            raise ValueError(f"message {i + 1} has the role {role!r} (user, assistant or "
+                             "system)")
+        extra = m.get("tandem") if isinstance(m.get("tandem"), dict) else {}
+        status = extra.get("status", COMPLETE)
+        if status == STREAMING:  # exported while it was being written
+            status = INTERRUPTED
+        elif status not in STATUSES:
+            raise ValueError(f"message {i + 1} has an unknown status {status!r}")
+        info = {k: v for k, v in extra.items() if k != "status"}
+        messages.append(ImportedMessage(role, m["content"], status, info))
+    settings = ChatSettings()
+    if isinstance(data.get("settings"), dict):
+        try:
+            settings = ChatSettings.from_json(json.dumps(data["settings"]))
+        except TypeError as exc:
+            raise ValueError(f"its settings do not apply: {exc}") from None
+    title = data.get("title") if isinstance(data.get("title"), str) else fallback_title
+    return ImportedConversation(title or fallback_title, system, settings, tuple(messages))
+
+
+def import_into(store: ConversationStore, imported: ImportedConversation) -> Conversation:
+    """A new conversation in ``store`` holding ``imported`` (all of it, or nothing)."""
+    return store.add_conversation(imported.title, imported.system_prompt, imported.settings,
+                                  [(m.role, m.content, m.status, m.info)
+                                   for m in imported.messages])
