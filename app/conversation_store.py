@@ -16,6 +16,7 @@ from pathlib import Path
 
 from engine.decoding.sampling import CHAT_DEFAULTS
 from engine.hub.model_store import data_dir
+from engine.runtime.context_fit import DEFAULT_POLICY
 
 DB_FILE = "conversations.sqlite3"
 
@@ -68,6 +69,8 @@ class ChatSettings:
     repeat_penalty: float = CHAT_DEFAULTS.repeat_penalty
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    # When the chat outgrows the context: "drop_oldest" turns, or "stop" with an error.
+    context_policy: str = DEFAULT_POLICY
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -67,6 +67,7 @@ from engine.planning.planner import (
     choose_plan,
 )
 from engine.runtime.chat_template import OWN_TEMPLATE
+from engine.runtime.context_fit import DEFAULT_POLICY, FittedPrompt, fit_messages
 from engine.runtime.hardware import HardwareProfile, check_device, default_threads, probe_hardware
 from engine.runtime.kv_cache import KV_MODES, KV_TRADE_OFF
 from engine.runtime.model_info import ModelInfo, read_model_info, read_vocab_facts
@@ -561,6 +562,14 @@ class Engine:
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
         return self.target.chat_prompt(messages)
+
+    def fit_chat(self, messages: list[dict[str, str]], max_tokens: int,
+                 policy: str = DEFAULT_POLICY) -> FittedPrompt:
+        """The prompt for a conversation that may outgrow the context: under
+        ``drop_oldest`` the system prompt and the newest turns that leave room for the
+        answer (engine.runtime.context_fit); under ``stop`` all of it."""
+        return fit_messages(self.target.chat_prompt, messages, self.target.n_ctx,
+                            max_tokens, policy)
 
     def generate(self, prompt: list[int], config: GenerationConfig | None = None, *,
                  on_text: Callable[[str], None] | None = None,

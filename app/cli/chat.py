@@ -18,6 +18,7 @@ from app.cli.common import (
 from app.conversation_export import read_import, write_export
 from app.conversation_store import Conversation, Message
 from engine.errors import TandemError
+from engine.runtime.context_fit import CONTEXT_POLICIES, DEFAULT_POLICY
 
 HELP = "/reset clears, /export FILE.md|FILE.json saves, /quit or Ctrl-D leaves."
 
@@ -88,7 +89,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
             chat.add("user", user)
             print("tandem> ", end="", flush=True)
             try:
-                result = engine.generate(engine.chat_prompt(chat.messages()), config,
+                fitted = engine.fit_chat(chat.messages(), config.max_tokens,
+                                         args.context_policy)
+                if fitted.n_dropped:
+                    print(f"(the {fitted.n_dropped} oldest messages are left out to fit "
+                          "the context) ", end="")
+                result = engine.generate(fitted.tokens, config,
                                          on_text=lambda s: print(s, end="", flush=True))
             except KeyboardInterrupt:
                 print("\n(stopped)")
@@ -123,6 +129,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_sampling_args(p)
     p.add_argument("--system", default="", help="system prompt")
+    p.add_argument("--context-policy", choices=CONTEXT_POLICIES, default=DEFAULT_POLICY,
+                   help="when the chat outgrows the context: drop_oldest turns (keeping "
+                        "the system prompt) or stop with an error")
     p.add_argument("--load", type=Path, default=None, metavar="FILE.json",
                    help="continue a conversation exported as JSON (from the window, "
                         "/export, or an OpenAI message list)")

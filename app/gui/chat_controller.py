@@ -229,7 +229,8 @@ class ChatController(QObject):
         turns = [(m.role, m.content) for m in history if m.content]
         if conv.system_prompt.strip():
             turns.insert(0, ("system", conv.system_prompt.strip()))
-        return GenerationRequest(next(self._ids), tuple(turns), sampling, s.max_tokens)
+        return GenerationRequest(next(self._ids), tuple(turns), sampling, s.max_tokens,
+                                 s.context_policy)
 
     def _answer(self, conversation_id: int) -> bool:
         request = self._request(conversation_id, self.store.messages(conversation_id))
@@ -278,8 +279,12 @@ class ChatController(QObject):
         if a is None or a.request_id != outcome.request_id or a.message is None:
             return
         status = STOPPED if outcome.finish_reason == "cancelled" else COMPLETE
-        info = {"summary": summary_line(outcome.stats, outcome.finish_reason),
-                "finish_reason": outcome.finish_reason, "stats": outcome.stats.summary()}
+        summary = summary_line(outcome.stats, outcome.finish_reason)
+        if outcome.n_dropped:  # the window marks what the model no longer saw
+            summary = (f"the {outcome.n_dropped} oldest messages were left out to fit the "
+                       f"context · {summary}")
+        info = {"summary": summary, "finish_reason": outcome.finish_reason,
+                "stats": outcome.stats.summary(), "context_dropped": outcome.n_dropped}
         self.store.update_message(a.message.id, outcome.text, status, info)
         if self._is_current(a):
             self.transcript.replace_last(replace(a.message, content=outcome.text,

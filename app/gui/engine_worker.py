@@ -26,6 +26,7 @@ from engine.decoding.sampling import SamplingParams
 from engine.decoding.stats import GenerationStats, StepStats
 from engine.errors import ContextFullError, InvalidSamplingError, TandemError
 from engine.planning.planner import Overrides
+from engine.runtime.context_fit import DEFAULT_POLICY
 from engine.runtime.target import Target
 from engine.session import Engine, EngineConfig
 
@@ -78,6 +79,7 @@ class GenerationRequest:
     messages: tuple[tuple[str, str], ...]  # (role, content), system prompt first
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 512
+    context_policy: str = DEFAULT_POLICY  # engine.runtime.context_fit
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class GenerationOutcome:
     t_start: float  # perf_counter when the request started
     token_texts: tuple[str, ...]  # the answer split per token (UTF-8 joined correctly)
     token_kinds: tuple[str, ...]  # per token: "draft" (accepted) or "target"
+    n_dropped: int = 0  # oldest messages left out to fit the context
 
 
 @dataclass(frozen=True)
@@ -305,7 +308,8 @@ class EngineWorker(QObject):
         rid = request.request_id
         t_start = time.perf_counter()
         messages = [{"role": r, "content": c} for r, c in request.messages]
-        prompt = engine.chat_prompt(messages)
+        fitted = engine.fit_chat(messages, request.max_tokens, request.context_policy)
+        prompt = fitted.tokens
         config = GenerationConfig(max_tokens=request.max_tokens, sampling=request.sampling)
 
         def on_step(step: StepStats) -> None:
@@ -321,7 +325,7 @@ class EngineWorker(QObject):
                                      should_stop=lambda: self._should_stop(rid), plain=plain)
         texts, kinds = _token_kinds(engine.target, result)
         return GenerationOutcome(rid, result.text, result.finish_reason, result.stats,
-                                 t_start, texts, kinds)
+                                 t_start, texts, kinds, fitted.n_dropped)
 
     def _forget(self, request_id: int) -> None:
         with self._lock:

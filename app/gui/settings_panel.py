@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
+    QComboBox,
     QDoubleSpinBox,
     QFormLayout,
     QGroupBox,
@@ -14,6 +15,8 @@ from PySide6.QtWidgets import (
 )
 
 from app.conversation_store import ChatSettings
+
+POLICY_LABELS = {"drop_oldest": "Drop the oldest turns", "stop": "Stop at the limit"}
 
 
 def _number_box(low: float, high: float, step: float, at_low: str = "") -> QDoubleSpinBox:
@@ -54,6 +57,11 @@ class SettingsPanel(QGroupBox):
                                        "without it")
         self.frequency_penalty = _number_box(-2.0, 2.0, 0.1)
         self.presence_penalty = _number_box(-2.0, 2.0, 0.1)
+        self.context_policy = QComboBox()
+        for policy, label in POLICY_LABELS.items():
+            self.context_policy.addItem(label, policy)
+        self.context_policy.setToolTip("What happens when this chat no longer fits the "
+                                       "model's context")
         form = QFormLayout()
         form.addRow("Temperature", self.temperature)
         form.addRow("Top-p", self.top_p)
@@ -64,6 +72,7 @@ class SettingsPanel(QGroupBox):
         form.addRow("Repetition penalty", self.repeat_penalty)
         form.addRow("Frequency penalty", self.frequency_penalty)
         form.addRow("Presence penalty", self.presence_penalty)
+        form.addRow("Long chats", self.context_policy)
         layout = QVBoxLayout(self)
         layout.addWidget(self.system_prompt)
         layout.addLayout(form)
@@ -72,6 +81,7 @@ class SettingsPanel(QGroupBox):
                     self.min_p, self.repeat_penalty, self.frequency_penalty,
                     self.presence_penalty):
             box.valueChanged.connect(self._emit)
+        self.context_policy.currentIndexChanged.connect(self._emit)
         self.show_settings("", ChatSettings())
 
     def show_settings(self, system_prompt: str, settings: ChatSettings) -> None:
@@ -87,6 +97,8 @@ class SettingsPanel(QGroupBox):
             self.repeat_penalty.setValue(settings.repeat_penalty)
             self.frequency_penalty.setValue(settings.frequency_penalty)
             self.presence_penalty.setValue(settings.presence_penalty)
+            self.context_policy.setCurrentIndex(
+                max(0, self.context_policy.findData(settings.context_policy)))
         finally:
             self._loading = False
 
@@ -99,7 +111,8 @@ class SettingsPanel(QGroupBox):
                             min_p=round(self.min_p.value(), 4),
                             repeat_penalty=round(self.repeat_penalty.value(), 4),
                             frequency_penalty=round(self.frequency_penalty.value(), 4),
-                            presence_penalty=round(self.presence_penalty.value(), 4))
+                            presence_penalty=round(self.presence_penalty.value(), 4),
+                            context_policy=self.context_policy.currentData())
 
     def _emit(self) -> None:
         if not self._loading:

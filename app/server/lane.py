@@ -129,7 +129,8 @@ class EngineLane:
             if engine is None:
                 raise ApiError(503, "no model is loaded", kind="server_error")
             req = job.request
-            prompt = (engine.chat_prompt([{"role": r, "content": c} for r, c in req.messages])
+            prompt = (engine.fit_chat([{"role": r, "content": c} for r, c in req.messages],
+                                      req.max_tokens, req.context_policy).tokens
                       if req.is_chat else engine.target.tokenize(req.prompt or "",
                                                                  special=False))
             if len(prompt) + 1 > engine.target.n_ctx:  # before the client gets a 200

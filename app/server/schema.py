@@ -13,6 +13,7 @@ from typing import Any
 
 from engine.decoding.sampling import CHAT_DEFAULTS, SamplingParams
 from engine.errors import InvalidSamplingError
+from engine.runtime.context_fit import CONTEXT_POLICIES
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP_STRINGS = 4
@@ -51,6 +52,9 @@ class CompletionRequest:
     max_tokens: int
     sampling: SamplingParams
     stop: tuple[str, ...]
+    # Tandem's extension: "drop_oldest" fits a long chat by leaving out its oldest turns;
+    # "stop" (the default, as OpenAI's API) refuses it with context_length_exceeded.
+    context_policy: str = "stop"
 
     @property
     def is_chat(self) -> bool:
@@ -194,4 +198,12 @@ def parse_request(body: Any, limits: Limits, chat: bool) -> CompletionRequest:
         include_usage=_boolean(options, "include_usage"),
         max_tokens=max_tokens,
         sampling=_sampling(body),
-        stop=_stop(body))
+        stop=_stop(body),
+        context_policy=_context_policy(body))
+
+
+def _context_policy(body: dict) -> str:
+    value = body.get("context_policy", "stop")
+    if value not in CONTEXT_POLICIES:
+        raise _bad("context_policy", f"must be one of {', '.join(CONTEXT_POLICIES)}")
+    return value
