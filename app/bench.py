@@ -24,8 +24,11 @@ from engine.runtime.target import Target
 from engine.session import Engine, EngineConfig
 from training.spec_bench import BenchPrompt
 
-# (prompt tokens, max new tokens, remember the answer) -> one result row
-Runner = Callable[[list[int], int, bool], dict[str, Any]]
+# (prompt tokens, max new tokens, remember the answer, warm) -> one result row. ``warm``:
+# the tokens cached before a follow-up turn (the previous turn's prompt and answer),
+# evaluated untimed first, so the timed run reuses them as a chat would; None: an empty
+# cache.
+Runner = Callable[..., dict[str, Any]]
 
 
 def parse_runner_spec(spec: str) -> tuple[str, Overrides]:
@@ -60,14 +63,17 @@ def runner_engine_config(spec: str, base: EngineConfig) -> EngineConfig:
 def engine_runner(engine: Engine) -> Runner:
     """Runs one greedy generation with Tandem's engine from an empty cache. The drafter,
     the governor and the cost model live across prompts, as across a chat's turns."""
-    def run(prompt: list[int], max_tokens: int, remember: bool = True) -> dict[str, Any]:
+    def run(prompt: list[int], max_tokens: int, remember: bool = True,
+            warm: list[int] | None = None) -> dict[str, Any]:
         engine.target.reset(cold=True)  # no prompt cache, as the servers run
+        if warm:  # a follow-up turn: the conversation so far is cached, as in a chat
+            engine.target.prefill(warm, None)
         result = engine.generate(prompt, GenerationConfig(max_tokens=max_tokens),
                                  remember=remember)
         s = result.stats
         return {"new_tokens": s.n_new, "seconds": s.t_total_s, "ttft_s": s.ttft_s,
                 "decode_seconds": s.t_total_s - s.ttft_s, "mean_accepted": s.mean_accepted,
-                "text": result.text, "tokens": result.tokens}
+                "reused": s.n_prompt_reused, "text": result.text, "tokens": result.tokens}
 
     return run
 
@@ -150,6 +156,8 @@ def summarize(results: list[dict[str, Any]], baseline: str = "none") -> dict[str
                 "ratio": speed / base if base else float("nan"),
                 "mean_accepted": statistics.fmean(r["mean_accepted"] for r in rows),
                 "ttft_s": statistics.fmean(r["ttft_s"] for r in rows),
+                "reused": statistics.fmean(r.get("reused", 0) for r in rows),
+                "n_prompt": statistics.fmean(r.get("n_prompt", 0) for r in rows),
             }
             own_rows = groups.get((cat, OWN_BASELINE.get(d, "")), [])
             if own_rows:
@@ -214,6 +222,13 @@ def format_table(summary: dict[str, Any]) -> str:
         lines.append(f"{cat:<16}" + "".join(
             f"{row[d]['ttft_s'] * 1000:>{width}.0f}" if d in row else f"{'-':>{width}}"
             for d in drafters))
+    if any(cell.get("reused", 0) for row in cats.values() for cell in row.values()):
+        lines += ["", "prompt tokens reused from the cache / prompt tokens", head,
+                  "-" * len(head)]
+        for cat, row in cats.items():
+            lines.append(f"{cat:<16}" + "".join(
+                f"{row[d].get('reused', 0):.0f}/{row[d].get('n_prompt', 0):.0f}".rjust(width)
+                if d in row else f"{'-':>{width}}" for d in drafters))
     return "\n".join(lines)
 
 
@@ -245,6 +260,7 @@ def run_bench(
     resume: bool = True,
     repeat: int = 1,
     pause_s: float = 0.0,
+    all_turns: bool = False,
 ) -> dict[str, Any]:
     """Run every runner on every prompt (drafters interleaved per prompt, their order
     rotated so no drafter always runs on a warmer machine). With ``repeat`` > 1 each
@@ -254,70 +270,107 @@ def run_bench(
     carries one of its first tokens, which alone varied by ±10% between runs.
     ``pause_s`` of rest before each run: a run right after llama-server's started while
     the server's threads still spun on the 2 cores (a first token 6% later back to back
-    than with a pause). Returns the JSON payload."""
+    than with a pause).
+
+    ``all_turns``: a prompt's turns are one conversation per runner, each continuing
+    from its own answers; a follow-up turn starts with the conversation so far cached
+    (untimed: as a chat has it after the last answer) and reports the tokens it reused.
+    Rows carry ``turn`` (0: the first). Returns the JSON payload."""
     results = _load_previous(out_path) if resume else []
     skipped: list[dict[str, Any]] = []
 
     def payload() -> dict[str, Any]:
-        return {"meta": meta or {}, "results": results, "skipped": skipped,
-                "summary": summarize(results)}
-    done = {(r["question_id"], r["drafter"]) for r in results}
+        out = {"meta": meta or {}, "results": results, "skipped": skipped,
+               "summary": summarize([r for r in results if not r.get("turn")])}
+        if all_turns:
+            out["summary_follow_up"] = summarize([r for r in results if r.get("turn")])
+        return out
+    done = {(r["question_id"], r["drafter"], r.get("turn", 0)): r for r in results}
     names = list(runners)
-    total = len(prompts) * len(names) * repeat
+    n_turns = [len(p.turns) if all_turns else 1 for p in prompts]
+    total = sum(n_turns) * len(names) * repeat
     count = 0
     _warm_up(target, runners)
     for i, prompt in enumerate(prompts):
-        tokens = target.chat_prompt([{"role": "user", "content": prompt.turns[0]}])
         order = names[i % len(names):] + names[:i % len(names)]
-        best: dict[str, dict[str, Any]] = {}
-        times: dict[str, list[float]] = defaultdict(list)
-        ttfts: dict[str, list[float]] = defaultdict(list)
-        for rep in range(repeat):
+        history: dict[str, list[dict[str, str]]] = {n: [] for n in names}
+        cached: dict[str, list[int] | None] = dict.fromkeys(names)  # after the last turn
+        for turn in range(n_turns[i]):
+            tokens = {}
+            for name in names:
+                history[name].append({"role": "user", "content": prompt.turns[turn]})
+                tokens[name] = target.chat_prompt(history[name])
+            best: dict[str, dict[str, Any]] = {}
+            times: dict[str, list[float]] = defaultdict(list)
+            ttfts: dict[str, list[float]] = defaultdict(list)
+            for rep in range(repeat):
+                for name in order:
+                    count += 1
+                    if on_progress:
+                        on_progress(count, total, f"{prompt.category}/{prompt.question_id}"
+                                    f"{f' turn {turn + 1}' if turn else ''} {name}")
+                    last_rep = 0 if name in RUN_ONCE else repeat - 1
+                    old = done.get((prompt.question_id, name, turn))
+                    if old is not None:
+                        best[name] = old
+                        continue
+                    if "skipped" in best.get(name, {}) or rep > last_rep or (
+                            turn and cached[name] is None):
+                        continue
+                    if pause_s > 0:
+                        time.sleep(pause_s)
+                    try:
+                        # Only the last run of a prompt enters a drafter's memory: every
+                        # run drafts from the memory the prompt found, never from its own
+                        # answer (remembered by the first run, the repeats copied it whole).
+                        warm = {"warm": cached[name]} if turn else {}
+                        row = runners[name](tokens[name], max_tokens, rep == last_rep,
+                                            **warm)
+                    except ContextFullError as exc:
+                        row = {"skipped": str(exc)}
+                    prev = best.get(name)
+                    if prev is None or "skipped" in row \
+                            or row["decode_seconds"] < prev["decode_seconds"]:
+                        best[name] = row
+                    if "seconds" in row:
+                        times[name].append(row["seconds"])
+                        ttfts[name].append(row["ttft_s"])
             for name in order:
-                count += 1
-                if on_progress:
-                    on_progress(count, total, f"{prompt.category}/{prompt.question_id} {name}")
-                last_rep = 0 if name in RUN_ONCE else repeat - 1
-                if (prompt.question_id, name) in done or "skipped" in best.get(name, {}) \
-                        or rep > last_rep:
+                row = best.get(name)
+                if row is None or (prompt.question_id, name, turn) in done:
+                    if row is not None and "skipped" not in row:
+                        _continue(history[name], cached, name, tokens[name], row)
                     continue
-                if pause_s > 0:
-                    time.sleep(pause_s)
-                try:
-                    # Only the last run of a prompt enters a drafter's memory: every
-                    # run drafts from the memory the prompt found, never from its own
-                    # answer (remembered by the first run, the repeats copied it whole).
-                    row = runners[name](tokens, max_tokens, rep == last_rep)
-                except ContextFullError as exc:
-                    row = {"skipped": str(exc)}
-                old = best.get(name)
-                if old is None or "skipped" in row \
-                        or row["decode_seconds"] < old["decode_seconds"]:
-                    best[name] = row
-                if "seconds" in row:
-                    times[name].append(row["seconds"])
-                    ttfts[name].append(row["ttft_s"])
-        for name in order:
-            if name not in best:
-                continue
-            row = best[name]
-            row["all_seconds"] = times[name]
-            if ttfts[name]:
-                row["all_ttft_s"] = ttfts[name]
-                row["ttft_s"] = min(ttfts[name])
-            row.pop("tokens", None)
-            if "skipped" in row:
-                skipped.append({"question_id": prompt.question_id, "drafter": name,
-                                "reason": row["skipped"]})
-                continue
-            row["tok_per_s"] = (row["new_tokens"] - 1) / row["decode_seconds"] \
-                if row["decode_seconds"] > 0 else 0.0
-            results.append({"question_id": prompt.question_id, "category": prompt.category,
-                            "drafter": name, "n_prompt": len(tokens), **row})
-            _save(out_path, payload())
+                row["all_seconds"] = times[name]
+                if ttfts[name]:
+                    row["all_ttft_s"] = ttfts[name]
+                    row["ttft_s"] = min(ttfts[name])
+                answer = row.pop("tokens", None)
+                if "skipped" in row:
+                    skipped.append({"question_id": prompt.question_id, "drafter": name,
+                                    "turn": turn, "reason": row["skipped"]})
+                    cached[name] = None  # this conversation ends here for this runner
+                    continue
+                if all_turns:
+                    row["answer_tokens"] = answer or []
+                row["tok_per_s"] = (row["new_tokens"] - 1) / row["decode_seconds"] \
+                    if row["decode_seconds"] > 0 else 0.0
+                results.append({"question_id": prompt.question_id,
+                                "category": prompt.category, "drafter": name,
+                                "turn": turn, "n_prompt": len(tokens[name]), **row})
+                _continue(history[name], cached, name, tokens[name], row)
+                _save(out_path, payload())
     final = payload()
     _save(out_path, final)
     return final
+
+
+def _continue(history: list[dict[str, str]], cached: dict[str, list[int] | None],
+              name: str, prompt: list[int], row: dict[str, Any]) -> None:
+    """The runner's answer joins its conversation; its cache then holds the prompt and
+    the answer (what the next turn finds, as a chat after the last answer)."""
+    history.append({"role": "assistant", "content": row.get("text", "")})
+    cached[name] = prompt + list(row.get("answer_tokens", []))
 
 
 def _warm_up(target: Target, runners: dict[str, Runner]) -> None:

@@ -30,14 +30,18 @@ def baseline_runner(name: str, target: Target) -> Runner:
                 draft_model=draft, verbose=False)
     eog = target.model.eog_ids
 
-    def run(prompt: list[int], max_tokens: int, remember: bool = True) -> dict[str, Any]:
+    def run(prompt: list[int], max_tokens: int, remember: bool = True,
+            warm: list[int] | None = None) -> dict[str, Any]:
         try:
-            return generate_once(prompt, max_tokens)
+            return generate_once(prompt, max_tokens, warm)
         except Exception as exc:  # a baseline's crash is a result, not the bench's end
             return {"skipped": f"{name} failed: {type(exc).__name__}: {exc}"}
 
-    def generate_once(prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    def generate_once(prompt: list[int], max_tokens: int, warm: list[int] | None
+                      ) -> dict[str, Any]:
         llm.reset()
+        if warm:  # a follow-up turn: generate(reset=True) reuses the longest cached prefix
+            llm.eval(warm)
         tokens: list[int] = []
         t0 = time.perf_counter()
         ttft = 0.0
@@ -99,12 +103,13 @@ class LlamaServer:
                 time.sleep(0.3)
         raise RuntimeError("llama-server did not become ready")
 
-    def complete(self, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    def complete(self, prompt: list[int], max_tokens: int, cache_prompt: bool = False
+                 ) -> dict[str, Any]:
         import json
         import urllib.request
 
         body = json.dumps({"prompt": prompt, "n_predict": max_tokens, "temperature": 0.0,
-                           "top_k": 1, "cache_prompt": False, "return_tokens": True,
+                           "top_k": 1, "cache_prompt": cache_prompt, "return_tokens": True,
                            "samplers": ["top_k"]}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
                                      headers={"Content-Type": "application/json"})
@@ -139,9 +144,12 @@ def server_runner(name: str, target: Target, binary: str) -> Runner:
 
     atexit.register(server.close)
 
-    def run(prompt: list[int], max_tokens: int, remember: bool = True) -> dict[str, Any]:
+    def run(prompt: list[int], max_tokens: int, remember: bool = True,
+            warm: list[int] | None = None) -> dict[str, Any]:
         # llama-server cannot forget: its n-gram pool keeps every request (never repeat it)
-        out = server.complete(prompt, max_tokens)
+        if warm:  # a follow-up turn: the slot holds the conversation, as its users get
+            server.complete(warm, 0, cache_prompt=True)
+        out = server.complete(prompt, max_tokens, cache_prompt=bool(warm))
         timing = out["timings"]
         tokens = list(out.get("tokens", []))
         ttft = timing["prompt_ms"] / 1000
@@ -151,6 +159,7 @@ def server_runner(name: str, target: Target, binary: str) -> Runner:
         return {"new_tokens": timing["predicted_n"], "seconds": ttft + decode,
                 "ttft_s": ttft, "decode_seconds": decode,
                 "mean_accepted": 0.0, "draft_n": drafted, "draft_accepted": accepted,
+                "reused": timing.get("cache_n", 0),
                 "text": out.get("content", ""), "tokens": tokens}
 
     return run

@@ -4,6 +4,12 @@ Durability contract: every write is its own committed transaction, so whatever w
 written survives the app being killed. An answer being generated is saved as it streams
 with status ``streaming``; opening the store turns any ``streaming`` message left by a
 process that died into ``interrupted``, which the app shows as such.
+
+Messages form a tree (schema version 2): each has a parent (none for the first), and
+editing a message or regenerating an answer starts a sibling instead of deleting what
+was there. A conversation's ``current_leaf_id`` ends the branch on show; ``messages()``
+is the path from the root to it. Databases of version 1 (a list per conversation) are
+migrated on open, in one transaction: each message's parent is the one before it.
 """
 
 from __future__ import annotations
@@ -28,31 +34,53 @@ STOPPED = "stopped"  # the user pressed Stop
 FAILED = "failed"  # the engine failed; the content holds what came before
 STATUSES = (COMPLETE, STREAMING, INTERRUPTED, STOPPED, FAILED)
 
-_SCHEMA = """
+SCHEMA_VERSION = 2
+_MESSAGES = """
+CREATE TABLE {name} (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- ids never reused: views cache by id
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,  -- NULL: the first
+    position INTEGER NOT NULL,  -- depth: 0 for the first message
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    status TEXT NOT NULL,
+    info TEXT NOT NULL DEFAULT '{{}}',
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+)"""
+_SCHEMA = f"""
+BEGIN;
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY,
     title TEXT NOT NULL,
     system_prompt TEXT NOT NULL DEFAULT '',
-    settings TEXT NOT NULL DEFAULT '{}',
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- ids never reused: views cache by id
-    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-    position INTEGER NOT NULL,
-    role TEXT NOT NULL,
-    content TEXT NOT NULL,
-    status TEXT NOT NULL,
-    info TEXT NOT NULL DEFAULT '{}',
+    settings TEXT NOT NULL DEFAULT '{{}}',
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
-    UNIQUE (conversation_id, position)
+    current_leaf_id INTEGER  -- the branch on show ends here; NULL: no messages
 );
+{_MESSAGES.format(name="messages")};
+CREATE INDEX messages_by_parent ON messages (conversation_id, parent_id);
 CREATE TABLE IF NOT EXISTS app_settings (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
+PRAGMA user_version = {SCHEMA_VERSION};
+COMMIT;
+"""
+# The path from the first message to the conversation's current leaf.
+_PATH = """
+WITH RECURSIVE path(id) AS (
+    SELECT current_leaf_id FROM conversations WHERE id = ? AND current_leaf_id IS NOT NULL
+    UNION ALL
+    SELECT m.parent_id FROM messages m JOIN path ON m.id = path.id
+    WHERE m.parent_id IS NOT NULL)
+SELECT m.*,
+    (SELECT COUNT(*) FROM messages s WHERE s.conversation_id = m.conversation_id
+     AND s.parent_id IS m.parent_id) AS n_siblings,
+    (SELECT COUNT(*) FROM messages s WHERE s.conversation_id = m.conversation_id
+     AND s.parent_id IS m.parent_id AND s.id < m.id) AS sibling_index
+FROM messages m JOIN path ON m.id = path.id ORDER BY m.position
 """
 
 
@@ -102,6 +130,9 @@ class Message:
     content: str
     status: str = COMPLETE
     info: dict = field(default_factory=dict)  # generation summary, error text, ...
+    parent_id: int | None = None
+    sibling_index: int = 0  # among the versions at this place (edits, regenerations)
+    n_siblings: int = 1
 
 
 class ConversationStore:
@@ -118,8 +149,8 @@ class ConversationStore:
         # NORMAL in WAL mode: a committed transaction survives a killed process (only a
         # power cut may lose the last ones) and streaming saves stay cheap.
         self._db.execute("PRAGMA synchronous=NORMAL")
+        self._open_schema()
         self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(_SCHEMA)
         self.n_recovered = self._recover()
 
     # --- lifecycle -------------------------------------------------------------------
@@ -142,6 +173,42 @@ class ConversationStore:
 
     def journal_mode(self) -> str:
         return self.db.execute("PRAGMA journal_mode").fetchone()[0]
+
+    def schema_version(self) -> int:
+        return self.db.execute("PRAGMA user_version").fetchone()[0]
+
+    def _open_schema(self) -> None:
+        """Create the tables, or migrate version 1's (foreign keys off meanwhile, as
+        SQLite asks for a table rebuild; one transaction: a kill leaves version 1)."""
+        db = self.db
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "messages" not in tables:
+            db.executescript(_SCHEMA)
+            return
+        if self.schema_version() >= SCHEMA_VERSION:
+            return
+        db.execute("PRAGMA foreign_keys=OFF")
+        with self._transaction():
+            db.execute("ALTER TABLE conversations ADD COLUMN current_leaf_id INTEGER")
+            db.execute(_MESSAGES.format(name="messages_v2"))
+            # Version 1 kept each conversation as a list: the parent is the message before.
+            db.execute(
+                "INSERT INTO messages_v2 (id, conversation_id, parent_id, position, role,"
+                " content, status, info, created_at, updated_at)"
+                " SELECT m.id, m.conversation_id, (SELECT p.id FROM messages p"
+                "  WHERE p.conversation_id = m.conversation_id AND p.position < m.position"
+                "  ORDER BY p.position DESC LIMIT 1), m.position, m.role, m.content,"
+                " m.status, m.info, m.created_at, m.updated_at FROM messages m")
+            db.execute("DROP TABLE messages")
+            db.execute("ALTER TABLE messages_v2 RENAME TO messages")
+            db.execute("CREATE INDEX messages_by_parent ON messages (conversation_id,"
+                       " parent_id)")
+            db.execute("UPDATE conversations SET current_leaf_id = (SELECT m.id FROM"
+                       " messages m WHERE m.conversation_id = conversations.id"
+                       " ORDER BY m.position DESC LIMIT 1)")
+            if db.execute("PRAGMA foreign_key_check").fetchall():
+                raise sqlite3.IntegrityError("the migrated messages do not hold together")
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _recover(self) -> int:
         """Mark answers a dead process left mid-stream as interrupted; returns how many."""
@@ -173,11 +240,15 @@ class ConversationStore:
                 " updated_at) VALUES (?, ?, ?, ?, ?)",
                 (title, system_prompt, settings.to_json(), now, now))
             conversation_id = cur.lastrowid
-            self.db.executemany(
-                "INSERT INTO messages (conversation_id, position, role, content, status, info,"
-                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(conversation_id, i, role, content, status, json.dumps(info), now, now)
-                 for i, (role, content, status, info) in enumerate(messages)])
+            parent = None
+            for i, (role, content, status, info) in enumerate(messages):
+                parent = self.db.execute(
+                    "INSERT INTO messages (conversation_id, parent_id, position, role,"
+                    " content, status, info, created_at, updated_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (conversation_id, parent, i, role, content, status, json.dumps(info),
+                     now, now)).lastrowid
+            self._set_leaf(conversation_id, parent)
         return self.conversation(conversation_id)
 
     def conversations(self) -> list[Conversation]:
@@ -227,9 +298,48 @@ class ConversationStore:
 
     # --- messages --------------------------------------------------------------------
     def messages(self, conversation_id: int) -> list[Message]:
-        rows = self.db.execute("SELECT * FROM messages WHERE conversation_id = ?"
-                               " ORDER BY position", (conversation_id,)).fetchall()
+        """The branch on show, first message first, each with its place among its
+        versions."""
+        rows = self.db.execute(_PATH, (conversation_id,)).fetchall()
         return [self._message(r) for r in rows]
+
+    def siblings(self, message_id: int) -> list[Message]:
+        """The versions at a message's place (itself included), oldest first."""
+        msg = self.message(message_id)
+        rows = self.db.execute("SELECT * FROM messages WHERE conversation_id = ? AND"
+                               " parent_id IS ? ORDER BY id",
+                               (msg.conversation_id, msg.parent_id)).fetchall()
+        return [self._message(r) for r in rows]
+
+    def switch_to(self, message_id: int) -> None:
+        """Show the branch through ``message_id``: below it, the newest version at each
+        place. One statement: a kill leaves the old branch or the new one."""
+        msg = self.message(message_id)
+        leaf = self.db.execute(
+            "WITH RECURSIVE down(id) AS (SELECT ? UNION ALL SELECT (SELECT MAX(c.id) FROM"
+            " messages c WHERE c.parent_id = down.id) FROM down WHERE EXISTS (SELECT 1"
+            " FROM messages c WHERE c.parent_id = down.id)) SELECT id FROM down"
+            " ORDER BY (SELECT position FROM messages WHERE messages.id = down.id) DESC"
+            " LIMIT 1", (message_id,)).fetchone()[0]
+        self.db.execute("UPDATE conversations SET current_leaf_id = ?, updated_at = ?"
+                        " WHERE id = ?", (leaf, time.time(), msg.conversation_id))
+
+    def delete_branch(self, message_id: int) -> None:
+        """Delete a version and everything after it; when it was on show, the chat shows
+        the newest other version at that place, or ends before it."""
+        msg = self.message(message_id)
+        others = [m for m in self.siblings(message_id) if m.id != message_id]
+        on_show = message_id in {m.id for m in self.messages(msg.conversation_id)}
+        with self._transaction():
+            self.db.execute("DELETE FROM messages WHERE id = ?", (message_id,))  # cascades
+            if on_show:
+                self._set_leaf(msg.conversation_id, msg.parent_id)
+        if on_show and others:
+            self.switch_to(others[-1].id)
+
+    def _set_leaf(self, conversation_id: int, leaf: int | None) -> None:
+        self.db.execute("UPDATE conversations SET current_leaf_id = ?, updated_at = ?"
+                        " WHERE id = ?", (leaf, time.time(), conversation_id))
 
     def message(self, message_id: int) -> Message:
         """Raises KeyError for an unknown id."""
@@ -240,27 +350,39 @@ class ConversationStore:
 
     @staticmethod
     def _message(row: sqlite3.Row) -> Message:
+        keys = row.keys()
         return Message(row["id"], row["conversation_id"], row["position"], row["role"],
-                       row["content"], row["status"], json.loads(row["info"] or "{}"))
+                       row["content"], row["status"], json.loads(row["info"] or "{}"),
+                       row["parent_id"],
+                       row["sibling_index"] if "sibling_index" in keys else 0,
+                       row["n_siblings"] if "n_siblings" in keys else 1)
 
     def add_message(self, conversation_id: int, role: str, content: str,
                     status: str = COMPLETE, info: dict | None = None) -> Message:
-        """Append a message at the end of the conversation."""
+        """Append a message at the end of the branch on show (a new version at that
+        place when the branch was cut back with ``branch_at``)."""
         if status not in STATUSES:
             raise ValueError(f"unknown message status {status!r}")
         now = time.time()
         with self._transaction():
-            row = self.db.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM messages"
-                                  " WHERE conversation_id = ?", (conversation_id,)).fetchone()
-            position = row[0]
+            row = self.db.execute(
+                "SELECT c.current_leaf_id, m.position FROM conversations c LEFT JOIN"
+                " messages m ON m.id = c.current_leaf_id WHERE c.id = ?",
+                (conversation_id,)).fetchone()
+            if row is None:
+                raise KeyError(f"no conversation {conversation_id}")
+            parent = row[0]
+            position = 0 if parent is None else row[1] + 1
             cur = self.db.execute(
-                "INSERT INTO messages (conversation_id, position, role, content, status, info,"
-                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (conversation_id, position, role, content, status, json.dumps(info or {}),
-                 now, now))
-            self._touch(conversation_id)
+                "INSERT INTO messages (conversation_id, parent_id, position, role, content,"
+                " status, info, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (conversation_id, parent, position, role, content, status,
+                 json.dumps(info or {}), now, now))
+            self._set_leaf(conversation_id, cur.lastrowid)
+            n = self.db.execute("SELECT COUNT(*) FROM messages WHERE conversation_id = ? AND"
+                                " parent_id IS ?", (conversation_id, parent)).fetchone()[0]
         return Message(cur.lastrowid, conversation_id, position, role, content, status,
-                       dict(info or {}))
+                       dict(info or {}), parent, n - 1, n)
 
     def update_message(self, message_id: int, content: str, status: str,
                        info: dict | None = None) -> None:
@@ -281,12 +403,12 @@ class ConversationStore:
             if row is not None:
                 self._touch(row[0])
 
-    def truncate(self, conversation_id: int, position: int) -> None:
-        """Delete the messages at ``position`` and after (regenerate, edit and resend)."""
-        with self._transaction():
-            self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND position >= ?",
-                            (conversation_id, position))
-            self._touch(conversation_id)
+    def branch_at(self, conversation_id: int, position: int) -> None:
+        """Cut the branch on show back to before ``position`` (regenerate, edit and
+        resend): the next message added becomes a new version there, and what was
+        there stays, one click away."""
+        path = self.messages(conversation_id)[:max(0, position)]
+        self._set_leaf(conversation_id, path[-1].id if path else None)
 
     # --- app settings ----------------------------------------------------------------
     def get_setting(self, key: str, default: object = None) -> object:

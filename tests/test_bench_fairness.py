@@ -48,3 +48,45 @@ def test_warm_memory_fills_only_the_memories_of_runners_that_remember(tandem_hom
     memory, note = open_memory(files[0])
     assert note == ""
     assert memory.n_sequences == 3  # the two ShareGPT answers, then the timed prompt's
+
+
+def test_all_turns_continue_each_runners_conversation_with_the_turns_before_cached(
+        target, model_path, tmp_path):
+    """``--turns all``: a follow-up turn prompts with the runner's own first answer, finds
+    the conversation so far in the cache, and stays plain decoding's answer."""
+    from dataclasses import replace
+
+    from app.bench import engine_runner
+    from engine.session import Engine, EngineConfig
+
+    prompts = [BenchPrompt(81, "writing", ["Write one sentence about rain.",
+                                           "Now make it about snow."]),
+               BenchPrompt(82, "qa", ["Name a planet."])]
+    base = EngineConfig(model_path=model_path, n_threads=2, n_ctx=1024, cache_dir=tmp_path)
+    out = tmp_path / "turns.json"
+    with Engine(replace(base, drafter="none")) as plain, \
+            Engine(replace(base, drafter="memory", memory_dir=tmp_path / "m")) as memory:
+        payload = run_bench(target, prompts, {"none": engine_runner(plain),
+                                              "memory": engine_runner(memory)}, 16,
+                            out_path=out, all_turns=True)
+    rows = {(r["question_id"], r["drafter"], r["turn"]): r for r in payload["results"]}
+    assert set(rows) == {(81, d, t) for d in ("none", "memory") for t in (0, 1)} | {
+        (82, "none", 0), (82, "memory", 0)}
+    for d in ("none", "memory"):
+        first, follow = rows[(81, d, 0)], rows[(81, d, 1)]
+        assert first["reused"] == 0  # a first turn starts from an empty cache
+        # The follow-up found the first turn's prompt and answer cached.
+        assert follow["reused"] >= first["n_prompt"] and follow["n_prompt"] > follow["reused"]
+    assert rows[(81, "memory", 1)]["text"] == rows[(81, "none", 1)]["text"]  # lossless
+    assert payload["summary_follow_up"]["categories"].keys() == {"writing"}
+    assert json.loads(out.read_text())["summary"]["categories"].keys() == {"writing", "qa"}
+    # Resumed: nothing runs again, and the follow-up keeps its place.
+    again = run_bench(target, prompts, {"none": _never, "memory": _never}, 16,
+                      out_path=out, all_turns=True)
+    assert len(again["results"]) == len(payload["results"])
+
+
+def _never(tokens: list[int], max_tokens: int, remember: bool = True, warm=None) -> dict:
+    if max_tokens < 16:  # the bench's warm-up call
+        return {"new_tokens": 1, "seconds": 0.0, "ttft_s": 0.0, "decode_seconds": 0.0}
+    raise AssertionError("a finished run ran again")

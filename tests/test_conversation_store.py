@@ -43,15 +43,15 @@ def test_streaming_answer_is_marked_interrupted_on_next_open(tmp_path: Path) -> 
     store.close()
 
 
-def test_truncate_update_and_delete(tmp_path: Path) -> None:
+def test_branch_update_and_delete(tmp_path: Path) -> None:
     with ConversationStore(tmp_path / "c.db") as store:
         conv = store.create_conversation()
         for i in range(4):
             store.add_message(conv.id, "user" if i % 2 == 0 else "assistant", f"m{i}")
-        store.truncate(conv.id, 2)
+        store.branch_at(conv.id, 2)
         assert [m.content for m in store.messages(conv.id)] == ["m0", "m1"]
         new = store.add_message(conv.id, "user", "m2b")
-        assert new.position == 2
+        assert new.position == 2 and (new.sibling_index, new.n_siblings) == (1, 2)
         store.update_message(new.id, "m2c", COMPLETE)
         assert store.message(new.id).content == "m2c"
         with pytest.raises(ValueError):
@@ -80,3 +80,121 @@ def test_conversations_newest_first_and_settings(tmp_path: Path) -> None:
 def test_unknown_settings_keys_are_ignored() -> None:
     assert ChatSettings.from_json('{"temperature": 0.5, "future_knob": 1}') == \
         ChatSettings(temperature=0.5)
+
+
+def _chat(store: ConversationStore) -> tuple[int, list[int]]:
+    conv = store.create_conversation()
+    ids = [store.add_message(conv.id, r, t).id for r, t in
+           (("user", "q"), ("assistant", "a1"), ("user", "q2"), ("assistant", "b1"))]
+    return conv.id, ids
+
+
+def test_edits_and_regenerations_keep_the_old_versions_as_siblings(tmp_path: Path) -> None:
+    with ConversationStore(tmp_path / "c.db") as store:
+        cid, ids = _chat(store)
+        store.branch_at(cid, 3)  # regenerate the last answer
+        b2 = store.add_message(cid, "assistant", "b2")
+        path = store.messages(cid)
+        assert [m.content for m in path] == ["q", "a1", "q2", "b2"]
+        assert (path[3].sibling_index, path[3].n_siblings) == (1, 2)
+        assert [m.content for m in store.siblings(b2.id)] == ["b1", "b2"]
+        store.branch_at(cid, 0)  # edit the first question: a whole new conversation
+        store.add_message(cid, "user", "q edited")
+        store.add_message(cid, "assistant", "c1")
+        assert [m.content for m in store.messages(cid)] == ["q edited", "c1"]
+        # Back to the first version: below it, the newest version at each place.
+        store.switch_to(ids[0])
+        assert [m.content for m in store.messages(cid)] == ["q", "a1", "q2", "b2"]
+        store.switch_to(ids[3])
+        assert [m.content for m in store.messages(cid)] == ["q", "a1", "q2", "b1"]
+        # Deleting the version on show shows the other one; the rest stays whole.
+        store.delete_branch(ids[3])
+        assert [m.content for m in store.messages(cid)] == ["q", "a1", "q2", "b2"]
+        store.delete_branch(ids[0])  # the first version and all below it
+        assert [m.content for m in store.messages(cid)] == ["q edited", "c1"]
+        assert store.db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 2
+
+
+def _version_1_database(path: Path) -> None:
+    """A database as Tandem wrote it before branches (schema version 1)."""
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE conversations (id INTEGER PRIMARY KEY, title TEXT NOT NULL,
+            system_prompt TEXT NOT NULL DEFAULT '', settings TEXT NOT NULL DEFAULT '{}',
+            created_at REAL NOT NULL, updated_at REAL NOT NULL);
+        CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            position INTEGER NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
+            status TEXT NOT NULL, info TEXT NOT NULL DEFAULT '{}', created_at REAL NOT NULL,
+            updated_at REAL NOT NULL, UNIQUE (conversation_id, position));
+        CREATE TABLE app_settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        INSERT INTO conversations VALUES (1, 'old', 'sys', '{"temperature": 0.5}', 1, 2);
+        INSERT INTO conversations VALUES (2, 'empty', '', '{}', 1, 1);
+        INSERT INTO messages VALUES (7, 1, 0, 'user', 'hi', 'complete', '{}', 1, 1);
+        INSERT INTO messages VALUES (9, 1, 1, 'assistant', 'hello', 'complete',
+                                     '{"summary": "3 tokens"}', 1, 1);
+        INSERT INTO messages VALUES (12, 1, 2, 'user', 'more', 'complete', '{}', 1, 1);
+        INSERT INTO messages VALUES (13, 1, 3, 'assistant', 'half', 'streaming', '{}', 1, 1);
+        INSERT INTO app_settings VALUES ('models', '["/x.gguf"]');
+    """)
+    db.commit()
+    db.close()
+
+
+def test_a_version_1_database_is_migrated_losing_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    _version_1_database(path)
+    with ConversationStore(path) as store:
+        assert store.schema_version() == 2
+        msgs = store.messages(1)
+        assert [(m.id, m.content, m.parent_id) for m in msgs] == [
+            (7, "hi", None), (9, "hello", 7), (12, "more", 9), (13, "half", 12)]
+        assert msgs[1].info == {"summary": "3 tokens"} and msgs[3].status == INTERRUPTED
+        assert store.conversation(1).settings.temperature == 0.5
+        assert store.messages(2) == [] and store.get_setting("models") == ["/x.gguf"]
+        store.branch_at(1, 3)
+        assert store.add_message(1, "assistant", "whole").id > 13  # ids never reused
+        assert store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    with ConversationStore(path) as again:  # opened again: nothing to migrate
+        assert [m.content for m in again.messages(1)][-1] == "whole"
+
+
+def test_a_kill_during_branch_switches_leaves_a_sound_database(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "c.db"
+    with ConversationStore(path) as store:
+        cid, ids = _chat(store)
+        store.branch_at(cid, 1)
+        store.add_message(cid, "assistant", "a2")
+    script = (f"from app.conversation_store import ConversationStore\n"
+              f"s = ConversationStore({str(path)!r})\n"
+              f"print('ready', flush=True)\n"
+              f"while True:\n"
+              f"    for m in s.siblings({ids[1]}):\n"
+              f"        s.switch_to(m.id)\n"
+              f"        s.branch_at({cid}, 3)\n"
+              f"        s.add_message({cid}, 'assistant', 'again')\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+    time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with ConversationStore(path) as store:
+        db = store.db
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert db.execute("PRAGMA foreign_key_check").fetchall() == []
+        orphans = db.execute("SELECT COUNT(*) FROM messages m WHERE m.parent_id IS NOT NULL"
+                             " AND NOT EXISTS (SELECT 1 FROM messages p WHERE"
+                             " p.id = m.parent_id)").fetchone()[0]
+        assert orphans == 0
+        leaf = db.execute("SELECT current_leaf_id FROM conversations WHERE id = ?",
+                          (cid,)).fetchone()[0]
+        assert store.message(leaf).conversation_id == cid  # the leaf exists
+        path_msgs = store.messages(cid)
+        assert path_msgs[0].parent_id is None and path_msgs[-1].id == leaf

@@ -82,7 +82,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         meta = {"model": str(target.path), "threads": target.n_threads,
                 "max_tokens": args.max_tokens, "prompts": str(args.prompts),
                 "per_category": args.per_category, "drafters": names, "repeat": args.repeat,
-                "pause_s": args.pause,
+                "pause_s": args.pause, "turns": args.turns,
                 "kv_cache": args.kv_cache,
                 "date": time.strftime("%Y-%m-%d %H:%M:%S")}
         if args.warm_memory and not (args.json and args.json.exists() and not args.fresh):
@@ -98,14 +98,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    file=sys.stderr)
         payload = run_bench(target, prompts, runners, args.max_tokens, args.json,
                             meta, progress_to(bar), resume=not args.fresh, repeat=args.repeat,
-                            pause_s=args.pause)
+                            pause_s=args.pause, all_turns=args.turns == "all")
         bar.close()
         switches = {n: len(e.plan_check.changes) for n, e in engines.items()
                     if e.plan_check is not None}
     finally:
         for engine in engines.values():
             engine.close()
+    if args.turns == "all":
+        print("first turns")
     print(format_table(payload["summary"]))
+    if args.turns == "all":
+        print("\nfollow-up turns (each runner continues its own conversation, the turns "
+              "before cached)")
+        print(format_table(payload["summary_follow_up"]))
     for n, count in switches.items():
         print(f"{n}: {count} plan change(s) during the run")
     if args.json and switches:
@@ -171,6 +177,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="before a fresh run, the runners that remember (Tandem's memory, "
                         "server-ngram's pool) answer N ShareGPT prompts untimed, as after "
                         "some use of the app (default 0: they start empty)")
+    p.add_argument("--turns", choices=("first", "all"), default="first",
+                   help="all: play each prompt's turns as one conversation per runner, "
+                        "each continuing from its own answers with the turns before "
+                        "cached (llama-server with cache_prompt on); first and follow-up "
+                        "turns are reported apart")
     p.add_argument("--heal", type=int, default=0, metavar="N",
                    help="the healing benchmark: auto plans while another llama.cpp process "
                         "decodes on the same cores, then answers N prompts (one per "

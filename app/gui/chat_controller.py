@@ -157,7 +157,7 @@ class ChatController(QObject):
         return self._answer(conv.id)
 
     def regenerate(self) -> bool:
-        """Answer the last user message again, replacing what followed it."""
+        """Answer the last user message again; the answer it had stays a version."""
         if self.busy or self.current_id is None:
             return False
         users = [m for m in self.transcript.messages if m.role == "user"]
@@ -167,7 +167,8 @@ class ChatController(QObject):
         return self._answer(self.current_id)
 
     def edit_and_resend(self, message_id: int, text: str) -> bool:
-        """Replace a user message (and everything after it) with ``text``, then answer."""
+        """A new version of a user message, ``text``, then its answer; the old version
+        and what followed it stay (``switch_version``)."""
         if self.busy or self.current_id is None or not text.strip():
             return False
         msg = self.store.message(message_id)
@@ -209,9 +210,32 @@ class ChatController(QObject):
 
     # --- internals -------------------------------------------------------------------
     def _truncate(self, position: int) -> None:
+        """Cut the branch on show before ``position``: what was there stays a version."""
         assert self.current_id is not None
-        self.store.truncate(self.current_id, position)
+        self.store.branch_at(self.current_id, position)
         self.transcript.truncate(position)
+
+    def switch_version(self, message_id: int, step: int) -> bool:
+        """Show the previous (-1) or next (+1) version at a message's place, and the
+        branch below it. The engine reuses the prompt cache up to where they differ."""
+        if self.busy or self.current_id is None:
+            return False
+        versions = self.store.siblings(message_id)
+        i = next((k for k, m in enumerate(versions) if m.id == message_id), None)
+        if i is None or not 0 <= i + step < len(versions):
+            return False
+        self.store.switch_to(versions[i + step].id)
+        self.open_conversation(self.current_id)
+        return True
+
+    def delete_version(self, message_id: int) -> bool:
+        """Delete a version and what follows it; another version shows instead."""
+        if self.busy or self.current_id is None:
+            return False
+        self.store.delete_branch(message_id)
+        self.open_conversation(self.current_id)
+        self.conversations_changed.emit()
+        return True
 
     def _request(self, conversation_id: int, history: list[Message]
                  ) -> GenerationRequest | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import QPoint, Qt, Signal
-from PySide6.QtGui import QGuiApplication, QKeyEvent, QResizeEvent
+from PySide6.QtGui import QGuiApplication, QKeyEvent, QMouseEvent, QResizeEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,
@@ -35,7 +35,10 @@ class Composer(QPlainTextEdit):
 
 
 class TranscriptView(QListView):
-    """A list view whose rows wrap to its width (the delegate needs to know it)."""
+    """A list view whose rows wrap to its width (the delegate needs to know it); a click
+    on a message's "‹" or "›" asks for its previous or next version."""
+
+    version_clicked = Signal(int, int)  # message id, -1 (previous) or +1 (next)
 
     def __init__(self, delegate: MessageDelegate, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -47,6 +50,18 @@ class TranscriptView(QListView):
         self.setUniformItemSizes(False)
         self.setStyleSheet("QListView { background: #f6f8fa; border: none; }"
                            "QListView::item:selected { background: transparent; }")
+
+    def mousePressEvent(self, event: QMouseEvent) -> None:
+        index = self.indexAt(event.position().toPoint())
+        msg = index.data(MESSAGE_ROLE) if index.isValid() else None
+        rects = self.message_delegate.version_rects(self.visualRect(index), msg, self.font()) \
+            if msg is not None else None
+        if rects is not None:
+            for rect, step in ((rects[0], -1), (rects[2], 1)):
+                if rect.contains(event.position()):
+                    self.version_clicked.emit(msg.id, step)
+                    return
+        super().mousePressEvent(event)
 
     def resizeEvent(self, event: QResizeEvent) -> None:
         self.message_delegate.set_width(self.viewport().width())
@@ -66,6 +81,8 @@ class ChatView(QWidget):
     edit_requested = Signal(int, str)  # message id, new text: replaces it and what follows
     stop_requested = Signal()
     regenerate_requested = Signal()
+    version_requested = Signal(int, int)  # message id, -1 or +1: show another version
+    delete_version_requested = Signal(int)  # message id: delete it and what follows
 
     def __init__(self, model: TranscriptModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -75,6 +92,7 @@ class ChatView(QWidget):
 
         self.delegate = MessageDelegate(self)
         self.transcript = TranscriptView(self.delegate)
+        self.transcript.version_clicked.connect(self.version_requested)
         self.transcript.setModel(model)
         self.transcript.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.transcript.customContextMenuRequested.connect(self._context_menu)
@@ -188,8 +206,8 @@ class ChatView(QWidget):
         self._editing = msg
         self.composer.setPlainText(msg.content)
         self.composer.setFocus()
-        self.edit_banner.setText("Editing a message: Send replaces it and every message "
-                                 "after it.")
+        self.edit_banner.setText("Editing a message: Send makes a new version of it and "
+                                 "answers that; the old one stays (‹ › switches).")
         self.edit_banner.show()
         self._update_actions()
 
@@ -210,4 +228,16 @@ class ChatView(QWidget):
             menu.addAction("Edit and resend", self.start_edit)
         if self.regenerate_button.isEnabled():
             menu.addAction("Regenerate last answer", self.regenerate_requested.emit)
+        msg = self.selected_message()
+        if msg is not None and msg.n_siblings > 1 and not self._busy:
+            where = f"{msg.sibling_index + 1}/{msg.n_siblings}"
+            menu.addSeparator()
+            if msg.sibling_index > 0:
+                menu.addAction(f"Previous version (of {where})",
+                               lambda: self.version_requested.emit(msg.id, -1))
+            if msg.sibling_index < msg.n_siblings - 1:
+                menu.addAction(f"Next version (of {where})",
+                               lambda: self.version_requested.emit(msg.id, 1))
+            menu.addAction("Delete this version",
+                           lambda: self.delete_version_requested.emit(msg.id))
         menu.exec(self.transcript.viewport().mapToGlobal(pos))

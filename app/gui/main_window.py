@@ -139,6 +139,8 @@ class MainWindow(QMainWindow):
         self.chat.edit_requested.connect(c.edit_and_resend)
         self.chat.stop_requested.connect(c.stop)
         self.chat.regenerate_requested.connect(c.regenerate)
+        self.chat.version_requested.connect(c.switch_version)
+        self.chat.delete_version_requested.connect(c.delete_version)
         self.conversations.selected.connect(c.open_conversation)
         self.conversations.new_requested.connect(c.new_conversation)
         self.conversations.delete_requested.connect(c.delete_conversation)

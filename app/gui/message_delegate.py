@@ -99,6 +99,28 @@ class MessageDelegate(QStyledItemDelegate):
             h += self._footer_height(footer, option.font, self._card_width(msg)) + 4
         return QSize(self.width, h + 2 * MARGIN_Y)
 
+    def _card(self, rect: QRect, msg: Message) -> QRectF:
+        w = self._card_width(msg)
+        x = rect.x() + MARGIN_X + (self.width - 2 * MARGIN_X - w if msg.role == "user" else 0)
+        return QRectF(x, rect.y() + MARGIN_Y, w, rect.height() - 2 * MARGIN_Y)
+
+    def version_rects(self, rect: QRect, msg: Message, font: QFont
+                      ) -> tuple[QRectF, QRectF, QRectF] | None:
+        """Where "‹ 2/3 ›" sits in the card's header (previous, label, next), or None
+        for a message with a single version."""
+        if msg.n_siblings <= 1:
+            return None
+        fm = QFontMetrics(font)
+        card = self._card(rect, msg)
+        label = f"{msg.sibling_index + 1}/{msg.n_siblings}"
+        arrow_w, label_w = fm.horizontalAdvance("‹") + 12, fm.horizontalAdvance(label) + 8
+        y, h = card.y() + PAD, fm.height()
+        right = card.right() - PAD
+        nxt = QRectF(right - arrow_w, y, arrow_w, h)
+        mid = QRectF(nxt.x() - label_w, y, label_w, h)
+        prev = QRectF(mid.x() - arrow_w, y, arrow_w, h)
+        return prev, mid, nxt
+
     def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: _Index) -> None:
         msg: Message | None = index.data(MESSAGE_ROLE)
         if msg is None:
@@ -133,6 +155,17 @@ class MessageDelegate(QStyledItemDelegate):
             painter.drawText(QRectF(left, y, room, fm.height()),
                              Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
                              fm.elidedText(badge[0], Qt.TextElideMode.ElideRight, int(room)))
+        versions = self.version_rects(r, msg, option.font)
+        if versions:
+            prev, mid, nxt = versions
+            painter.setFont(option.font)
+            first, last = msg.sibling_index == 0, msg.sibling_index == msg.n_siblings - 1
+            for rect, text, off in ((prev, "‹", first), (nxt, "›", last)):
+                painter.setPen(QColor("#c0c6cc") if off else SELECTED_BORDER)
+                painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, text)
+            painter.setPen(QColor("#6a737d"))
+            painter.drawText(mid, Qt.AlignmentFlag.AlignCenter,
+                             f"{msg.sibling_index + 1}/{msg.n_siblings}")
         y += fm.height() + 4
 
         doc = self._doc(msg, option.font)
