@@ -99,6 +99,7 @@ class ChatSettings:
     presence_penalty: float = 0.0
     # When the chat outgrows the context: "drop_oldest" turns, or "stop" with an error.
     context_policy: str = DEFAULT_POLICY
+    thinking: bool = True  # a thinking model thinks (where its template has a switch)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

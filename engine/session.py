@@ -560,16 +560,18 @@ class Engine:
         """The drafter in use: "head", "lookup" or "none"."""
         return self.drafter.name if self.drafter is not None else "none"
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        return self.target.chat_prompt(messages)
+    def chat_prompt(self, messages: list[dict[str, str]],
+                    enable_thinking: bool | None = None) -> list[int]:
+        return self.target.chat_prompt(messages, enable_thinking=enable_thinking)
 
     def fit_chat(self, messages: list[dict[str, str]], max_tokens: int,
-                 policy: str = DEFAULT_POLICY) -> FittedPrompt:
+                 policy: str = DEFAULT_POLICY, enable_thinking: bool | None = None
+                 ) -> FittedPrompt:
         """The prompt for a conversation that may outgrow the context: under
         ``drop_oldest`` the system prompt and the newest turns that leave room for the
         answer (engine.runtime.context_fit); under ``stop`` all of it."""
-        return fit_messages(self.target.chat_prompt, messages, self.target.n_ctx,
-                            max_tokens, policy)
+        return fit_messages(lambda m: self.chat_prompt(m, enable_thinking), messages,
+                            self.target.n_ctx, max_tokens, policy)
 
     def generate(self, prompt: list[int], config: GenerationConfig | None = None, *,
                  on_text: Callable[[str], None] | None = None,

@@ -254,7 +254,7 @@ class ChatController(QObject):
         if conv.system_prompt.strip():
             turns.insert(0, ("system", conv.system_prompt.strip()))
         return GenerationRequest(next(self._ids), tuple(turns), sampling, s.max_tokens,
-                                 s.context_policy)
+                                 s.context_policy, s.thinking)
 
     def _answer(self, conversation_id: int) -> bool:
         request = self._request(conversation_id, self.store.messages(conversation_id))

@@ -61,6 +61,13 @@ class TranscriptView(QListView):
                 if rect.contains(event.position()):
                     self.version_clicked.emit(msg.id, step)
                     return
+        fold = self.message_delegate.reasoning_rect(self.visualRect(index), msg, self.font()) \
+            if msg is not None else None
+        if fold is not None and fold.contains(event.position()):
+            self.message_delegate.toggle_reasoning(msg.id)
+            self.doItemsLayout()
+            self.viewport().update()
+            return
         super().mousePressEvent(event)
 
     def resizeEvent(self, event: QResizeEvent) -> None:

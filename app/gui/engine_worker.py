@@ -69,6 +69,7 @@ class EngineReady:
     kv_cache: str = ""  # the KV cache setting and its trade-off, in words
     guarantee: str = ""  # what speculation promises on this model (Engine.guarantee)
     completion: bool = False  # a base model: it continues the text it is given
+    thinking_switch: bool = False  # the chat template can turn thinking off
     # When and how the plan's costs were measured and its last change (Engine.plan_status)
     plan_status: dict | None = None
 
@@ -80,6 +81,7 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 512
     context_policy: str = DEFAULT_POLICY  # engine.runtime.context_fit
+    thinking: bool = True  # for templates with a thinking switch (enable_thinking)
 
 
 @dataclass(frozen=True)
@@ -293,7 +295,7 @@ class EngineWorker(QObject):
                            gpu.name if gpu else None,
                            engine.plan.to_json() if engine.plan else None,
                            engine.kv_cache_text, engine.guarantee, target.template.completion,
-                           engine.plan_status())
+                           engine.plan_status(), target.template.thinking_switch)
 
     def _plan_moved(self) -> None:
         engine = self._engine
@@ -308,7 +310,9 @@ class EngineWorker(QObject):
         rid = request.request_id
         t_start = time.perf_counter()
         messages = [{"role": r, "content": c} for r, c in request.messages]
-        fitted = engine.fit_chat(messages, request.max_tokens, request.context_policy)
+        switch = engine.target.template.thinking_switch
+        fitted = engine.fit_chat(messages, request.max_tokens, request.context_policy,
+                                 request.thinking if switch else None)
         prompt = fitted.tokens
         config = GenerationConfig(max_tokens=request.max_tokens, sampling=request.sampling)
 

@@ -285,6 +285,7 @@ class MainWindow(QMainWindow):
         self.controller.engine_ready = True
         self.engine_panel.show_ready(ready)
         self.chat.set_completion_mode(ready.completion)
+        self.settings_panel.set_thinking_switch(ready.thinking_switch)
         self.dashboard.on_engine_ready(ready)
         self._arm_remeasure()
         # The start-up notice about interrupted answers outranks the drafter's note.

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QStyle, QStyledItemDelegate, QStyleOptionViewItem,
 from app.conversation_store import FAILED, INTERRUPTED, STOPPED, STREAMING, Message
 from app.gui.markdown import render_markdown
 from app.gui.transcript_model import MESSAGE_ROLE
+from engine.runtime.reasoning import split_reasoning
 
 _Index = QModelIndex | QPersistentModelIndex
 
@@ -54,6 +55,38 @@ class MessageDelegate(QStyledItemDelegate):
         # A base model continues the user's text instead of answering it.
         self.model_author = "Tandem"
         self._docs: OrderedDict[int, tuple[str, int, QTextDocument]] = OrderedDict()
+        self.expanded: set[int] = set()  # answers whose reasoning section is shown
+
+    def toggle_reasoning(self, message_id: int) -> None:
+        self.expanded ^= {message_id}
+        self._docs.pop(message_id, None)
+
+    def shown_text(self, msg: Message) -> str:
+        """The Markdown a message shows: a thinking model's reasoning folds to one line
+        (a click on it unfolds it)."""
+        if msg.role != "assistant":
+            return msg.content
+        parts = split_reasoning(msg.content)
+        if not parts.has_section:
+            return msg.content
+        words = len(parts.reasoning.split())
+        if msg.id in self.expanded:
+            quoted = "\n".join(f"> {line}" for line in parts.reasoning.splitlines())
+            head = f"▾ *Reasoning ({words} words), click to fold*\n\n{quoted}"
+        elif parts.open:
+            head = f"▸ *Thinking… ({words} words so far, click to show)*"
+        else:
+            head = f"▸ *Reasoning ({words} words), click to show*"
+        return f"{head}\n\n{parts.answer}" if parts.answer else head
+
+    def reasoning_rect(self, rect: QRect, msg: Message, font: QFont) -> QRectF | None:
+        """The fold line of a reasoning section (where a click folds or unfolds it)."""
+        if msg.role != "assistant" or not split_reasoning(msg.content).has_section:
+            return None
+        card = self._card(rect, msg)
+        fm = QFontMetrics(font)
+        return QRectF(card.x() + PAD, card.y() + PAD + fm.height() + 4, card.width() - 2 * PAD,
+                      fm.height() + 4)
 
     def set_width(self, width: int) -> None:
         self.width = max(200, width)
@@ -65,14 +98,15 @@ class MessageDelegate(QStyledItemDelegate):
     def _doc(self, msg: Message, font: QFont) -> QTextDocument:
         text_width = self._card_width(msg) - 2 * PAD
         cached = self._docs.get(msg.id)
-        if cached and cached[0] == msg.content and cached[1] == text_width:
+        shown = self.shown_text(msg)
+        if cached and cached[0] == shown and cached[1] == text_width:
             self._docs.move_to_end(msg.id)
             return cached[2]
         doc = cached[2] if cached else QTextDocument()
-        render_markdown(doc, msg.content or " ", font)
+        render_markdown(doc, shown or " ", font)
         doc.setDocumentMargin(0)
         doc.setTextWidth(text_width)
-        self._docs[msg.id] = (msg.content, text_width, doc)
+        self._docs[msg.id] = (shown, text_width, doc)
         self._docs.move_to_end(msg.id)
         while len(self._docs) > 300:
             self._docs.popitem(last=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDoubleSpinBox,
     QFormLayout,
@@ -62,6 +63,9 @@ class SettingsPanel(QGroupBox):
             self.context_policy.addItem(label, policy)
         self.context_policy.setToolTip("What happens when this chat no longer fits the "
                                        "model's context")
+        self.thinking = QCheckBox("Think before answering")
+        self.thinking.setChecked(True)
+        self.set_thinking_switch(False)
         form = QFormLayout()
         form.addRow("Temperature", self.temperature)
         form.addRow("Top-p", self.top_p)
@@ -73,6 +77,7 @@ class SettingsPanel(QGroupBox):
         form.addRow("Frequency penalty", self.frequency_penalty)
         form.addRow("Presence penalty", self.presence_penalty)
         form.addRow("Long chats", self.context_policy)
+        form.addRow("Thinking", self.thinking)
         layout = QVBoxLayout(self)
         layout.addWidget(self.system_prompt)
         layout.addLayout(form)
@@ -82,6 +87,7 @@ class SettingsPanel(QGroupBox):
                     self.presence_penalty):
             box.valueChanged.connect(self._emit)
         self.context_policy.currentIndexChanged.connect(self._emit)
+        self.thinking.toggled.connect(self._emit)
         self.show_settings("", ChatSettings())
 
     def show_settings(self, system_prompt: str, settings: ChatSettings) -> None:
@@ -99,6 +105,7 @@ class SettingsPanel(QGroupBox):
             self.presence_penalty.setValue(settings.presence_penalty)
             self.context_policy.setCurrentIndex(
                 max(0, self.context_policy.findData(settings.context_policy)))
+            self.thinking.setChecked(settings.thinking)
         finally:
             self._loading = False
 
@@ -112,7 +119,15 @@ class SettingsPanel(QGroupBox):
                             repeat_penalty=round(self.repeat_penalty.value(), 4),
                             frequency_penalty=round(self.frequency_penalty.value(), 4),
                             presence_penalty=round(self.presence_penalty.value(), 4),
-                            context_policy=self.context_policy.currentData())
+                            context_policy=self.context_policy.currentData(),
+                            thinking=self.thinking.isChecked())
+
+    def set_thinking_switch(self, available: bool) -> None:
+        """Offer the thinking switch only where the model's chat template has one."""
+        self.thinking.setEnabled(available)
+        self.thinking.setToolTip(
+            "This model's chat template can turn its thinking off" if available else
+            "This model's chat template has no thinking switch (enable_thinking)")
 
     def _emit(self) -> None:
         if not self._loading:

@@ -130,7 +130,8 @@ class EngineLane:
                 raise ApiError(503, "no model is loaded", kind="server_error")
             req = job.request
             prompt = (engine.fit_chat([{"role": r, "content": c} for r, c in req.messages],
-                                      req.max_tokens, req.context_policy).tokens
+                                      req.max_tokens, req.context_policy,
+                                      req.enable_thinking).tokens
                       if req.is_chat else engine.target.tokenize(req.prompt or "",
                                                                  special=False))
             if len(prompt) + 1 > engine.target.n_ctx:  # before the client gets a 200

@@ -55,6 +55,8 @@ class CompletionRequest:
     # Tandem's extension: "drop_oldest" fits a long chat by leaving out its oldest turns;
     # "stop" (the default, as OpenAI's API) refuses it with context_length_exceeded.
     context_policy: str = "stop"
+    # llama-server's and vLLM's chat_template_kwargs.enable_thinking (None: the default)
+    enable_thinking: bool | None = None
 
     @property
     def is_chat(self) -> bool:
@@ -199,7 +201,20 @@ def parse_request(body: Any, limits: Limits, chat: bool) -> CompletionRequest:
         max_tokens=max_tokens,
         sampling=_sampling(body),
         stop=_stop(body),
-        context_policy=_context_policy(body))
+        context_policy=_context_policy(body),
+        enable_thinking=_enable_thinking(body))
+
+
+def _enable_thinking(body: dict) -> bool | None:
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return None
+    if not isinstance(kwargs, dict):
+        raise _bad("chat_template_kwargs", "must be an object")
+    value = kwargs.get("enable_thinking")
+    if value is not None and not isinstance(value, bool):
+        raise _bad("chat_template_kwargs", "enable_thinking must be true or false")
+    return value
 
 
 def _context_policy(body: dict) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -9,6 +10,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.errors import InvalidPromptError
+from engine.runtime.reasoning import has_thinking_switch
 
 # Used only when a GGUF carries no template: ChatML, the most common instruct format.
 CHATML = (
@@ -76,33 +78,59 @@ class ChatTemplate:
         return cls(source or CHATML, text(model.bos_id), text(eos),
                    origin or "ChatML (the file has no template)", completion)
 
-    def render_parts(self, messages: list[dict[str, str]], add_generation_prompt: bool = True
-                     ) -> list[tuple[str, bool]] | None:
+    @property
+    def thinking_switch(self) -> bool:
+        """Whether a conversation can turn the model's thinking off (the template reads
+        ``enable_thinking``)."""
+        return has_thinking_switch(self.source)
+
+    def render_parts(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                     enable_thinking: bool | None = None) -> list[tuple[str, bool]] | None:
         """The prompt as (text, is_markup) parts: the template's own markup, whose control
-        tokens are real, and each message's text, which must be tokenized as plain text
-        (a user typing ``<|im_end|>`` must not end their turn). None when the template
-        transforms message texts beyond recognition (then only ``render`` is possible)."""
-        marks = [f"\x00\x01{i}\x01\x00" for i in range(len(messages))]
-        stand_ins = [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)]
-        text = self.render(stand_ins, add_generation_prompt)
+        tokens are real, and each message's text (and reasoning), which must be
+        tokenized as plain text (a user typing ``<|im_end|>`` must not end their turn).
+        None when the template transforms message texts beyond recognition (then only
+        ``render`` is possible) or leaves a text out in a way the marks cannot follow."""
+        texts: dict[str, str] = {}
+        stand_ins = []
+        for i, m in enumerate(messages):
+            stand_in = dict(m)
+            for key in ("content", "reasoning_content"):
+                if key in m:
+                    mark = f"\x00\x01{i}{key[0]}\x01\x00"
+                    texts[mark] = m[key]
+                    stand_in[key] = mark
+            stand_ins.append(stand_in)
+        text = self.render(stand_ins, add_generation_prompt, enable_thinking)
         parts: list[tuple[str, bool]] = []
-        for message, mark in zip(messages, marks, strict=True):
-            before, found, text = text.partition(mark)
-            if not found or mark in text:
+        pattern = re.compile("\x00\x01\\d+[cr]\x01\x00")
+        last = 0
+        for found in pattern.finditer(text):
+            mark = found.group(0)
+            if mark not in texts:
                 return None
-            parts += [(before, True), (message["content"], False)]
-        parts.append((text, True))
+            parts += [(text[last:found.start()], True), (texts.pop(mark), False)]
+            last = found.end()
+        parts.append((text[last:], True))
+        # Every message's text appears once (reasoning may be left out by the template).
+        if any("c" in mark for mark in texts):
+            return None
         return [(t, markup) for t, markup in parts if t]
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """The prompt text for ``messages`` (dicts with ``role`` and ``content``)."""
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+               enable_thinking: bool | None = None) -> str:
+        """The prompt text for ``messages`` (dicts with ``role`` and ``content``, and
+        ``reasoning_content`` for an assistant's earlier reasoning); ``enable_thinking``
+        goes to templates that read it (None: the template's default)."""
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
+        extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         try:
             template = env.from_string(self.source)
             return template.render(messages=messages,
                                    add_generation_prompt=add_generation_prompt,
-                                   bos_token=self.bos_token, eos_token=self.eos_token)
+                                   bos_token=self.bos_token, eos_token=self.eos_token,
+                                   **extra)
         except jinja2.TemplateError as exc:  # its raise_exception: roles out of order...
             raise InvalidPromptError(f"the model's chat template refuses this conversation: "
                                      f"{exc}") from exc

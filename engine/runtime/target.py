@@ -29,6 +29,7 @@ from engine.runtime.hardware import default_threads
 from engine.runtime.kv_cache import TYPE_K, TYPE_V
 from engine.runtime.kv_transfer import StateFormatError, f16_to_q8_0_keys, llama_rotates_quantized_k
 from engine.runtime.native import NativeBatch, NativeContext, NativeModel
+from engine.runtime.reasoning import for_template
 from engine.runtime.sequences import common_prefix_length
 from engine.runtime.template_choice import choose_template
 
@@ -214,16 +215,20 @@ class Target:
         return self.model.tokenize(text, add_special=self.model.add_bos, parse_special=special)
 
     def chat_prompt(self, messages: list[dict[str, str]],
-                    add_generation_prompt: bool = True) -> list[int]:
+                    add_generation_prompt: bool = True,
+                    enable_thinking: bool | None = None) -> list[int]:
         """Tokens of a conversation formatted with the GGUF's chat template (with the
-        assistant's opening when ``add_generation_prompt``)."""
+        assistant's opening when ``add_generation_prompt``). An earlier answer's
+        reasoning section goes to the template apart (engine.runtime.reasoning);
+        ``enable_thinking`` to templates that read it."""
         check_messages(messages)
+        messages = for_template(messages)
         # The template writes BOS itself when the model wants one. Only its markup may
         # become control tokens: the messages' own text is tokenized as text.
-        parts = self.template.render_parts(messages, add_generation_prompt)
+        parts = self.template.render_parts(messages, add_generation_prompt, enable_thinking)
         if parts is None:
             log.warning("the chat template rewrites message texts; tokenizing it whole")
-            text = self.template.render(messages, add_generation_prompt=add_generation_prompt)
+            text = self.template.render(messages, add_generation_prompt, enable_thinking)
             return self.model.tokenize(text, add_special=False, parse_special=True)
         tokens: list[int] = []
         for text, markup in parts:
