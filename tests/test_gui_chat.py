@@ -67,7 +67,8 @@ def test_stop_mid_answer_keeps_the_partial_answer(qtbot, db: Path, model_path: P
     assert w.chat.send_button.isEnabled() and not w.chat.stop_button.isEnabled()
 
 
-def test_regenerate_replaces_the_last_answer(qtbot, db: Path, model_path: Path) -> None:
+def test_regenerate_makes_a_new_version_of_the_last_answer(qtbot, db: Path,
+                                                           model_path: Path) -> None:
     w = open_window(qtbot, db, model_path, max_tokens=16)
     first = send_and_wait(qtbot, w, "Name three colours.")
     old_id = w.store.messages(w.controller.current_id)[-1].id
@@ -78,12 +79,13 @@ def test_regenerate_replaces_the_last_answer(qtbot, db: Path, model_path: Path) 
     assert again.text == first.text  # greedy: the same answer
     msgs = w.store.messages(w.controller.current_id)
     assert [m.role for m in msgs] == ["user", "assistant"]
-    assert msgs[1].id != old_id
+    assert msgs[1].id != old_id and (msgs[1].sibling_index, msgs[1].n_siblings) == (1, 2)
     assert len(w.transcript.messages) == 2
+    assert [m.id for m in w.store.siblings(old_id)] == [old_id, msgs[1].id]  # both kept
 
 
-def test_edit_and_resend_replaces_the_message_and_what_follows(qtbot, db: Path,
-                                                               model_path: Path) -> None:
+def test_edit_and_resend_starts_a_new_version_of_the_message(qtbot, db: Path,
+                                                             model_path: Path) -> None:
     w = open_window(qtbot, db, model_path, max_tokens=16)
     send_and_wait(qtbot, w, "What is the capital of France?")
     send_and_wait(qtbot, w, "And of Italy?")
@@ -99,6 +101,7 @@ def test_edit_and_resend_replaces_the_message_and_what_follows(qtbot, db: Path,
     assert [(m.role, m.content) for m in msgs] == [
         ("user", "What is the capital of Spain?"), ("assistant", outcome.text)]
     assert [m.content for m in w.transcript.messages] == [m.content for m in msgs]
+    assert msgs[0].n_siblings == 2  # the first question and its 3 followers stay a version
 
 
 def test_restart_finds_the_conversation(qtbot, db: Path, model_path: Path) -> None:

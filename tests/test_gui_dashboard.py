@@ -157,6 +157,7 @@ def test_provisional_costs_are_measured_again_when_the_app_is_idle(qtbot, db: Pa
         with qtbot.waitSignal(w.worker.plan_changed, timeout=ANSWER_TIMEOUT_MS) as blocker:
             w.idle_remeasure.start()
         ready = blocker.args[0]
+        qtbot.waitUntil(lambda: w.engine_info is ready)  # the window has shown it
         assert w.dashboard.plan_measured.text().startswith("Measured ")
         if not ready.plan_status["provisional"]:  # quiet here: measured again, disarmed
             assert "quiet machine" in w.dashboard.plan_measured.text()

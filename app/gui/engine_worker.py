@@ -295,7 +295,8 @@ class EngineWorker(QObject):
                            gpu.name if gpu else None,
                            engine.plan.to_json() if engine.plan else None,
                            engine.kv_cache_text, engine.guarantee, target.template.completion,
-                           engine.plan_status(), target.template.thinking_switch)
+                           plan_status=engine.plan_status(),
+                           thinking_switch=target.template.thinking_switch)
 
     def _plan_moved(self) -> None:
         engine = self._engine
