@@ -203,10 +203,11 @@ def reprice(costs: CostProfile, factors: dict[int, float], draft_factor: float |
             plan: Plan, device: str = "cpu") -> CostProfile:
     """``costs`` with the target's curve on ``device`` scaled by what answers measured
     (``factors``: observed / calibrated, by batch size) and the running drafter's costs
-    by ``draft_factor``. Drafters that did not run keep their measured costs: a draft
-    head's level stretched far less under load than a decode did (3.5 ms busy, 3.3 ms
-    quiet, against 50 ms and 12 ms for one token), so scaling it as the target would
-    make it look free."""
+    by ``draft_factor``. Drafters that did not run keep their measured costs: under the
+    same load a draft head's level stretched 2.5-5x (3.4 -> 8.7-12.4 ms) while one
+    token's decode stretched 3-250x (12.6 ms -> 38 ms to 3.2 s), so scaling the head as
+    the target would make it look free; kept as measured, a drafter no answer has shown
+    is not switched to on a guess."""
     curve, slowest = {}, 0.0
     for n, t in sorted(costs.verify_s[device].items()):
         slowest = max(slowest, t * _factor_at(factors, n))  # never cheaper for more tokens
