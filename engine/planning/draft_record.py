@@ -8,12 +8,11 @@ the calibration cache, written atomically; a damaged file is an empty record."""
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
 from engine.decoding.stats import StepStats
+from engine.planning.json_store import read_dict, write_dict
 
 RECORD_FILE = "draft_record.json"
 PRIOR_STEPS = 32  # how many observed steps the prior is worth at each depth
@@ -47,11 +46,7 @@ class DraftRecord:
         self.path = Path(directory) / RECORD_FILE
 
     def _read(self) -> dict:
-        try:
-            data = json.loads(self.path.read_text())
-            return data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            return {}
+        return read_dict(self.path)
 
     def add(self, key: str, steps: Iterable[StepStats]) -> None:
         """Count a generation's drafting steps for the pair ``key``."""
@@ -66,10 +61,7 @@ class DraftRecord:
         except (KeyError, TypeError, ValueError):
             entry = {"reached": reached, "accepted": accepted}
         data[key] = entry
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self.path)
+        write_dict(self.path, data)
 
     def acceptance(self, key: str, prior: tuple[float, ...]) -> tuple[tuple[float, ...], str]:
         """(acceptance by depth, where it came from): the prior corrected by the pair's

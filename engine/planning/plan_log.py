@@ -4,11 +4,12 @@ atomically; a damaged file is an empty log), the last ``KEEP`` changes per cache
 
 from __future__ import annotations
 
-import json
-import os
+import contextlib
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from engine.planning.json_store import read_dict, write_dict
 
 LOG_FILE = "plan_log.json"
 KEEP = 20
@@ -30,11 +31,7 @@ class PlanLog:
         self.path = Path(directory) / LOG_FILE
 
     def _read(self) -> dict:
-        try:
-            data = json.loads(self.path.read_text())
-            return data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            return {}
+        return read_dict(self.path)
 
     def events(self, key: str) -> list[PlanEvent]:
         out = []
@@ -51,11 +48,6 @@ class PlanLog:
         data = self._read()
         kept = [e for e in data.get(key) or [] if isinstance(e, dict)][-(KEEP - 1):]
         data[key] = [*kept, asdict(event)]
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data, indent=1))
-            os.replace(tmp, self.path)
-        except OSError:
-            pass  # a read-only disk must not stop the chat
+        with contextlib.suppress(OSError):  # a read-only disk must not stop the chat
+            write_dict(self.path, data)
         return event
