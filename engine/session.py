@@ -56,7 +56,7 @@ from engine.planning.calibration import (
 from engine.planning.draft_record import DraftRecord, pair_key
 from engine.planning.kernels import KernelChoice, choose_kernels
 from engine.planning.machine_load import look_at_load
-from engine.planning.plan_check import PlanChange, PlanCheck
+from engine.planning.plan_check import PlanChange, PlanCheck, same_choice
 from engine.planning.plan_log import PlanEvent, PlanLog
 from engine.planning.planner import (
     DRAFT_MODEL_ACCEPTANCE,
@@ -528,9 +528,7 @@ class Engine:
         CalibrationCache(self._cache_dir()).put(self._cache_key, costs)
         self.costs, self.remeasure_wanted = costs, False
         plan = self._price(costs)
-        changed = (plan.layout, plan.drafter, plan.head_device, plan.target_gpu_layers) != (
-            self.plan.layout, self.plan.drafter, self.plan.head_device,
-            self.plan.target_gpu_layers)
+        changed = not same_choice(plan, self.plan)
         if self.plan_check is not None:
             self.plan_check.rebase(costs, plan)
         if changed:

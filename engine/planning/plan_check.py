@@ -83,8 +83,10 @@ class PlanChange:
     why: str
 
 
-def _choice(plan: Plan) -> tuple[str, str, str, int]:
-    return plan.layout, plan.drafter, plan.head_device, plan.target_gpu_layers
+def same_choice(a: Plan, b: Plan) -> bool:
+    """Whether two plans run the same layout, drafter, device and target placement."""
+    return (a.layout, a.drafter, a.head_device, a.target_gpu_layers) == (
+        b.layout, b.drafter, b.head_device, b.target_gpu_layers)
 
 
 def _rate_of(choice: Plan, plan: Plan) -> float:
@@ -100,7 +102,7 @@ def _rate_of(choice: Plan, plan: Plan) -> float:
 
 def _predicted_draft_s(costs: CostProfile, plan: Plan) -> float | None:
     """What the running drafter's step was priced at (its update plus a level per depth)."""
-    device = "cpu" if plan.head_device == "cpu" else plan.head_device
+    device = plan.head_device
     depth = plan.budget.depth
     if plan.drafter == "head":
         key = device if device in costs.head_level_s else device.split(":")[0]
@@ -169,7 +171,7 @@ class PlanCheck:
         repriced = reprice(self.costs, factors, draft_factor, self.plan, self.device)
         plan = self.price(repriced)
         current = _rate_of(self.plan, plan)
-        if _choice(plan) == _choice(self.plan) or plan.predicted_tok_per_s < (
+        if same_choice(plan, self.plan) or plan.predicted_tok_per_s < (
                 1 + MIN_GAIN) * current:
             self.streak = 0
             self.last_verdict = "costs differ from the measurement, the plan still holds"
