@@ -160,6 +160,23 @@ def f32_model_path(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture(scope="session")
+def quantized(f32_model_path: Path, tmp_path_factory: pytest.TempPathFactory):
+    """name -> the bundled weights requantized to that type (made on first use)."""
+    from engine.hub.convert import quantize_as
+
+    folder = tmp_path_factory.mktemp("quants")
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            path = folder / f"SmolLM2-135M-Instruct.{name.upper()}.gguf"
+            made[name] = quantize_as(f32_model_path, path, name, 2)
+        return made[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def f32_target(f32_model_path: Path):
     from engine.runtime.target import Target, TargetConfig
 

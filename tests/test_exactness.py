@@ -16,11 +16,14 @@ from gguf import GGUFReader
 
 from engine.decoding.budget import VerifyCostModel
 from engine.decoding.generation import GenerationConfig
+from engine.errors import NativeError
+from engine.gguf.architectures import write_architecture_gguf
 from engine.gguf.model_shapes import ModelShape
 from engine.gguf.synthetic import write_synthetic_gguf
+from engine.hub.convert import quantize_as
 from engine.planning.calibration import CalibrationCache
 from engine.planning.kernels import ROUNDED, KernelChoice, choose_kernels, exactness_key
-from engine.runtime.exactness import ExactnessProbe, probe_exactness
+from engine.runtime.exactness import PROBE_CHAINS, ExactnessProbe, probe_exactness
 from engine.runtime.native import ftype_named, quantize
 from engine.runtime.target import Target, TargetConfig
 from engine.session import Engine, EngineConfig
@@ -30,22 +33,6 @@ from engine.session import Engine, EngineConfig
 # below covers more K-quants and i-quants whole).
 WEIGHT_TYPES = ("q4_0", "q5_1", "q8_0", "q2_k", "q4_k_m", "q5_k_s", "q6_k", "iq4_nl", "f16",
                 "bf16")
-
-
-@pytest.fixture(scope="module")
-def quantized(f32_model_path: Path, tmp_path_factory: pytest.TempPathFactory):
-    """name -> the bundled weights requantized to that type (made on first use)."""
-    folder = tmp_path_factory.mktemp("quants")
-    made: dict[str, Path] = {}
-
-    def get(name: str) -> Path:
-        if name not in made:
-            path = folder / f"SmolLM2-135M-Instruct.{name.upper()}.gguf"
-            quantize(f32_model_path, path, ftype_named(name), 2)
-            made[name] = path
-        return made[name]
-
-    return get
 
 
 CONFIG = TargetConfig(n_ctx=512, n_threads=2)
@@ -129,7 +116,7 @@ def test_auto_does_not_speculate_where_batches_are_not_exact(model_path, tmp_pat
 # Every matrix 256-aligned, so each type covers every tensor (the bundled model's 576-wide
 # ones fall back to legacy types).
 ALIGNED = ModelShape("aligned-tiny", "llama", 256, 2, 4, 2, 768, 49152, True,
-                     context_length=2048)
+                     context_length=4096)
 
 
 @pytest.fixture(scope="module")
@@ -138,11 +125,82 @@ def aligned_f32(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return write_synthetic_gguf(ALIGNED, path, model_path, weights="F32")
 
 
-@pytest.mark.parametrize("name", ["q4_k_m", "q6_k", "q3_k_s", "q5_k_m", "iq4_xs"])
+# One file type for each ggml type llama.cpp's CPU backend runs that the bundled model
+# cannot cover whole (the S/M/L variants mix the same kernels), with the ggml type that
+# must then hold the layers' matrices. IQ1/IQ2/IQ3_XXS are made with a flat importance
+# matrix (engine.gguf.importance): their kernels are the users' files'. The vocabulary
+# matrix is Q8_0 (covered above) so the i-quants quantize in seconds. Every file type
+# of llama.cpp's list was probed the same way for the notes (docs/engine.md).
+ALIGNED_TYPES = {
+    "q2_k": "Q2_K", "q3_k_m": "Q3_K", "q4_k_m": "Q4_K", "q5_k_m": "Q5_K", "q6_k": "Q6_K",
+    "iq1_s": "IQ1_S", "iq1_m": "IQ1_M", "iq2_xxs": "IQ2_XXS", "iq2_xs": "IQ2_XS",
+    "iq2_m": "IQ2_S", "iq3_xxs": "IQ3_XXS", "iq3_s": "IQ3_S", "iq4_nl": "IQ4_NL",
+    "iq4_xs": "IQ4_XS", "tq1_0": "TQ1_0", "tq2_0": "TQ2_0",
+}
+
+
+def _layer_types(path: Path) -> set[str]:
+    return {t.tensor_type.name for t in GGUFReader(str(path)).tensors
+            if len(t.shape) >= 2 and t.name.startswith("blk.")}
+
+
+@pytest.mark.parametrize("name", ALIGNED_TYPES)
 def test_types_that_cover_every_tensor_are_exact_with_the_chosen_kernels(aligned_f32, name):
     path = aligned_f32.with_name(f"aligned-tiny.{name.upper()}.gguf")
-    quantize(aligned_f32, path, ftype_named(name), 2)
-    types = {t.tensor_type.name for t in GGUFReader(str(path)).tensors if len(t.shape) == 2}
+    quantize_as(aligned_f32, path, name, 2, vocab_type="q8_0")
+    types = _layer_types(path)
+    assert ALIGNED_TYPES[name] in types, types
     assert not types & {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "F32"}, types  # no fallbacks
     choice = choose_kernels(path, CONFIG, 2, cache=None)
     assert choice.exact, f"{name}: {choice.describe()}"
+    path.unlink()
+
+
+def test_the_importance_types_are_refused_without_a_matrix(aligned_f32, tmp_path):
+    """The control for the flat importance matrix: llama.cpp will not make IQ2_XXS
+    without one, and says why."""
+    with pytest.raises(NativeError, match="imatrix"):
+        quantize(aligned_f32, tmp_path / "no-imatrix.gguf", ftype_named("iq2_xxs"), 2)
+    assert not (tmp_path / "no-imatrix.gguf").exists()
+
+
+def test_mxfp4_experts_are_exact_with_the_chosen_kernels(model_path, tmp_path):
+    """MXFP4 is for experts only (gpt-oss ships it): the tiny gpt-oss layout's expert
+    tensors in MXFP4, the rest Q8_0."""
+    moe = write_architecture_gguf("gpt-oss", tmp_path / "gpt-oss.gguf", model_path)
+    path = quantize_as(moe, tmp_path / "gpt-oss.MXFP4_MOE.gguf", "mxfp4_moe", 2)
+    experts = {t.tensor_type.name for t in GGUFReader(str(path)).tensors
+               if "_exps" in t.name and len(t.shape) == 3}
+    assert experts == {"MXFP4"}, experts
+    choice = choose_kernels(path, CONFIG, 2, cache=None)
+    assert choice.exact, choice.describe()
+
+
+LONG_CONTEXT = 4096 - sum(PROBE_CHAINS) - 2  # the probe's answer fills the rest
+
+
+@pytest.fixture(scope="module")
+def aligned_q4_k_m(aligned_f32: Path) -> Path:
+    return quantize_as(aligned_f32, aligned_f32.with_name("aligned-tiny.Q4_K_M.gguf"),
+                       "q4_k_m", 2, vocab_type="q8_0")
+
+
+def test_verification_stays_exact_over_a_4k_context(aligned_q4_k_m):
+    """Verified batches attend over a cache of ~4k tokens: with the Q8_0 K cache every
+    query row takes the same flash-attention kernel at every cache length, so the
+    chosen kernels stay exact there (the control below is the F16 cache). The kernel
+    choice does not depend on the model's size: a tiny Q4_K_M of 64-wide heads."""
+    config = TargetConfig(n_ctx=4096, n_threads=2, repack=False)
+    with Target(aligned_q4_k_m, config) as target:
+        probe = probe_exactness(target, context=LONG_CONTEXT)
+    assert probe.context >= LONG_CONTEXT - 1 and probe.exact, probe.describe()
+
+
+def test_an_f16_cache_splits_one_token_attention_from_512_cells(aligned_q4_k_m):
+    """The control: with F16 keys, ggml attends a single query over 512+ cells in chunks
+    per thread (flash decoding), a batch row over all cells at once; the probe sees it."""
+    config = TargetConfig(n_ctx=4096, n_threads=2, repack=False, type_k="f16",
+                          type_v="f16")
+    with Target(aligned_q4_k_m, config) as target:
+        probe = probe_exactness(target, context=LONG_CONTEXT)
+    assert not probe.exact and "after" in probe.describe()

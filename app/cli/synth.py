@@ -16,8 +16,8 @@ from engine.gguf.architectures import (
     TinyShape,
     write_architecture_gguf,
 )
+from engine.hub.convert import quantize_as
 from engine.hub.model_store import default_model_path
-from engine.runtime.native import ftype_named, quantize
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
@@ -38,7 +38,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
     if f32 != out:
         try:
             print(f"quantizing to {args.type.upper()}…", flush=True)
-            quantize(f32, out, ftype_named(args.type), args.threads)
+            quantize_as(f32, out, args.type, args.threads)
         finally:
             f32.unlink(missing_ok=True)
     print(f"{out} ({out.stat().st_size / 1e6:.0f} MB)")

@@ -20,10 +20,11 @@ from pathlib import Path
 
 from engine.errors import TandemError
 from engine.gguf.check import check_gguf
+from engine.gguf.importance import flat_importance, needs_importance
 from engine.hub.cache_layout import free_disk_bytes
 from engine.hub.fit import human_bytes
 from engine.hub.quant import strip_quant
-from engine.runtime.native import FTYPES, quantize
+from engine.runtime.native import FTYPES, ftype_named, quantize
 
 BYTES_PER_WEIGHT = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 CONVERT_TYPES = tuple(BYTES_PER_WEIGHT)
@@ -105,6 +106,23 @@ def convert(src: Path, dst: Path, to_type: str, n_threads: int,
         part.unlink(missing_ok=True)
     if progress is not None:
         progress(need, need)
+    return dst
+
+
+def quantize_as(src: Path, dst: Path, type_name: str, n_threads: int,
+                vocab_type: str | None = None) -> Path:
+    """Requantize ``src`` to any type llama.cpp makes, by name (``q4_k_m``, ``iq2_xxs``,
+    ``mxfp4_moe``...), with a flat importance matrix where the type needs one
+    (engine.gguf.importance). ``vocab_type`` (a ggml type's name, ``q8_0``) sets the
+    embedding and output matrices' type: the i-quants take seconds per million weights,
+    which on a tiny model are mostly the vocabulary's. Raises ValueError (an unknown
+    name) or NativeError."""
+    from gguf import GGMLQuantizationType
+
+    ftype = ftype_named(type_name)
+    importance = flat_importance(src) if needs_importance(type_name) else None
+    vocab = None if vocab_type is None else GGMLQuantizationType[vocab_type.upper()].value
+    quantize(src, dst, ftype, n_threads, importance, vocab)
     return dst
 
 

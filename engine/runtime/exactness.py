@@ -35,18 +35,22 @@ class ExactnessProbe:
     max_abs_diff: float
     argmax_flips: int
     chains: tuple[int, ...] = PROBE_CHAINS
+    context: int = 0  # tokens in the cache before the first compared position
 
     @property
     def exact(self) -> bool:
         return self.differing == 0
 
     def describe(self) -> str:
+        where = f" after {self.context} tokens of context" if self.context > 200 else ""
         if self.exact:
             return (f"verified batches of up to {max(self.chains)} tokens gave one-token "
-                    f"decoding's logits bit for bit at all {self.positions} positions probed")
+                    f"decoding's logits bit for bit at all {self.positions} positions "
+                    f"probed{where}")
         return (f"verified batches differed from one-token decoding at {self.differing} of "
-                f"{self.positions} positions (logits by up to {self.max_abs_diff:.3g}; "
-                f"{self.argmax_flips} would pick another greedy token)")
+                f"{self.positions} positions{where} (logits by up to "
+                f"{self.max_abs_diff:.3g}; {self.argmax_flips} would pick another greedy "
+                "token)")
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -56,13 +60,20 @@ class ExactnessProbe:
     @classmethod
     def from_json(cls, d: dict) -> ExactnessProbe:
         return cls(int(d["positions"]), int(d["differing"]), float(d["max_abs_diff"]),
-                   int(d["argmax_flips"]), tuple(int(n) for n in d["chains"]))
+                   int(d["argmax_flips"]), tuple(int(n) for n in d["chains"]),
+                   int(d.get("context", 0)))
 
 
-def probe_exactness(target: Target, chains: tuple[int, ...] = PROBE_CHAINS) -> ExactnessProbe:
+def probe_exactness(target: Target, chains: tuple[int, ...] = PROBE_CHAINS,
+                    context: int = 0) -> ExactnessProbe:
     """Compare one-token decoding with verified chains of each length in ``chains`` on
-    ``target`` as it is loaded. Leaves the target's cache empty (cold)."""
+    ``target`` as it is loaded, after a prompt of about ``context`` tokens (the probe's
+    text repeated; at least its text once), so the batches attend over a long cache.
+    Leaves the target's cache empty (cold)."""
     prompt = target.tokenize(PROBE_TEXT, special=False)
+    while len(prompt) < context:
+        prompt += target.tokenize(" " + PROBE_TEXT, special=False)
+    prompt = prompt[-max(context, 1):] if context else prompt
     n_tokens = sum(chains) + 1
     if len(prompt) + n_tokens + 1 > target.n_ctx:
         raise ValueError(f"the probe needs a context of {len(prompt) + n_tokens + 1} tokens")
@@ -90,4 +101,4 @@ def probe_exactness(target: Target, chains: tuple[int, ...] = PROBE_CHAINS) -> E
         target.commit(ver, list(range(size)), tokens[at:at + size])
         at += size
     target.reset(cold=True)
-    return ExactnessProbe(at, differing, worst, flips, tuple(chains))
+    return ExactnessProbe(at, differing, worst, flips, tuple(chains), len(prompt))

@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 
 # One summation order for every decode and verification batch size (the lossless
@@ -467,6 +468,17 @@ class NativeContext:
     def kv_clear(self) -> None:
         llama_cpp.llama_memory_clear(self.memory, True)
 
+    def kv_shift(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        """Add ``delta`` to the positions in [p0, p1) of the sequence. K is rotated to
+        the new positions at the next decode (a RoPE of the difference; on a quantized K
+        through F32 and back, so its numbers change)."""
+        llama_cpp.llama_memory_seq_add(self.memory, seq_id, p0, p1, delta)
+
+    @property
+    def can_shift(self) -> bool:
+        """Whether the memory can shift positions (not recurrent state, not M-RoPE)."""
+        return bool(llama_cpp.llama_memory_can_shift(self.memory))
+
     def state_seq_get(self, seq_id: int) -> bytes:
         """llama.cpp's serialized cells of one sequence (engine.runtime.kv_transfer reads it)."""
         mark = _log_mark()
@@ -491,17 +503,38 @@ class NativeContext:
 
 
 
-def quantize(src: Path, dst: Path, ftype: int, n_threads: int) -> None:
-    """Requantize a GGUF with llama.cpp (``allow_requantize``). Raises NativeError."""
+def quantize(src: Path, dst: Path, ftype: int, n_threads: int,
+             importance: Mapping[str, np.ndarray] | None = None,
+             vocab_type: int | None = None) -> None:
+    """Requantize a GGUF with llama.cpp (``allow_requantize``). ``importance``: tensor
+    name -> one float per input column (times experts), the importance matrix the
+    IQ1/IQ2/IQ3_XXS types cannot be made without. ``vocab_type``: a ggml type for the
+    token embedding and output matrices instead of the file type's choice. Raises
+    NativeError."""
     _ensure_backend()
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     params.nthread = n_threads
     params.allow_requantize = True
+    if vocab_type is not None:
+        params.token_embedding_type = params.output_tensor_type = vocab_type
+    keep: list[object] = []  # the arrays llama.cpp reads must outlive the call
+    if importance:
+        entries = (llama_cpp.llama_model_imatrix_data * (len(importance) + 1))()
+        for i, (name, values) in enumerate(importance.items()):
+            entry = entries[i]  # a view into the array, not a copy
+            column = np.ascontiguousarray(values, dtype=np.float32)
+            keep.append(column)
+            entry.name = name.encode()
+            entry.data = column.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            entry.size = column.size
+        params.imatrix = entries  # the last entry's null name ends the list
+        keep.append(entries)
+    mark = _log_mark()
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(),
                                         ctypes.byref(params))
     if rc != 0:
-        raise NativeError("llama_model_quantize", rc)
+        raise NativeError("llama_model_quantize", rc, _native_errors_since(mark))
 
 
 # llama.cpp's file types for quantize, by the name Tandem's commands use.
@@ -516,8 +549,8 @@ FTYPES = {
 
 def ftype_named(name: str) -> int:
     """llama.cpp's file type for any type its quantize makes, by name: ``f32``, ``q4_k_m``,
-    ``iq4_nl``, ``mxfp4_moe``... (IQ1/IQ2 and IQ3_XXS also need an importance matrix,
-    which ``quantize`` does not take). Raises ValueError naming the known ones."""
+    ``iq4_nl``, ``mxfp4_moe``... (IQ1/IQ2 and IQ3_XXS also need an importance matrix:
+    engine.hub.convert.quantize_as gives one). Raises ValueError naming the known ones."""
     key = name.strip().upper()
     for prefix in ("LLAMA_FTYPE_MOSTLY_", "LLAMA_FTYPE_ALL_"):
         value = getattr(llama_cpp, prefix + key, None)

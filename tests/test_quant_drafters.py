@@ -1,0 +1,87 @@
+"""Every drafter on the most downloaded quantization: the bundled model requantized to
+Q4_K_M, run with the kernels the exactness probe chooses for K-quants (repacking off,
+tests/test_exactness.py), gives plain decoding's tokens with each drafter, chains and
+trees, greedy and seeded sampling, with drafts accepted."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.decoding.budget import VerifyCostModel
+from engine.decoding.generation import GenerationConfig, generate
+from engine.decoding.sampling import SamplingParams
+from engine.drafters import make_drafter
+from engine.drafters.draft_model import DraftModelConfig, DraftModelDrafter
+from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
+from engine.drafters.memory import MemoryDrafter
+from engine.runtime.target import Target, TargetConfig
+from tests.conftest import drafted_equals_plain, pick_per_category, plain_answers
+
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def k_quant_target(quantized):
+    config = TargetConfig(n_ctx=2048, n_threads=2, repack=False)
+    with Target(quantized("q4_k_m"), config) as target:
+        yield target
+
+
+@pytest.fixture(scope="module")
+def prompts_and_plain(k_quant_target, dev_prompts):
+    rows = pick_per_category(dev_prompts, 1)[::2]  # every other category: 7 prompts
+    return rows, plain_answers(k_quant_target, rows, MAX_TOKENS)
+
+
+def _accepted(outs) -> int:  # noqa: ANN001
+    return sum(s.n_accepted for out in outs for s in out.stats.steps)
+
+
+@pytest.mark.parametrize("drafter_name", ["lookup-chain", "lookup-tree", "head-chain",
+                                          "head-tree", "draft-model"])
+def test_every_drafter_on_q4_k_m_equals_plain(k_quant_target, prompts_and_plain, model_path,
+                                              drafter_name):
+    rows, plain = prompts_and_plain
+    kind, shape = drafter_name.split("-")
+    if kind == "lookup":
+        drafter = PromptLookupDrafter(LookupConfig(max_branches=1 if shape == "chain" else 3))
+    elif kind == "head":
+        drafter = make_drafter("head", target=k_quant_target, mode=shape)
+    else:  # the bundled Q4_0 file drafts for its own weights at Q4_K_M
+        drafter = DraftModelDrafter(model_path, k_quant_target.n_ctx + 32, 2,
+                                    DraftModelConfig())
+    try:
+        outs = drafted_equals_plain(k_quant_target, drafter, rows, plain, MAX_TOKENS)
+    finally:
+        if isinstance(drafter, DraftModelDrafter):
+            drafter.close()
+    assert _accepted(outs) > (20 if kind != "lookup" else 0), drafter_name
+
+
+def test_memory_drafts_on_q4_k_m_equal_plain(k_quant_target, prompts_and_plain):
+    """Memory drafts (trees from an index of earlier answers): each question asked twice,
+    the second time drafted from the first answer."""
+    rows, plain = prompts_and_plain
+    drafter = MemoryDrafter()
+    for _ in range(2):
+        outs = drafted_equals_plain(k_quant_target, drafter, rows[:4], plain, MAX_TOKENS)
+    assert _accepted(outs) > 4 * MAX_TOKENS // 2
+
+
+def test_a_seed_gives_the_same_answer_with_any_drafter_on_q4_k_m(k_quant_target,
+                                                                prompts_and_plain):
+    rows, plain = prompts_and_plain
+    prompt = plain[rows[0]["question_id"]][0]
+    cfg = GenerationConfig(max_tokens=24, sampling=SamplingParams(temperature=0.8, seed=7))
+    k_quant_target.reset()
+    reference = generate(k_quant_target, prompt, None, cfg).tokens
+    memory = MemoryDrafter()
+    drafted = 0
+    for drafter in (memory, memory, make_drafter("head", target=k_quant_target),
+                    PromptLookupDrafter(LookupConfig(max_branches=3))):
+        k_quant_target.reset()
+        out = generate(k_quant_target, prompt, drafter, cfg,
+                       cost=VerifyCostModel(slope=0.0, learn=False))
+        assert out.tokens == reference, drafter.name
+        drafted += sum(s.n_accepted for s in out.stats.steps)
+    assert drafted > 24  # drafts were really accepted on the way
