@@ -30,7 +30,7 @@ from engine.runtime.kv_cache import TYPE_K, TYPE_V
 from engine.runtime.kv_transfer import StateFormatError, f16_to_q8_0_keys, llama_rotates_quantized_k
 from engine.runtime.native import NativeBatch, NativeContext, NativeModel
 from engine.runtime.reasoning import for_template
-from engine.runtime.sequences import common_prefix_length
+from engine.runtime.sequences import common_prefix_length, find_cut
 from engine.runtime.template_choice import choose_template
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,9 @@ F16_PREFILL_MIN_TOKENS = 128
 # At most 1/F16_MAX_REDO_SHARE of a prompt's new tokens may be tokens this cache holds
 # but the F16 context would evaluate again; past that, prefilling here is sooner.
 F16_MAX_REDO_SHARE = 4
+# Fewest cached tokens after a cut (a chat's dropped turns) worth shifting rather than
+# prefilling again: the shift costs a one-token decode and a copy of the sequence.
+SHIFT_MIN_KEPT = 64
 
 
 @dataclass(frozen=True)
@@ -322,6 +325,8 @@ class Target:
         if len(prompt) + 1 > self.n_ctx:
             raise ContextFullError(len(prompt) + 1, self.n_ctx)
         n_same = common_prefix_length(self.tokens, prompt)
+        if n_same < len(self.tokens):
+            n_same = self._keep_across_a_cut(prompt, n_same)
         # Evaluate at least the last prompt token: its logits choose the first new token.
         n_keep = min(n_same, len(prompt) - 1)
         self.rollback(n_keep)
@@ -350,6 +355,45 @@ class Target:
         feats += tail_feats
         features = np.concatenate(feats) if feats else None
         return Prefill(logits=logits, features=features, n_reused=n_keep)
+
+    def _keep_across_a_cut(self, prompt: list[int], n_same: int) -> int:
+        """A prompt that is the cached tokens with a span cut out after the common prefix
+        (a long chat's oldest turns dropped) keeps the cells after the cut: they are
+        shifted back over it, as llama.cpp's context shift does, instead of prefilled
+        again. K is rotated to its new positions (a quantized K through F32, so its
+        numbers change: later answers equal plain decoding's from this same cache, not a
+        fresh prefill's). The sequence is then written back from the start so its cells
+        stay in position order (see the module's note): new tokens would otherwise fill
+        the freed cells out of order. Returns how many prompt tokens the cache now holds."""
+        if self.arch.has_state or not self._ctx.can_shift:
+            return n_same
+        cut = find_cut(self.tokens, prompt, n_same, SHIFT_MIN_KEPT)
+        if cut is None:
+            return n_same
+        n_cut, n_kept = cut
+        end = n_same + n_cut + n_kept
+        ctx = self.ctx  # moves cells still in the F16 context first
+        ctx.kv_remove(self.park_seq, -1, -1)  # parked cells go with the rewrite
+        self.n_parked = 0
+        ctx.kv_remove(0, end, -1)
+        ctx.kv_remove(0, n_same, n_same + n_cut)
+        ctx.kv_shift(0, n_same + n_cut, end, -n_cut)
+        kept = self.tokens[:n_same] + self.tokens[n_same + n_cut:end]
+        try:
+            # llama.cpp rotates K at the next decode: one token in a scratch sequence.
+            self.batch.fill([kept[-1]], [len(kept)], [(1,)], [False])
+            ctx.decode(self.batch)
+            ctx.kv_remove(1, -1, -1)
+            blob = ctx.state_seq_get(0)
+            ctx.kv_clear()
+            ctx.state_seq_set(0, blob)
+        except NativeError as exc:
+            log.warning("context shift failed, the prompt is prefilled again: %s", exc)
+            self.reset()
+            return 0
+        self.tokens = kept
+        log.info("context shift: %d tokens cut after %d, %d kept", n_cut, n_same, n_kept)
+        return n_same + n_kept
 
     # --- F16 prefill (engine.runtime.kv_transfer) --------------------------------------------
     def _why_no_f16_prefill(self) -> str | None:
