@@ -31,8 +31,7 @@ from engine.session import Engine, EngineConfig
 # Fast to make without an importance matrix; every family of CPU kernel: legacy, K-quants
 # of several widths, an i-quant with a non-linear grid, and floats (the 256-aligned model
 # below covers more K-quants and i-quants whole).
-WEIGHT_TYPES = ("q4_0", "q5_1", "q8_0", "q2_k", "q4_k_m", "q5_k_s", "q6_k", "iq4_nl", "f16",
-                "bf16")
+WEIGHT_TYPES = ("q4_0", "q8_0", "q2_k", "q4_k_m", "q6_k", "iq4_nl", "f16")
 
 
 CONFIG = TargetConfig(n_ctx=512, n_threads=2)
@@ -125,16 +124,17 @@ def aligned_f32(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return write_synthetic_gguf(ALIGNED, path, model_path, weights="F32")
 
 
-# One file type for each ggml type llama.cpp's CPU backend runs that the bundled model
-# cannot cover whole (the S/M/L variants mix the same kernels), with the ggml type that
-# must then hold the layers' matrices. IQ1/IQ2/IQ3_XXS are made with a flat importance
+# File types of the ggml types llama.cpp's CPU backend runs that the bundled model cannot
+# cover whole (the S/M/L variants mix the same kernels; IQ1_M and IQ2_S, slow to make,
+# were probed for the notes only), with the ggml type that must then hold the layers'
+# matrices. IQ1/IQ2/IQ3_XXS are made with a flat importance
 # matrix (engine.gguf.importance): their kernels are the users' files'. The vocabulary
 # matrix is Q8_0 (covered above) so the i-quants quantize in seconds. Every file type
 # of llama.cpp's list was probed the same way for the notes (docs/engine.md).
 ALIGNED_TYPES = {
     "q2_k": "Q2_K", "q3_k_m": "Q3_K", "q4_k_m": "Q4_K", "q5_k_m": "Q5_K", "q6_k": "Q6_K",
-    "iq1_s": "IQ1_S", "iq1_m": "IQ1_M", "iq2_xxs": "IQ2_XXS", "iq2_xs": "IQ2_XS",
-    "iq2_m": "IQ2_S", "iq3_xxs": "IQ3_XXS", "iq3_s": "IQ3_S", "iq4_nl": "IQ4_NL",
+    "iq1_s": "IQ1_S", "iq2_xxs": "IQ2_XXS", "iq2_s": "IQ2_XS", "iq3_xxs": "IQ3_XXS",
+    "iq3_s": "IQ3_S", "iq4_nl": "IQ4_NL",
     "iq4_xs": "IQ4_XS", "tq1_0": "TQ1_0", "tq2_0": "TQ2_0",
 }
 

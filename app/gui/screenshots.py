@@ -3,7 +3,8 @@
     xvfb-run -a .venv/bin/python -m app.gui.screenshots --out shots/
     QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.gui.screenshots --out shots/
 
-Writes chat.png (the whole window after an answer with code), streaming.png (mid-answer),
+Writes chat.png (the whole window after an answer with code), branches.png (the answer
+regenerated: "‹ 2/2 ›" switches between its versions), streaming.png (mid-answer),
 dashboard.png and dashboard_full.png (after a comparison with plain decoding) and
 interrupted.png (an answer left by a killed app, as the next start shows it).
 """
@@ -60,6 +61,11 @@ def take_screenshots(out: Path, model: Path | None, db_dir: Path) -> list[Path]:
     _wait(w.controller.answer_finished)
     _settle()
     written = [out / "chat.png"]
+    w.grab().save(str(written[-1]))
+    w.controller.regenerate()
+    _wait(w.controller.answer_finished)
+    _settle()
+    written.append(out / "branches.png")
     w.grab().save(str(written[-1]))
 
     w.controller.compare()

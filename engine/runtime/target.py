@@ -170,6 +170,11 @@ class Target:
         self._settle()
         return self._ctx
 
+    def settle(self) -> None:
+        """Move the last long prompt's cells in now (they move on the context's next use
+        otherwise): what a chat has done by the time its next message comes."""
+        self._settle()
+
     def _settle(self) -> None:
         """Move cells still in the F16 context here. Called before ``self.batch`` is
         filled: a failed move evaluates the prompt through that batch."""
