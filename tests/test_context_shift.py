@@ -109,7 +109,7 @@ def test_a_long_chat_reuses_its_cache_across_dropped_turns(model_path, tmp_path,
     with engine("lookup") as drafted, engine("none") as plain:
         messages: list[dict[str, str]] = [{"role": "system", "content": "Be brief."}]
         drops = 0
-        for row in dev_prompts[:8]:
+        for row in dev_prompts[:10]:
             messages.append({"role": "user", "content": row["turns"][0][:400]})
             fitted = drafted.fit_chat(messages, 48)
             want = plain.generate(fitted.tokens, GenerationConfig(48))
