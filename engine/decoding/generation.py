@@ -300,6 +300,12 @@ def _finish(run: _Run, prompt: list[int], t0: float, remember: bool) -> Generati
     """Close the text stream, let the drafter remember the answer, fill the figures."""
     reason = run.emitter.close()
     tokens = run.emitter.tokens
+    # Leave the cache as plain decoding does, without the last token: a verified batch
+    # may have evaluated it (or more), and a next turn that shifts its cache over dropped
+    # turns would then keep a token plain decoding evaluates afresh.
+    plain_past = len(prompt) + len(tokens) - 1
+    if tokens and run.target.n_past > plain_past:
+        run.target.rollback(plain_past)
     if run.drafter is not None and remember:
         try:
             run.drafter.finish(prompt + tokens)
