@@ -70,10 +70,12 @@ def probe_exactness(target: Target, chains: tuple[int, ...] = PROBE_CHAINS,
     ``target`` as it is loaded, after a prompt of about ``context`` tokens (the probe's
     text repeated; at least its text once), so the batches attend over a long cache.
     Leaves the target's cache empty (cold)."""
-    prompt = target.tokenize(PROBE_TEXT, special=False)
-    while len(prompt) < context:
-        prompt += target.tokenize(" " + PROBE_TEXT, special=False)
-    prompt = prompt[-max(context, 1):] if context else prompt
+    text = target.tokenize(PROBE_TEXT, special=False)
+    prompt = list(text)
+    if context > len(text):
+        while len(prompt) < context:
+            prompt += target.tokenize(" " + PROBE_TEXT, special=False)
+        prompt = prompt[-context:]
     n_tokens = sum(chains) + 1
     if len(prompt) + n_tokens + 1 > target.n_ctx:
         raise ValueError(f"the probe needs a context of {len(prompt) + n_tokens + 1} tokens")
