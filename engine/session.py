@@ -331,6 +331,8 @@ class Engine:
             head = HeadFacts.from_dir(head_dir, matrices)
         facts = model.planner_facts(target_config.n_ctx, target_config.type_k,
                                     target_config.type_v)
+        if "gpu" in placements:
+            facts = replace(facts, exact_on_gpu=self._exact_on_gpu(target_config, say))
         draft_facts = self._draft_facts(draft, target_config.n_ctx) if draft else None
         overrides = self.config.overrides
 
@@ -353,6 +355,23 @@ class Engine:
         if self._gpu_can_hold_target(target_config):
             self._measure_gpu_target(costs, target_config, say)
         return costs
+
+    def _exact_on_gpu(self, target_config: TargetConfig, say: Callable[[str], None]) -> bool:
+        """Whether verified batches equal one-token decoding with the target on the GPU
+        (cached per file like the CPU's verdict); where not, drafts stay verified on the
+        CPU and a GPU-resident target decodes plainly."""
+        try:
+            choice = choose_kernels(self.model.path, target_config, self.n_threads,
+                                    CalibrationCache(self._cache_dir()), say, n_gpu_layers=-1)
+        except TandemError as exc:
+            self.notes.append(f"the target was not probed on the GPU ({exc}): drafts are "
+                              "verified on the CPU")
+            return False
+        if not choice.exact:
+            self.notes.append("drafts are verified on the CPU: with the target on the GPU a "
+                              f"verified batch differs from one-token decoding "
+                              f"({choice.probe.describe()})")
+        return choice.exact
 
     def _gpu_can_hold_target(self, target_config: TargetConfig) -> bool:
         gpu = self.hardware.best_gpu

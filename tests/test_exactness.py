@@ -204,3 +204,21 @@ def test_an_f16_cache_splits_one_token_attention_from_512_cells(aligned_q4_k_m):
     with Target(aligned_q4_k_m, config) as target:
         probe = probe_exactness(target, context=LONG_CONTEXT)
     assert not probe.exact and "after" in probe.describe()
+
+
+def test_a_cpu_target_keeps_its_batches_on_the_cpu(target, model_path):
+    """llama.cpp sends a CPU-resident model's batches of 32+ tokens to a GPU where the
+    build has one (op offload): on an H200 the probe's 33-token chain then differed at
+    every position. A target wholly on the CPU turns that off; one with layers on the
+    GPU keeps it (its batches run there anyway)."""
+    assert target._ctx.op_offload is False
+    with Target(model_path, TargetConfig(n_ctx=256, n_threads=2, n_gpu_layers=1,
+                                         f16_prefill=False)) as placed:
+        assert placed._ctx.op_offload is True
+
+
+def test_a_gpu_placement_has_its_own_verdict(model_path):
+    config = TargetConfig(n_ctx=256)
+    cpu = exactness_key(model_path, config, 2)
+    assert exactness_key(model_path, config, 2, n_gpu_layers=-1) != cpu
+    assert exactness_key(model_path, config, 2, n_gpu_layers=0) == cpu

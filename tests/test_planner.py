@@ -139,3 +139,27 @@ def test_plan_round_trips_to_json_for_the_gui():
     assert data["layout"] == "cpu" and data["budget"]["depth"] == plan.budget.depth
     assert "draft head on cpu" in data["layout_text"]
     assert "Why:" in plan.describe()
+
+
+def test_a_gpu_whose_batches_differ_from_single_tokens_verifies_nothing():
+    """Where the exactness probe finds the GPU-resident target's verified batches unlike its
+    one-token decoding (CUDA picks another matrix kernel by batch size), no draft is
+    verified by target layers on the GPU: the head may still draft there (Dovetail with
+    the target wholly on the CPU), and a GPU-resident target decodes plainly."""
+    hw = load_profile(PROFILES / "synthetic_large_gpu.json")
+    exact = ModelFacts(size_bytes=int(1.0 * GB), n_layers=24, kv_bytes=int(0.4 * GB))
+    inexact = replace(exact, exact_on_gpu=False)
+    measured = costs("synthetic_costs_large_gpu_1p7b")
+    assert choose_plan(hw, measured, exact, HEAD).target_gpu_layers == -1  # as before
+    plan = choose_plan(hw, measured, inexact, HEAD)
+    for c in plan.candidates:
+        if c.target_gpu_layers != 0:
+            assert c.budget.max_draft == 0, c
+    assert "duodecoding" not in {c.layout for c in plan.candidates}
+    dovetail = [c for c in plan.candidates if c.layout == "dovetail"]
+    assert dovetail and all(c.target_gpu_layers == 0 and c.head_device == "cuda:0"
+                            for c in dovetail)
+    if plan.target_gpu_layers != 0:
+        assert plan.budget.max_draft == 0
+    no_head = choose_plan(hw, measured, inexact, None)
+    assert no_head.target_gpu_layers == -1 and no_head.budget.max_draft == 0

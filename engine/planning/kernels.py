@@ -63,19 +63,29 @@ class KernelChoice:
         return cls(bool(d["repack"]), ExactnessProbe.from_json(d["probe"]), tried)
 
 
-def exactness_key(model_path: Path, config: TargetConfig, n_threads: int) -> str:
+def exactness_key(model_path: Path, config: TargetConfig, n_threads: int,
+                  n_gpu_layers: int = 0) -> str:
     settings = kernel_settings(True)
     parts = ["exactness", file_key(model_path), llama_version(),
              f"tiled={settings['tiled_matmul']}", f"fusion={settings['fusion']}",
-             config.type_k, config.type_v, str(config.flash_attn), str(n_threads)]
+             config.type_k, config.type_v, str(config.flash_attn), str(n_threads),
+             # Since CPU targets keep every batch on the CPU (TargetConfig.op_offload):
+             # verdicts from before, in builds that offload, saw the GPU's batches.
+             "ops=cpu"]
+    if n_gpu_layers:  # the CPU's verdicts keep their keys
+        parts.append(f"gpu_layers={n_gpu_layers}")
     return "exactness-" + hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def choose_kernels(model_path: Path, config: TargetConfig, n_threads: int,
                    cache: CalibrationCache | None,
-                   progress: Callable[[str], None] | None = None) -> KernelChoice:
-    """The cached verdict for this file, or the probe run now (and cached)."""
-    key = exactness_key(model_path, config, n_threads)
+                   progress: Callable[[str], None] | None = None,
+                   n_gpu_layers: int = 0) -> KernelChoice:
+    """The cached verdict for this file placed with ``n_gpu_layers`` on the GPU (-1: all),
+    or the probe run now (and cached). GPU kernels pick another matrix kernel by batch
+    size (one token: a vector kernel; more: tiled ones), so a GPU-resident target is
+    probed as it will run (an H200 with CUDA: 78 of 80 positions differed, max 2.8)."""
+    key = exactness_key(model_path, config, n_threads, n_gpu_layers)
     entry = cache.get_entry(key) if cache is not None else None
     if entry is not None:
         try:
@@ -83,11 +93,13 @@ def choose_kernels(model_path: Path, config: TargetConfig, n_threads: int,
         except (KeyError, TypeError, ValueError):
             pass  # an older format: probe again
     if progress is not None:
-        progress("checking that verified batches match one-token decoding")
+        where = " on the GPU" if n_gpu_layers else ""
+        progress(f"checking that verified batches match one-token decoding{where}")
     tried: dict[bool, ExactnessProbe] = {}
     probe_config = replace(config, n_ctx=min(config.n_ctx, PROBE_CTX), n_threads=n_threads,
-                           f16_prefill=False, n_gpu_layers=0)
-    for repack in (True, False):
+                           f16_prefill=False, n_gpu_layers=n_gpu_layers)
+    # Repacking is a CPU matter: a GPU placement is probed once.
+    for repack in (True,) if n_gpu_layers else (True, False):
         with Target(model_path, replace(probe_config, repack=repack)) as target:
             tried[repack] = probe_exactness(target)
         if tried[repack].exact:

@@ -258,14 +258,14 @@ def _layout_placements(hw: HardwareProfile, model: ModelFacts, head: HeadFacts |
     head_bytes = head.size_bytes * HEAD_VRAM_OVERHEAD if head else 0
     if head_bytes and head_bytes < gpu.free_bytes:
         layers, share = 0, 0.0
-        if hw.llama_gpu_offload:
+        if hw.llama_gpu_offload and model.exact_on_gpu:
             left = gpu.free_bytes - head_bytes
             per_layer = need_target / max(1, model.n_layers)
             layers = min(model.n_layers, int(left // per_layer))
             share = layers / max(1, model.n_layers)
             layers = -1 if layers >= model.n_layers else layers
         out.append(("dovetail", gpu.device, layers, share))
-    if hw.llama_gpu_offload and need_target < gpu.free_bytes:
+    if hw.llama_gpu_offload and model.exact_on_gpu and need_target < gpu.free_bytes:
         out.append(("duodecoding", "cpu", -1, 1.0))
     return out
 
@@ -283,10 +283,12 @@ def _draft_placements(hw: HardwareProfile, model: ModelFacts, draft: DraftModelF
     if need_draft < gpu.free_bytes:
         per_layer = need_target / max(1, model.n_layers)
         layers = min(model.n_layers, int((gpu.free_bytes - need_draft) // per_layer))
+        if not model.exact_on_gpu:  # verification stays on the CPU
+            layers = 0
         share = layers / max(1, model.n_layers)
         out.append(("dovetail", gpu.device, -1 if layers >= model.n_layers else layers,
                     share))
-    if need_target < gpu.free_bytes:
+    if model.exact_on_gpu and need_target < gpu.free_bytes:
         out.append(("duodecoding", "cpu", -1, 1.0))
     return out
 
@@ -351,6 +353,8 @@ def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
     t1, plain_est = _verify_time(costs, plain_share, 1)
     plain_rate = 1.0 / t1
     memory_draft = MAX_MEMORY_DRAFT if ov.max_draft is None else ov.max_draft
+    if plain_layers != 0 and not model.exact_on_gpu:
+        memory_draft = 0  # its drafts would be verified on the GPU: plain decoding there
     candidates = [Candidate("plain", "memory", "", plain_layers,
                             Budget(mode="memory", max_draft=memory_draft),
                             plain_rate, plain_est)]

@@ -22,6 +22,9 @@ class ModelFacts:
     size_bytes: int
     n_layers: int
     kv_bytes: int = 0  # KV cache at the chosen context
+    # Whether a verified batch on the GPU equals one-token decoding there (the exactness
+    # probe on that placement): if not, no draft is verified by target layers on the GPU.
+    exact_on_gpu: bool = True
 
 
 @dataclass(frozen=True)

@@ -337,10 +337,15 @@ class NativeContext:
         unified_kv: bool = True,
         flash_attn: bool = True,
         n_rs_seq: int = 0,
+        op_offload: bool = True,
     ) -> None:
         """Raises ModelLoadError when llama.cpp cannot create the context (memory).
         ``n_rs_seq``: recurrent-state snapshots kept per sequence, so that many tokens can
-        be taken back after a decode (architectures that support it)."""
+        be taken back after a decode (architectures that support it). ``op_offload``:
+        in a build that can offload, llama.cpp runs a batch of 32+ tokens on the GPU even
+        for weights kept on the CPU (fast prefill), so such a batch sums in another order
+        than one token on the CPU (an H200: the probe's 33-token chain differed at every
+        position, shorter ones were exact); off, every batch stays on the CPU."""
         _ensure_backend()
         self.model = model
         params = llama_cpp.llama_context_default_params()
@@ -366,6 +371,8 @@ class NativeContext:
         params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                   else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         params.n_rs_seq = n_rs_seq
+        params.op_offload = op_offload
+        self.op_offload = op_offload
         params.type_k = _KV_TYPES[type_k]
         params.type_v = _KV_TYPES[type_v]
         mark = _log_mark()

@@ -71,6 +71,12 @@ class TargetConfig:
     # every decode then copies the state (~10% of a token on a 2B hybrid, 2 cores), so
     # plain-only targets go without.
     state_snapshots: bool = True
+    # Batches of a CPU-resident target on the GPU (llama.cpp's op offload, builds that can
+    # offload): fast, but not the sums one-token decoding makes on the CPU. None: off
+    # while the target is wholly on the CPU (verification then equals plain decoding),
+    # on when layers are on the GPU anyway. The F16 prefill context keeps it on: plain
+    # and drafted answers share that prefill.
+    op_offload: bool | None = None
 
 
 @dataclass
@@ -93,6 +99,11 @@ class Prefill:
 
 class Target:
     """A llama.cpp model and context with Tandem's bookkeeping of sequence 0."""
+
+    def _op_offload(self) -> bool:
+        if self.config.op_offload is not None:
+            return self.config.op_offload
+        return self.n_gpu_layers != 0
 
     def __init__(self, model_path: str | os.PathLike[str], config: TargetConfig | None = None
                  ) -> None:
@@ -119,7 +130,8 @@ class Target:
                                       type_k=self.config.type_k,
                                       type_v=self.config.type_v,
                                       unified_kv=self.config.unified_kv,
-                                      flash_attn=self.config.flash_attn)
+                                      flash_attn=self.config.flash_attn,
+                                      op_offload=self._op_offload())
             self.batch = NativeBatch(self.config.n_batch, n_seq_max)
         except BaseException:
             self.model.close()
