@@ -48,6 +48,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--ctx", type=int, default=2048)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--screenshot", type=Path, default=None,
+                        help="save the window at the end (the dropped turns' marker shows)")
     args = parser.parse_args()
     app = QApplication.instance() or QApplication([])
     db = Path(tempfile.mkdtemp(prefix="tandem-long-chat-")) / "chat.sqlite3"
@@ -79,6 +81,15 @@ def main() -> None:
               "max_dropped": max(r["dropped"] for r in rows),
               "integrity": w.store.db.execute("PRAGMA integrity_check").fetchone()[0],
               "rows": rows}
+    if args.screenshot:  # where the dimmed (left out) messages meet the ones still seen
+        dropped = w.transcript.n_out_of_context()
+        if dropped:
+            from PySide6.QtWidgets import QAbstractItemView
+
+            w.chat.transcript.scrollTo(w.transcript.index(dropped - 1),
+                                       QAbstractItemView.ScrollHint.PositionAtCenter)
+        app.processEvents()
+        w.grab().save(str(args.screenshot))
     w.close()
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1))
     if args.json:

@@ -107,3 +107,9 @@ def test_the_window_marks_what_it_left_out(qtbot, tmp_path: Path, model_path: Pa
     assert last.info["context_dropped"] == outcome.n_dropped
     assert "oldest messages were left out" in last.info["summary"]
     assert len(w.store.messages(w.controller.current_id)) == 2 * (i + 1)  # none lost
+    # The messages the model no longer sees are dimmed in the transcript, the rest not.
+    from app.gui.transcript_model import OUT_OF_CONTEXT_ROLE
+
+    rows = [w.transcript.index(r).data(OUT_OF_CONTEXT_ROLE)
+            for r in range(w.transcript.rowCount())]
+    assert rows == [True] * outcome.n_dropped + [False] * (len(rows) - outcome.n_dropped)

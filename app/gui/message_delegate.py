@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QStyle, QStyledItemDelegate, QStyleOptionViewItem,
 
 from app.conversation_store import FAILED, INTERRUPTED, STOPPED, STREAMING, Message
 from app.gui.markdown import render_markdown
-from app.gui.transcript_model import MESSAGE_ROLE
+from app.gui.transcript_model import MESSAGE_ROLE, OUT_OF_CONTEXT_ROLE
 from engine.runtime.reasoning import split_reasoning
 
 _Index = QModelIndex | QPersistentModelIndex
@@ -161,6 +161,9 @@ class MessageDelegate(QStyledItemDelegate):
             return
         painter.save()
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        out_of_context = bool(index.data(OUT_OF_CONTEXT_ROLE))
+        if out_of_context:  # still in the conversation, no longer in the model's context
+            painter.setOpacity(0.45)
         r = option.rect
         w = self._card_width(msg)
         x = r.x() + MARGIN_X + (self.width - 2 * MARGIN_X - w if msg.role == "user" else 0)
@@ -181,6 +184,8 @@ class MessageDelegate(QStyledItemDelegate):
         painter.drawText(QRectF(card.x() + PAD, y, w - 2 * PAD, fm.height()),
                          Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, author)
         badge = status_line(msg)
+        if badge is None and out_of_context:
+            badge = ("left out of the context to fit it", QColor("#6a737d"))
         if badge:
             painter.setFont(option.font)
             painter.setPen(badge[1])

@@ -20,6 +20,9 @@ from PySide6.QtCore import (
 from app.conversation_store import Message
 
 MESSAGE_ROLE = Qt.ItemDataRole.UserRole + 1
+# True for a message the model no longer sees: the latest answer left it out to fit the
+# context (the long-chat policy drops the oldest turns).
+OUT_OF_CONTEXT_ROLE = Qt.ItemDataRole.UserRole + 2
 
 _Index = QModelIndex | QPersistentModelIndex
 
@@ -47,7 +50,16 @@ class TranscriptModel(QAbstractListModel):
             return msg.content
         if role == MESSAGE_ROLE:
             return msg
+        if role == OUT_OF_CONTEXT_ROLE:
+            return index.row() < self.n_out_of_context()
         return None
+
+    def n_out_of_context(self) -> int:
+        """How many of the first messages the latest finished answer did not see."""
+        for msg in reversed(self._messages):
+            if msg.role == "assistant" and "context_dropped" in msg.info:
+                return int(msg.info.get("context_dropped") or 0)
+        return 0
 
     # --- edits -----------------------------------------------------------------------
     @property
@@ -85,10 +97,15 @@ class TranscriptModel(QAbstractListModel):
             self._repaint.start()
 
     def replace_last(self, message: Message) -> None:
-        """Swap the last row (a final status, stats), repainting it now."""
+        """Swap the last row (a final status, stats), repainting it now; the rows the
+        answer left out of the context repaint too (dimmed)."""
         if self._messages:
             self._messages[-1] = message
             self._flush(force=True)
+            dropped = min(self.n_out_of_context(), len(self._messages) - 1)
+            if dropped:
+                self.dataChanged.emit(self.index(0), self.index(dropped - 1),
+                                      [OUT_OF_CONTEXT_ROLE])
 
     def _flush(self, force: bool = False) -> None:
         if self._repaint.isActive() or force:
