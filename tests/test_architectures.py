@@ -208,3 +208,36 @@ def test_a_plain_only_target_keeps_no_state_snapshots(tiny_models: dict[str, Pat
         assert len(out.tokens) == 8 and not any(s.n_proposed for s in out.stats.steps)
     with Target(tiny_models["llama"], config) as target:  # no state: nothing changes
         assert target.max_draft is None
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gpt-oss"])
+def test_a_sliding_window_cache_keeps_its_cells_across_a_dropped_span(
+        arch: str, tiny_models: dict[str, Path]) -> None:
+    """A long chat's oldest turns dropped on a sliding-window model: the cells after the
+    cut are shifted back (both caches, the windowed one past its edge) instead of
+    prefilled again, and drafted decoding from that cache gives plain decoding's tokens."""
+    from engine.runtime.target import SHIFT_MIN_KEPT
+
+    with Target(tiny_models[arch], TargetConfig(n_ctx=1024, n_threads=2)) as target:
+        head = target.tokenize(PROMPTS[0], special=False)
+        dropped = target.tokenize(" " + " ".join([PROMPTS[1]] * 3), special=False)
+        kept = target.tokenize(" " + " ".join(PROMPTS * 4), special=False)
+        question = target.tokenize(" Count again: one two three", special=False)
+        assert len(kept) > max(SHIFT_MIN_KEPT, 2 * TinyShape().window)
+        cached, prompt = head + dropped + kept, head + kept + question
+        config = GenerationConfig(24, max_draft=16)
+        free = VerifyCostModel(slope=0.0, learn=False)
+        answers = []
+        for drafted in (False, True):
+            target.reset(cold=True)
+            generate(target, cached, None, GenerationConfig(4))
+            drafter = None
+            if drafted:
+                memory = SuffixIndex()
+                memory.insert(prompt + _perturbed(answers[0].tokens, 6, 1))
+                drafter = MemoryDrafter(memory)
+            out = generate(target, prompt, drafter, config, cost=free, remember=False)
+            assert out.stats.n_prompt_reused >= len(head) + SHIFT_MIN_KEPT, arch
+            answers.append(out)
+        assert answers[1].tokens == answers[0].tokens
+        assert sum(s.n_accepted for s in answers[1].stats.steps) > 8
