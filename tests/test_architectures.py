@@ -241,3 +241,46 @@ def test_a_sliding_window_cache_keeps_its_cells_across_a_dropped_span(
             answers.append(out)
         assert answers[1].tokens == answers[0].tokens
         assert sum(s.n_accepted for s in answers[1].stats.steps) > 8
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "lfm2"])
+def test_a_hybrids_cache_parted_a_few_tokens_back_is_its_fresh_prefill(
+        arch: str, tiny_models: dict[str, Path]) -> None:
+    """A next prompt that parts from the cache 3-6 tokens before its end (one-token
+    decodes since): llama.cpp's snapshots hold only the last batch's states and its
+    seq_rm said true anyway, with a wrong state; the target evaluates again instead."""
+    with Target(tiny_models[arch], TargetConfig(n_ctx=512, n_threads=2)) as target:
+        prompt = target.tokenize(PROMPTS[0], special=False)
+        for back in (3, 6):
+            target.reset(cold=True)
+            answer = generate(target, prompt, None, GenerationConfig(16)).tokens
+            parted = prompt + answer[:16 - back] + [1234, 2345]
+            warm = target.prefill(parted).logits.copy()
+            target.reset(cold=True)
+            assert np.array_equal(warm, target.prefill(parted).logits), (arch, back)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_a_draft_model_of_each_architecture_drafts_losslessly(
+        arch: str, tiny_models: dict[str, Path]) -> None:
+    """The file drafting for itself through the draft-model drafter (chains, and side
+    sequences where the memory allows them): plain decoding's tokens, most drafts taken.
+    A hybrid draft model drafts in a copy of its committed state (its own rollback)."""
+    from engine.drafters.draft_model import DraftModelConfig, DraftModelDrafter
+
+    with Target(tiny_models[arch], TargetConfig(n_ctx=512, n_threads=2)) as target:
+        prompt = target.tokenize(PROMPTS[1], special=False)
+        config = GenerationConfig(N_NEW, max_draft=16)
+        target.reset()
+        plain = generate(target, prompt, None, config).tokens
+        for sequences in (1, 3):
+            drafter = DraftModelDrafter(tiny_models[arch], 600, 2,
+                                        DraftModelConfig(max_sequences=sequences, p_min=0.0))
+            try:
+                target.reset()
+                out = generate(target, prompt, drafter, config,
+                               cost=VerifyCostModel(slope=0.0, learn=False), remember=False)
+            finally:
+                drafter.close()
+            assert out.tokens == plain, (arch, sequences)
+            assert sum(s.n_accepted for s in out.stats.steps) >= N_NEW * 2 // 3, arch

@@ -71,19 +71,32 @@ class DraftModelDrafter(Drafter):
                  config: DraftModelConfig | None = None, n_gpu_layers: int = 0) -> None:
         """Raises ModelLoadError when the GGUF cannot load or its context cannot be made."""
         self.config = config or DraftModelConfig()
-        self.drafts_ahead = self.config.draft_ahead
         self.path = Path(path)
         self.model = NativeModel(self.path, n_gpu_layers=n_gpu_layers)
         try:
+            # Sequence 0 holds the committed context; drafts are evaluated there and
+            # taken back after the verification. Recurrent state cannot be taken back
+            # across decodes (llama.cpp's snapshots cover the tokens of the last batch,
+            # and its seq_rm says true even past them): a hybrid draft model drafts its
+            # chain in a copy of sequence 0 (sequence 1) and leaves sequence 0 as
+            # committed, chains only and no drafting ahead.
+            self._draft_seq = 1 if self.model.architecture().has_state else 0
+            if self._draft_seq:
+                self.config = DraftModelConfig(p_min=self.config.p_min,
+                                               max_depth=self.config.max_depth,
+                                               max_sequences=1, draft_ahead=False)
             # F16 K and V: the draft need not match any batch size bit for bit.
             self.ctx = NativeContext(self.model, n_ctx=n_ctx, n_batch=PREFILL_BATCH,
-                                     n_seq_max=self.config.max_sequences,
+                                     n_seq_max=max(self.config.max_sequences,
+                                                   1 + self._draft_seq),
                                      n_threads=n_threads, embeddings=False,
                                      type_k="f16", type_v="f16")
         except BaseException:
             self.model.close()
             raise
-        self.batch = NativeBatch(PREFILL_BATCH, self.config.max_sequences)
+        self.drafts_ahead = self.config.draft_ahead
+        self.batch = NativeBatch(PREFILL_BATCH, max(self.config.max_sequences,
+                                                    1 + self._draft_seq))
         self.context: list[int] = []  # what the target committed
         self.cached: list[int] = []  # tokens in sequence 0 of the KV cache, by position
         self._n_draft_calls = 0
@@ -131,6 +144,9 @@ class DraftModelDrafter(Drafter):
         if probs[main_first] < cfg.p_min:
             self._account(t0)
             return tree
+        if self._draft_seq:  # a fresh copy of the committed state to draft in
+            self.ctx.kv_remove(self._draft_seq, 0)
+            self.ctx.kv_copy(0, self._draft_seq)
         second = self._draft_main(tree, probs, max_tokens)
         if cfg.max_sequences > 1 and second is not None and len(tree) < max_tokens:
             theta = float(probs[main_first]) * second
@@ -194,9 +210,12 @@ class DraftModelDrafter(Drafter):
             parent = tree.add(token, parent, path_p)
             if len(tree) >= min(cfg.max_depth, max_tokens):
                 break
-            # Evaluate the drafted token in sequence 0: kept if the target agrees.
-            probs = _softmax(self._eval([token], len(self.cached), 0)[-1])
-            self.cached.append(token)
+            # Evaluate the drafted token in sequence 0 (kept if the target agrees), or
+            # in the copy a hybrid drafts in (sequence 0 stays as committed).
+            pos = len(self.cached) + len(tree) - 1 if self._draft_seq else len(self.cached)
+            probs = _softmax(self._eval([token], pos, self._draft_seq)[-1])
+            if not self._draft_seq:
+                self.cached.append(token)
         return second
 
     def _draft_sides(self, tree: DraftTree, starts: list[tuple[int, float]],
@@ -237,7 +256,10 @@ class DraftModelDrafter(Drafter):
         the side sequences."""
         keep = min(common_prefix_length(self.cached, self.context), len(self.context) - 1)
         if keep < len(self.cached):
-            self.ctx.kv_remove(0, keep)
+            if not self.ctx.kv_remove(0, keep):
+                # Recurrent state past its snapshots: the context is evaluated again.
+                self.ctx.kv_remove(0, 0)
+                keep = 0
             del self.cached[keep:]
         self._drop_side_sequences()
 

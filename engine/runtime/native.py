@@ -382,6 +382,7 @@ class NativeContext:
             raise ModelLoadError(f"cannot create a {n_ctx}-token context: {why}")
         self._handle = handle
         self._memory = llama_cpp.llama_get_memory(handle)
+        self.last_batch_start = 0
         self.n_ctx = int(llama_cpp.llama_n_ctx(handle))
         self.n_batch = n_batch
         self.n_seq_max = n_seq_max
@@ -429,6 +430,8 @@ class NativeContext:
 
     def decode(self, batch: NativeBatch) -> None:
         """Run the batch. Raises ContextFullError (KV full) or NativeError."""
+        # Where it starts: recurrent state can be taken back only within the last batch.
+        self.last_batch_start = int(batch.raw.pos[0]) if batch.raw.n_tokens else 0
         rc = llama_cpp.llama_decode(self.handle, batch.raw)
         if rc == 1:
             raise ContextFullError(batch.raw.n_tokens, self.n_ctx, what="batch")
