@@ -163,3 +163,19 @@ def test_a_gpu_whose_batches_differ_from_single_tokens_verifies_nothing():
         assert plan.budget.max_draft == 0
     no_head = choose_plan(hw, measured, inexact, None)
     assert no_head.target_gpu_layers == -1 and no_head.budget.max_draft == 0
+
+
+def test_a_hybrids_draft_cap_is_in_the_plan():
+    """Recurrent state takes back 8 draft tokens at most: every candidate's budget, and so
+    the plan the window shows, stays within it."""
+    model = ModelFacts(size_bytes=int(1.0 * GB), n_layers=24, kv_bytes=int(0.4 * GB),
+                       max_draft=8)
+    for profile, cost in (("synthetic_large_gpu", "synthetic_costs_large_gpu_1p7b"),
+                          ("synthetic_cpu_only_laptop", "synthetic_costs_laptop_cpu_1p7b")):
+        plan = choose_plan(load_profile(PROFILES / f"{profile}.json"), costs(cost), model, HEAD)
+        assert all(c.budget.max_draft <= 8 for c in plan.candidates), profile
+        assert plan.budget.max_draft <= 8
+    uncapped = choose_plan(load_profile(PROFILES / "synthetic_large_gpu.json"),
+                           costs("synthetic_costs_large_gpu_1p7b"), replace(model, max_draft=None),
+                           None)
+    assert uncapped.budget.max_draft > 8  # drafts from memory: 32 without the cap

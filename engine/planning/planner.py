@@ -341,6 +341,8 @@ def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
     decoding with drafts from memory) and its budget, honouring ``overrides``."""
     ov = overrides or Overrides()
     max_draft = MAX_DRAFT if ov.max_draft is None else ov.max_draft
+    if model.max_draft is not None:  # a hybrid's state takes back so many at most
+        max_draft = min(max_draft, model.max_draft)
     depth_cap = ov.depth or MAX_DRAFT
     placements = _layout_placements(hw, model, head)
     # Plain decoding on the best placement of the target alone.
@@ -353,6 +355,8 @@ def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
     t1, plain_est = _verify_time(costs, plain_share, 1)
     plain_rate = 1.0 / t1
     memory_draft = MAX_MEMORY_DRAFT if ov.max_draft is None else ov.max_draft
+    if model.max_draft is not None:
+        memory_draft = min(memory_draft, model.max_draft)
     if plain_layers != 0 and not model.exact_on_gpu:
         memory_draft = 0  # its drafts would be verified on the GPU: plain decoding there
     candidates = [Candidate("plain", "memory", "", plain_layers,

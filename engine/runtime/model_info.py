@@ -25,6 +25,9 @@ class ModelFacts:
     # Whether a verified batch on the GPU equals one-token decoding there (the exactness
     # probe on that placement): if not, no draft is verified by target layers on the GPU.
     exact_on_gpu: bool = True
+    # Draft tokens a verification may take back at most (recurrent state's snapshots);
+    # None: no limit from the architecture.
+    max_draft: int | None = None
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class ModelInfo:
     # Why no draft can be taken back on this architecture (recurrent state), None when
     # speculation can run: known before the weights load, so auto measures nothing.
     why_plain: str | None = None
+    max_draft: int | None = None  # the architecture's cap on draft tokens per step
 
     @property
     def n_layer(self) -> int:
@@ -52,7 +56,8 @@ class ModelInfo:
 
     def planner_facts(self, n_ctx: int, type_k: str = TYPE_K, type_v: str = TYPE_V
                       ) -> ModelFacts:
-        return ModelFacts(self.size_bytes, self.n_layer, self.kv_bytes(n_ctx, type_k, type_v))
+        return ModelFacts(self.size_bytes, self.n_layer, self.kv_bytes(n_ctx, type_k, type_v),
+                          max_draft=self.max_draft)
 
 
 def read_model_info(path: Path) -> ModelInfo:
@@ -65,12 +70,12 @@ def read_model_info(path: Path) -> ModelInfo:
     # A vocab-only load reads the tokenizer, not the shape numbers: those come from the
     # header.
     with NativeModel(path, vocab_only=True) as vocab:
+        arch = vocab.architecture()  # decides recurrence; a vocab-only load has it
         return ModelInfo(path=path, size_bytes=path.stat().st_size, header=header,
                          n_vocab=vocab.n_vocab,
                          fingerprint=fingerprint(vocab.pieces(), header.hidden_size),
-                         eog_ids=vocab.eog_ids,
-                         # The architecture decides recurrence; a vocab-only load has it.
-                         why_plain=vocab.architecture().why_plain)
+                         eog_ids=vocab.eog_ids, why_plain=arch.why_plain,
+                         max_draft=arch.max_draft or None)
 
 
 def read_vocab_facts(path: Path) -> VocabFacts:
