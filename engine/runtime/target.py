@@ -646,7 +646,7 @@ class Target:
                 self.ctx.kv_copy(0, s, -1, -1)
             self.batch.fill(tokens, positions, node_seqs, True)
         self._decode_or_trim(n_tree_seqs=len(leaf_seq))
-        logits = self.ctx.logits(n)
+        logits = self.ctx.logits_view(n)  # read before the next decode (acceptance)
         feats = self.ctx.hidden_states(n) if self.ctx.embeddings else None
         return Verification(logits, feats, leaf_seq, node_seqs, depths)
 
