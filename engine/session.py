@@ -331,8 +331,11 @@ class Engine:
             head = HeadFacts.from_dir(head_dir, matrices)
         facts = model.planner_facts(target_config.n_ctx, target_config.type_k,
                                     target_config.type_v)
-        if "gpu" in placements:
-            facts = replace(facts, exact_on_gpu=self._exact_on_gpu(target_config, say))
+        if hw.best_gpu and hw.llama_gpu_offload:
+            # Probed as the plan could place it: whole, or (Dovetail beside a head on a
+            # small GPU) some layers; one layer there already runs on the GPU's kernels.
+            layers = -1 if "gpu" in placements else 1
+            facts = replace(facts, exact_on_gpu=self._exact_on_gpu(target_config, say, layers))
         draft_facts = self._draft_facts(draft, target_config.n_ctx) if draft else None
         overrides = self.config.overrides
 
@@ -356,13 +359,15 @@ class Engine:
             self._measure_gpu_target(costs, target_config, say)
         return costs
 
-    def _exact_on_gpu(self, target_config: TargetConfig, say: Callable[[str], None]) -> bool:
+    def _exact_on_gpu(self, target_config: TargetConfig, say: Callable[[str], None],
+                      n_gpu_layers: int = -1) -> bool:
         """Whether verified batches equal one-token decoding with the target on the GPU
         (cached per file like the CPU's verdict); where not, drafts stay verified on the
         CPU and a GPU-resident target decodes plainly."""
         try:
             choice = choose_kernels(self.model.path, target_config, self.n_threads,
-                                    CalibrationCache(self._cache_dir()), say, n_gpu_layers=-1)
+                                    CalibrationCache(self._cache_dir()), say,
+                                    n_gpu_layers=n_gpu_layers)
         except TandemError as exc:
             self.notes.append(f"the target was not probed on the GPU ({exc}): drafts are "
                               "verified on the CPU")
