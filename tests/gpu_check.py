@@ -19,6 +19,10 @@ import time
 import traceback
 from pathlib import Path
 
+# libllama before numpy: a llama.cpp built with cmake on the GPU image (2026-11-26)
+# segfaulted in init_tokenizer when numpy or torch was loaded first (docs/gpu.md).
+import llama_cpp
+
 from engine.runtime.target import Target, TargetConfig
 
 MAX_TOKENS = 48
@@ -42,7 +46,6 @@ def _step(out: Path, results: dict, name: str, fn) -> None:  # noqa: ANN001
 
 
 def hardware() -> dict:
-    import llama_cpp
 
     from engine.runtime.hardware import probe_hardware
 
