@@ -64,6 +64,8 @@ REAL_SHAPES: dict[str, tuple[str, TinyShape]] = {
     "gemma-3-1b": ("gemma3", TinyShape(hidden=1152, n_layers=26, n_heads=4, n_kv_heads=1,
                                        ffn=6912, key_length=256, window=512,
                                        window_pattern=6, context=32768)),
+    "qwen3-1.7b": ("qwen3", TinyShape(hidden=2048, n_layers=28, n_heads=16, n_kv_heads=8,
+                                      ffn=6144, key_length=128, context=40960)),
     "qwen3.5-like-2b": ("qwen35", TinyShape(hidden=2048, n_layers=24, n_heads=8,
                                             n_kv_heads=2, ffn=6144, key_length=256,
                                             ssm_state=128, ssm_k_heads=16, ssm_v_heads=16,
