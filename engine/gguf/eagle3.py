@@ -1,0 +1,143 @@
+"""Write an EAGLE-3 draft head as the ``eagle3`` GGUF llama.cpp loads (docs/eagle3-notes.md).
+
+The head reads three of the target's layer inputs, fused by ``fc`` into one vector, and
+runs one decoder layer over [its token's embedding | that vector]. It borrows the target's
+token embedding and LM head (llama.cpp's ``ctx_other``), so the file holds only its own
+matrices, and the target's tokenizer (llama.cpp sizes the head's logits by it).
+
+``weights`` maps the tensor names below to arrays in torch order ([out, in]); the ones left
+out are random (normal, scaled to keep unit size; norms 1), which is what the driver's tests
+load before a head is trained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.gguf.synthetic import copy_tokenizer
+
+
+@dataclass(frozen=True)
+class Eagle3Shape:
+    """The sizes an EAGLE-3 head takes from its target."""
+
+    hidden: int
+    n_heads: int
+    n_kv_heads: int
+    ffn: int
+    target_layers: tuple[int, int, int]
+    target_hidden: int
+    context_length: int
+    rope_theta: float
+    rms_eps: float
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.n_heads
+
+    def tensors(self) -> dict[str, tuple[int, ...]]:
+        """Tensor name -> torch-order shape."""
+        e, q, kv = self.hidden, self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        return {
+            "fc.weight": (e, 3 * self.target_hidden),
+            "output_norm.weight": (e,),
+            "blk.0.attn_norm.weight": (e,),  # the token embedding's norm
+            "blk.0.attn_norm_2.weight": (e,),  # the fused features' norm
+            "blk.0.attn_q.weight": (q, 2 * e),
+            "blk.0.attn_k.weight": (kv, 2 * e),
+            "blk.0.attn_v.weight": (kv, 2 * e),
+            "blk.0.attn_output.weight": (e, q),
+            "blk.0.ffn_norm.weight": (e,),
+            "blk.0.ffn_gate.weight": (self.ffn, e),
+            "blk.0.ffn_up.weight": (self.ffn, e),
+            "blk.0.ffn_down.weight": (e, self.ffn),
+        }
+
+
+def shape_for_target(target: Path, target_layers: tuple[int, int, int] | None = None
+                     ) -> Eagle3Shape:
+    """The head shape for a llama-family target GGUF: its width, heads and FFN, and by
+    default the layers llama.cpp's converter picks (2, the middle, the fourth from last)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(target))
+    arch = _scalar(reader, "general.architecture")
+
+    def key(name: str, default: object = None) -> object:
+        value = _scalar(reader, f"{arch}.{name}")
+        if value is None and default is None:
+            raise ValueError(f"{target.name} has no {arch}.{name}")
+        return default if value is None else value
+
+    n_layers = int(key("block_count"))
+    layers = target_layers or (2, n_layers // 2, n_layers - 3)
+    if len(layers) != 3 or not all(0 <= i < n_layers for i in layers):
+        raise ValueError(f"three target layers in 0..{n_layers - 1} are needed, got {layers}")
+    hidden = int(key("embedding_length"))
+    return Eagle3Shape(hidden=hidden, n_heads=int(key("attention.head_count")),
+                       n_kv_heads=int(key("attention.head_count_kv",
+                                          key("attention.head_count"))),
+                       ffn=int(key("feed_forward_length")),
+                       target_layers=(int(layers[0]), int(layers[1]), int(layers[2])),
+                       target_hidden=hidden, context_length=int(key("context_length")),
+                       rope_theta=float(key("rope.freq_base", 10000.0)),
+                       rms_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)))
+
+
+def write_eagle3_head(path: Path, target: Path, shape: Eagle3Shape | None = None,
+                      weights: dict[str, np.ndarray] | None = None, seed: int = 0) -> Path:
+    """Write ``path``: an ``eagle3`` head for ``target`` (its tokenizer copied). Raises
+    ValueError for a weight of the wrong shape or an unknown name."""
+    from gguf import GGUFValueType, GGUFWriter
+
+    shape = shape or shape_for_target(Path(target))
+    plan = shape.tensors()
+    given = dict(weights or {})
+    unknown = set(given) - set(plan)
+    if unknown:
+        raise ValueError(f"not tensors of an eagle3 head: {sorted(unknown)}")
+    for name, array in given.items():
+        if tuple(array.shape) != plan[name]:
+            raise ValueError(f"{name}: shape {tuple(array.shape)}, expected {plan[name]}")
+    rng = np.random.default_rng(seed)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(str(path), "eagle3")
+    writer.add_name("EAGLE-3 draft head")
+    # llama.cpp checks the types: lengths and counts u32, norms' epsilon and rope f32.
+    writer.add_uint32("eagle3.context_length", shape.context_length)
+    writer.add_uint32("eagle3.embedding_length", shape.hidden)
+    writer.add_uint32("eagle3.block_count", 1)
+    writer.add_uint32("eagle3.feed_forward_length", shape.ffn)
+    writer.add_uint32("eagle3.attention.head_count", shape.n_heads)
+    writer.add_uint32("eagle3.attention.head_count_kv", shape.n_kv_heads)
+    writer.add_float32("eagle3.rope.freq_base", shape.rope_theta)
+    writer.add_float32("eagle3.attention.layer_norm_rms_epsilon", shape.rms_eps)
+    writer.add_array("eagle3.target_layers", list(shape.target_layers))
+    writer.add_uint32("eagle3.target_hidden_size", shape.target_hidden)
+    writer.add_key_value("general.file_type", 0, GGUFValueType.UINT32)  # all F32
+    copy_tokenizer(writer, Path(target))
+    for name, dims in plan.items():
+        if name in given:
+            data = np.ascontiguousarray(given[name], dtype=np.float32)
+        elif len(dims) == 1:
+            data = np.ones(dims, np.float32)
+        else:
+            data = (rng.standard_normal(dims, np.float32) / np.sqrt(dims[1])).astype(np.float32)
+        writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _scalar(reader, key: str) -> object:  # noqa: ANN001 - gguf.GGUFReader
+    field = reader.get_field(key)
+    if field is None:
+        return None
+    value = field.contents()
+    return value
