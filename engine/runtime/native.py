@@ -438,26 +438,20 @@ class NativeContext:
         if rc != 0:
             raise NativeError("llama_decode", rc, _DECODE_MEANINGS.get(rc, ""))
 
-    def logits(self, n_outputs: int) -> np.ndarray:
-        """Copy of the logits of the last decode's outputs, shape [n_outputs, n_vocab]."""
-        ptr = llama_cpp.llama_get_logits(self.handle)
-        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab)).copy()
-
-    def argmax_logits(self, n_outputs: int) -> list[int]:
-        """The highest-scoring token of each output of the last decode (no copy)."""
-        ptr = llama_cpp.llama_get_logits(self.handle)
-        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab)).argmax(-1).tolist()
-
     def logits_view(self, n_outputs: int) -> np.ndarray:
         """No-copy view of the last decode's logits, [n_outputs, n_vocab]; valid until the
         next decode (a verification's rows are read before it: at a 262k vocabulary a
         17-row copy was 17.8 MB a step)."""
         ptr = llama_cpp.llama_get_logits(self.handle)
-        address = ctypes.cast(ptr, ctypes.c_void_p).value or 0
-        if not address:
-            raise NativeError("llama_get_logits", n_outputs, "no logits for the last decode")
-        rows = (ctypes.c_float * (n_outputs * self.n_vocab)).from_address(address)
-        return np.frombuffer(rows, dtype=np.float32).reshape(n_outputs, self.n_vocab)
+        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab))
+
+    def logits(self, n_outputs: int) -> np.ndarray:
+        """Copy of the logits of the last decode's outputs, shape [n_outputs, n_vocab]."""
+        return self.logits_view(n_outputs).copy()
+
+    def argmax_logits(self, n_outputs: int) -> list[int]:
+        """The highest-scoring token of each output of the last decode (no copy)."""
+        return self.logits_view(n_outputs).argmax(-1).tolist()
 
     def last_logits_view(self, n_outputs: int) -> np.ndarray:
         """No-copy view of the last output's logits; valid until the next decode."""
