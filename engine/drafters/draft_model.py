@@ -85,18 +85,16 @@ class DraftModelDrafter(Drafter):
                 self.config = DraftModelConfig(p_min=self.config.p_min,
                                                max_depth=self.config.max_depth,
                                                max_sequences=1, draft_ahead=False)
+            n_seqs = max(self.config.max_sequences, 1 + self._draft_seq)
             # F16 K and V: the draft need not match any batch size bit for bit.
             self.ctx = NativeContext(self.model, n_ctx=n_ctx, n_batch=PREFILL_BATCH,
-                                     n_seq_max=max(self.config.max_sequences,
-                                                   1 + self._draft_seq),
-                                     n_threads=n_threads, embeddings=False,
-                                     type_k="f16", type_v="f16")
+                                     n_seq_max=n_seqs, n_threads=n_threads,
+                                     embeddings=False, type_k="f16", type_v="f16")
         except BaseException:
             self.model.close()
             raise
         self.drafts_ahead = self.config.draft_ahead
-        self.batch = NativeBatch(PREFILL_BATCH, max(self.config.max_sequences,
-                                                    1 + self._draft_seq))
+        self.batch = NativeBatch(PREFILL_BATCH, n_seqs)
         self.context: list[int] = []  # what the target committed
         self.cached: list[int] = []  # tokens in sequence 0 of the KV cache, by position
         self._n_draft_calls = 0
