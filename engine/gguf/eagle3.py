@@ -88,9 +88,11 @@ def shape_for_target(target: Path, target_layers: tuple[int, int, int] | None = 
 
 
 def write_eagle3_head(path: Path, target: Path, shape: Eagle3Shape | None = None,
-                      weights: dict[str, np.ndarray] | None = None, seed: int = 0) -> Path:
-    """Write ``path``: an ``eagle3`` head for ``target`` (its tokenizer copied). Raises
-    ValueError for a weight of the wrong shape or an unknown name."""
+                      weights: dict[str, np.ndarray] | None = None, seed: int = 0,
+                      n_vocab: int | None = None) -> Path:
+    """Write ``path``: an ``eagle3`` head for ``target`` (its tokenizer copied; ``n_vocab``
+    pads it, as another model's vocabulary). Raises ValueError for a weight of the wrong
+    shape or an unknown name."""
     from gguf import GGUFValueType, GGUFWriter
 
     shape = shape or shape_for_target(Path(target))
@@ -119,7 +121,7 @@ def write_eagle3_head(path: Path, target: Path, shape: Eagle3Shape | None = None
     writer.add_array("eagle3.target_layers", list(shape.target_layers))
     writer.add_uint32("eagle3.target_hidden_size", shape.target_hidden)
     writer.add_key_value("general.file_type", 0, GGUFValueType.UINT32)  # all F32
-    copy_tokenizer(writer, Path(target))
+    copy_tokenizer(writer, Path(target), n_vocab=n_vocab)
     for name, dims in plan.items():
         if name in given:
             data = np.ascontiguousarray(given[name], dtype=np.float32)

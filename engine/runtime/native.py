@@ -137,6 +137,40 @@ def supports_gpu_offload() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
+def _cxx_function(name: str, argtypes: list[object], restype: object) -> object | None:
+    """A libllama function exported under its C++ (Itanium-mangled) name, as llama.cpp's
+    extension functions are (llama-cpp-python binds only some); None when this build
+    lacks it."""
+    func = getattr(llama_cpp.llama_cpp._lib, name, None)
+    if func is not None:
+        func.argtypes = argtypes
+        func.restype = restype
+    return func
+
+
+@functools.cache
+def _layer_input_api() -> dict[str, object] | None:
+    """The functions that export a target's layer inputs (EAGLE-3 features) and read an
+    eagle3 head's layer ids; None when the library lacks any of them."""
+    c_ctx, c_model = ctypes.c_void_p, ctypes.c_void_p
+    api = {
+        "set": _cxx_function("_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
+                             [c_ctx, ctypes.c_uint32, ctypes.c_bool], None),
+        "get": _cxx_function("_Z30llama_get_embeddings_layer_inpP13llama_contextj",
+                             [c_ctx, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float)),
+        "ids": _cxx_function("_Z28llama_model_target_layer_idsPK11llama_model",
+                             [c_model], ctypes.POINTER(ctypes.c_int32)),
+        "n_ids": _cxx_function("_Z30llama_model_target_layer_ids_nPK11llama_model",
+                               [c_model], ctypes.c_uint32),
+    }
+    return None if any(f is None for f in api.values()) else api
+
+
+def layer_inputs_available() -> bool:
+    """Whether this llama.cpp build can export layer inputs (EAGLE-3 heads)."""
+    return _layer_input_api() is not None
+
+
 class NativeModel:
     """A loaded GGUF: weights and vocabulary."""
 
@@ -202,6 +236,15 @@ class NativeModel:
                                  n_swa=max(0, int(llama_cpp.llama_model_n_swa(handle))),
                                  recurrent=bool(llama_cpp.llama_model_is_recurrent(handle)),
                                  hybrid=bool(llama_cpp.llama_model_is_hybrid(handle)))
+
+    def target_layer_ids(self) -> tuple[int, ...]:
+        """The target layers an EAGLE-3 head reads (empty for any other model)."""
+        api = _layer_input_api()
+        if api is None:
+            return ()
+        n = int(api["n_ids"](self.handle))  # type: ignore[operator]
+        ptr = api["ids"](self.handle)  # type: ignore[operator]
+        return tuple(int(ptr[i]) for i in range(n)) if n and ptr else ()
 
     def metadata(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(1 << 16)
@@ -321,6 +364,68 @@ class NativeBatch:
         self.close()
 
 
+class NativeExtBatch:
+    """A reusable extended batch (``llama_batch_ext``) of one context: rows that carry a
+    vector, alone (an encoder's input) or beside a token (an eagle3 head's decoder)."""
+
+    def __init__(self, ctx: NativeContext) -> None:
+        self._batch = llama_cpp.llama_batch_ext_init(ctx.handle)
+        if not self._batch:
+            raise ModelLoadError("cannot make an extended batch")
+        self.n_rows = 0
+
+    @property
+    def raw(self) -> ctypes.c_void_p:
+        if not self._batch:
+            raise ClosedError("batch")
+        return self._batch
+
+    def clear(self) -> None:
+        llama_cpp.llama_batch_ext_clear(self.raw)
+        self.n_rows = 0
+
+    def add_vector(self, row: np.ndarray, position: int, seq_id: int = 0,
+                   output: bool = True) -> None:
+        """A row that is a vector alone (llama.cpp copies it)."""
+        row = np.ascontiguousarray(row, dtype=np.float32)
+        embd = llama_cpp.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1,
+                                    row.shape[-1])
+        self._added(llama_cpp.llama_batch_ext_add_embd(self.raw, seq_id, embd), position,
+                    output)
+
+    def add_token(self, token: int, vector: np.ndarray, position: int, seq_id: int = 0,
+                  output: bool = False) -> None:
+        """A row that is a token with a vector beside it."""
+        i = llama_cpp.llama_batch_ext_add_token(self.raw, seq_id, token)
+        vector = np.ascontiguousarray(vector, dtype=np.float32)
+        embd = llama_cpp.llama_embd(vector.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1,
+                                    vector.shape[-1])
+        if i >= 0 and not llama_cpp.llama_batch_ext_set_embd_token(self.raw, i, embd):
+            i = -2
+        self._added(i, position, output)
+
+    def _added(self, i: int, position: int, output: bool) -> None:
+        if i < 0:
+            raise NativeError("llama_batch_ext_add", i, {-1: "the batch is full",
+                                                         -2: "invalid token or vector",
+                                                         -3: "invalid sequence"}.get(i, ""))
+        pos = llama_cpp.llama_pos(position)
+        llama_cpp.llama_batch_ext_set_pos(self.raw, i, ctypes.byref(pos))
+        llama_cpp.llama_batch_ext_set_output_logits(self.raw, i, output)
+        self.n_rows += 1
+
+    def close(self) -> None:
+        if self._batch:
+            llama_cpp.llama_batch_ext_free(self._batch)
+            self._batch = None
+
+    def __enter__(self) -> NativeExtBatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class NativeContext:
     """A llama.cpp context: the KV cache and the compute graph for one model."""
 
@@ -338,6 +443,8 @@ class NativeContext:
         flash_attn: bool = True,
         n_rs_seq: int = 0,
         op_offload: bool = True,
+        feature_layers: tuple[int, ...] = (),
+        ctx_other: NativeContext | None = None,
     ) -> None:
         """Raises ModelLoadError when llama.cpp cannot create the context (memory).
         ``n_rs_seq``: recurrent-state snapshots kept per sequence, so that many tokens can
@@ -345,7 +452,11 @@ class NativeContext:
         in a build that can offload, llama.cpp runs a batch of 32+ tokens on the GPU even
         for weights kept on the CPU (fast prefill), so such a batch sums in another order
         than one token on the CPU (an H200: the probe's 33-token chain differed at every
-        position, shorter ones were exact); off, every batch stays on the CPU."""
+        position, shorter ones were exact); off, every batch stays on the CPU.
+        ``feature_layers``: in embeddings mode, ``hidden_states`` gives these layers'
+        inputs side by side (an EAGLE-3 head's features) instead of the last layer's
+        output. ``ctx_other``: the target context an eagle3 head borrows its token
+        embedding and LM head from (it must outlive this one)."""
         _ensure_backend()
         self.model = model
         params = llama_cpp.llama_context_default_params()
@@ -375,6 +486,8 @@ class NativeContext:
         self.op_offload = op_offload
         params.type_k = _KV_TYPES[type_k]
         params.type_v = _KV_TYPES[type_v]
+        if ctx_other is not None:
+            params.ctx_other = ctx_other.handle
         mark = _log_mark()
         handle = llama_cpp.llama_init_from_model(model.handle, params)
         if not handle:
@@ -389,10 +502,42 @@ class NativeContext:
         self.n_vocab = model.n_vocab
         self.n_embd = model.n_embd
         self._embeddings = embeddings
+        self.feature_layers: tuple[int, ...] = ()
+        try:
+            self.set_feature_layers(feature_layers)
+        except BaseException:
+            self.close()
+            raise
+        self.ctx_other = ctx_other
         # The last logits row's view, by the address llama.cpp gave: plain decoding reads
         # one row every step, and numpy's ctypes route rebuilt an array type each time
         # (~50 us a step on a cache the decode had just flushed, ~1% of a token).
         self._row_view: tuple[int, np.ndarray] = (0, np.empty(0, np.float32))
+
+    def set_feature_layers(self, layers: tuple[int, ...]) -> None:
+        """Which layers' inputs ``hidden_states`` gives (none: the last layer's output).
+        Raises ModelLoadError for a layer the model lacks or a build that cannot."""
+        layers = tuple(layers)
+        if layers == self.feature_layers:
+            return
+        api = _layer_input_api()
+        bad = [i for i in layers if not 0 <= i < self.model.n_layer]
+        if layers and (api is None or bad):
+            why = (f"layers {bad} are not among its {self.model.n_layer}" if bad else
+                   "this llama.cpp build cannot export layer inputs")
+            raise ModelLoadError(f"cannot read EAGLE-3 features of {self.model.path.name}: "
+                                 f"{why}")
+        if api is not None:
+            for layer in self.feature_layers:
+                api["set"](self.handle, layer, False)  # type: ignore[operator]
+            for layer in layers:
+                api["set"](self.handle, layer, True)  # type: ignore[operator]
+        self.feature_layers = layers
+
+    @property
+    def feature_width(self) -> int:
+        """Floats per token in ``hidden_states``."""
+        return self.n_embd * max(1, len(self.feature_layers))
 
     @property
     def handle(self) -> llama_cpp.llama_context_p:
@@ -465,11 +610,50 @@ class NativeContext:
         return self._row_view[1]
 
     def hidden_states(self, n_outputs: int) -> np.ndarray:
-        """Copy of the post-norm hidden states of the last decode, [n_outputs, n_embd]."""
+        """Copy of the post-norm hidden states of the last decode, [n_outputs, n_embd];
+        with ``feature_layers``, those layers' inputs, [n_outputs, n_layers * n_embd]
+        (every token of the batch: in embeddings mode each one is an output)."""
         if not self._embeddings:
             raise RuntimeError("hidden states need the context in embeddings mode")
-        ptr = llama_cpp.llama_get_embeddings(self.handle)
-        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_embd)).copy()
+        if not self.feature_layers:
+            ptr = llama_cpp.llama_get_embeddings(self.handle)
+            return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_embd)).copy()
+        api = _layer_input_api()
+        assert api is not None  # checked when the context was made
+        out = np.empty((n_outputs, self.feature_width), np.float32)
+        for k, layer in enumerate(self.feature_layers):
+            ptr = api["get"](self.handle, layer)  # type: ignore[operator]
+            rows = np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_embd))
+            out[:, k * self.n_embd:(k + 1) * self.n_embd] = rows
+        return out
+
+    # --- a draft head's context (eagle3: encode features, decode token + vector) -----------
+    def next_vectors(self, n_rows: int) -> np.ndarray:
+        """Copy of the last process's "nextn" rows, [n_rows, n_embd]: an eagle3 head's
+        fused features after an encode, its pre-norm outputs after a decode (outputs
+        only). Needs ``enable_next_vectors``."""
+        from llama_cpp import llama_cpp_ext
+
+        ptr = llama_cpp_ext.llama_get_embeddings_nextn(self.handle)
+        if not ptr:
+            raise NativeError("llama_get_embeddings_nextn", 0, "no rows")
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_embd)).copy()
+
+    def enable_next_vectors(self) -> None:
+        from llama_cpp import llama_cpp_ext
+
+        llama_cpp_ext.llama_set_embeddings_nextn(self.handle, True, True)
+
+    def process(self, batch: NativeExtBatch, encode: bool) -> None:
+        """Run an extended batch: an encoder pass (rows of features) or a decoder pass.
+        Raises ContextFullError or NativeError as ``decode`` does."""
+        kind = (llama_cpp.LLAMA_PROCESS_TYPE_ENCODE if encode
+                else llama_cpp.LLAMA_PROCESS_TYPE_DECODE)
+        rc = llama_cpp.llama_process(self.handle, kind, batch.raw)
+        if rc == 1:
+            raise ContextFullError(batch.n_rows, self.n_ctx, what="head batch")
+        if rc != 0:
+            raise NativeError("llama_process", rc, _DECODE_MEANINGS.get(rc, ""))
 
     # KV cache. Positions: p0 inclusive, p1 exclusive, negative means open-ended.
     def kv_remove(self, seq_id: int, p0: int, p1: int = -1) -> bool:

@@ -346,6 +346,19 @@ class Target:
     def set_features(self, on: bool) -> None:
         self._ctx.set_embeddings(on)  # a flag: no need to move cells first
 
+    def set_feature_layers(self, layers: tuple[int, ...]) -> None:
+        """Features become these layers' inputs side by side (an EAGLE-3 head's), or the
+        last layer's output again with none. Raises ModelLoadError for a layer this model
+        lacks (nothing changed then)."""
+        self._ctx.set_feature_layers(layers)
+        if self._f16_ctx is not None:
+            self._f16_ctx.set_feature_layers(layers)
+
+    @property
+    def feature_width(self) -> int:
+        """Floats per token in the features."""
+        return self._ctx.feature_width
+
     # --- prefill ---------------------------------------------------------------------
     def prefill(self, prompt: list[int], feature_tail: int | None = None) -> Prefill:
         """Evaluate ``prompt`` in chunks, reusing the cached common prefix.
@@ -518,7 +531,7 @@ class Target:
             self._f16_tokens.extend(chunk)
         logits = f16.logits(1)[0]
         feats = (self._f16_features_again(f16, full, n_features) if n_features > 0
-                 else np.empty((0, self.n_embd), dtype=np.float32))
+                 else np.empty((0, self.feature_width), dtype=np.float32))
         # The cells move when the context is next used: the first token does not wait
         # for the copy and the K conversion (10-35 ms on 200-800 tokens).
         self._unmoved_from = self.n_past

@@ -1,0 +1,125 @@
+"""The EAGLE-3 drafter (engine.drafters.eagle3): an ``eagle3`` GGUF run by llama.cpp beside
+the bundled target, fed the target's layer inputs. Greedy output equals plain decoding on
+real prompts (long ones prefilled in the F16 context included) with drafts accepted, the
+layer export leaves the target's logits bit for bit as they were, and a head that does
+not fit is refused before any decode with the reason (issue 35)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.decoding.generation import GenerationConfig, generate
+from engine.drafters.eagle3 import Eagle3Drafter
+from engine.errors import IncompatibleDraftError, ModelLoadError
+from engine.gguf.eagle3 import Eagle3Shape, shape_for_target, write_eagle3_head
+from engine.runtime.native import NativeBatch, NativeContext
+from tests.conftest import drafted_equals_plain, pick_per_category, plain_answers
+
+MAX_TOKENS = 24
+# Texts whose answers repeat with a period of two tokens (" ", "0", " ", "0", ...): what
+# the copying head below guesses right.
+REPEATING = ["0 0 0 0 0 0 0 0 0 0 0 0 0 0", "The the the the the the the the the"]
+
+
+def copying_head(path: Path, target: Path) -> Path:
+    """An untrained head whose guess is the token before the last: fc passes layer 0's
+    input (the token's embedding) through, attention and FFN add nothing, and the LM head
+    (the target's, tied to the embedding) finds that token again. Random weights would
+    almost never be accepted."""
+    shape = shape_for_target(target, (0, 15, 27))
+    e = shape.hidden
+    fc = np.zeros((e, 3 * e), np.float32)
+    fc[:, :e] = np.eye(e, dtype=np.float32)
+    return write_eagle3_head(path, target, shape, {
+        "fc.weight": fc,
+        "blk.0.attn_output.weight": np.zeros((e, e), np.float32),
+        "blk.0.ffn_down.weight": np.zeros((e, shape.ffn), np.float32)})
+
+
+@pytest.fixture(scope="module")
+def head_path(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copying_head(tmp_path_factory.mktemp("eagle3") / "copying.gguf", model_path)
+
+
+@pytest.fixture()
+def drafter(target, head_path: Path):
+    d = Eagle3Drafter(head_path, target)
+    yield d
+    d.close()
+    assert target.ctx.feature_layers == ()  # the target is left as it was
+
+
+def test_greedy_equals_plain_on_real_prompts(target, dev_prompts, drafter):
+    rows = pick_per_category(dev_prompts, 1)  # 13 categories, long prompts among them
+    plain = plain_answers(target, rows, MAX_TOKENS)
+    assert any(len(prompt) >= 128 for prompt, _ in plain.values())  # the F16 prefill path
+    outs = drafted_equals_plain(target, drafter, rows, plain, MAX_TOKENS)
+    assert sum(s.n_proposed for out in outs for s in out.stats.steps) > 0
+    assert drafter.stats()["head_levels_per_call"] > 0
+
+
+def test_drafts_are_accepted_and_output_stays_plain(target, drafter):
+    n_accepted = 0
+    for text in REPEATING:
+        prompt = target.tokenize(text)
+        target.reset()
+        target.set_features(False)
+        plain = generate(target, prompt, None, GenerationConfig(MAX_TOKENS)).tokens
+        target.reset()
+        out = generate(target, prompt, drafter, GenerationConfig(MAX_TOKENS))
+        assert out.tokens == plain, text
+        assert not out.stats.fallback
+        n_accepted += sum(s.n_accepted for s in out.stats.steps)
+    assert n_accepted >= 8
+
+
+def test_the_layer_export_leaves_logits_as_they_were(target):
+    """The drafted run reads layer inputs on every decode; plain decoding does not."""
+    tokens = target.tokenize("The cat sat on the mat, and the dog sat on the log.")
+    n = len(tokens)
+    rows = []
+    for layers in ((), (0, 15, 27)):
+        with NativeContext(target.model, n_ctx=256, n_batch=64, n_seq_max=1, n_threads=2,
+                           embeddings=True, feature_layers=layers) as ctx, \
+                NativeBatch(64, 1) as batch:
+            batch.fill(tokens, list(range(n)), None, True)
+            ctx.decode(batch)
+            rows.append((ctx.logits(n), ctx.hidden_states(n)))
+    assert np.array_equal(rows[0][0], rows[1][0])
+    features = rows[1][1]
+    assert features.shape == (n, 3 * target.n_embd)
+    # Layer 0's input is the token's embedding: the same row wherever the token is.
+    the = [i for i, t in enumerate(tokens) if t == tokens[4]]
+    assert len(the) >= 2 and np.array_equal(features[the[0], :576], features[the[1], :576])
+
+
+def _refusal(target, path: Path) -> str:
+    with pytest.raises((IncompatibleDraftError, ModelLoadError)) as info:
+        Eagle3Drafter(path, target)
+    assert target.ctx.feature_layers == ()
+    return str(info.value)
+
+
+def test_a_head_that_does_not_fit_is_refused_before_any_decode(target, model_path: Path,
+                                                                head_path: Path,
+                                                                tmp_path: Path):
+    shape = shape_for_target(model_path)
+    narrow = Eagle3Shape(hidden=512, n_heads=8, n_kv_heads=2, ffn=1024,
+                         target_layers=shape.target_layers, target_hidden=576,
+                         context_length=8192, rope_theta=1e5, rms_eps=1e-5)
+    why = _refusal(target, write_eagle3_head(tmp_path / "narrow.gguf", model_path, narrow))
+    assert "hidden size: the draft has 512, the target 576" in why
+    deep = Eagle3Shape(**{**shape.__dict__, "target_layers": (2, 15, 40)})
+    why = _refusal(target, write_eagle3_head(tmp_path / "deep.gguf", model_path, deep))
+    assert "target layers: the draft has [2, 15, 40]" in why
+    why = _refusal(target, write_eagle3_head(tmp_path / "vocab.gguf", model_path,
+                                             n_vocab=49152 + 64))
+    assert "vocabulary size: the draft has 49216" in why
+    truncated = tmp_path / "truncated.gguf"
+    data = head_path.read_bytes()
+    truncated.write_bytes(data[:len(data) // 2])
+    assert "cannot load" in _refusal(target, truncated)
+    assert "architecture: the draft has llama" in _refusal(target, model_path)  # not a head at all
