@@ -48,6 +48,9 @@ class BuildConfig:
     n_parallel: int = 8  # conversations decoded together (self-distillation)
     shard_samples: int = 64
     n_threads: int = 2
+    # Features are these target layers' inputs side by side (an EAGLE-3 head's); none:
+    # the last layer's post-norm output (the DGF head's).
+    feature_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.answers not in ("self", "dataset"):
@@ -81,6 +84,8 @@ class FeatureExtractor:
         self.target = Target(model_path, TargetConfig(
             n_ctx=per_seq * n_seq, n_threads=config.n_threads, n_batch=_CHUNK,
             n_seq_max=n_seq, features=True, type_k="f16", type_v="f16", unified_kv=False))
+        if config.feature_layers:
+            self.target.set_feature_layers(tuple(config.feature_layers))
         self.eog = self.target.model.eog_ids
 
     def close(self) -> None:
@@ -202,7 +207,9 @@ def build(model_path: Path, conversations: Iterator[Conversation], out_dir: Path
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     settings = {"answers": config.answers, "model": str(model_path),
                 "max_prompt_tokens": config.max_prompt_tokens,
-                "max_answer_tokens": config.max_answer_tokens}
+                "max_answer_tokens": config.max_answer_tokens,
+                **({"feature_layers": list(config.feature_layers)}
+                   if config.feature_layers else {})}
     if manifest.get("settings", settings) != settings:
         raise ValueError(f"{out_dir} holds data built with other settings "
                          f"({manifest['settings']}); choose another directory")

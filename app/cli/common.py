@@ -30,8 +30,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_head_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-head", type=Path, default=None,
-                   help="draft head directory, Tandem's or a public EAGLE-1 checkpoint "
-                        "(default: the one trained for the bundled model)")
+                   help="draft head directory, Tandem's or a public EAGLE-1 checkpoint, "
+                        "or an EAGLE-3 head GGUF with --drafter eagle3 (default: the one "
+                        "trained for the bundled model)")
     p.add_argument("--head-device", default="cpu", help="where the draft head runs: cpu, cuda, mps")
     p.add_argument("--draft-model", type=Path, default=None,
                    help="a small GGUF of the target's family to draft with (--drafter draft); "

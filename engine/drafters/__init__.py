@@ -29,9 +29,13 @@ log = logging.getLogger(__name__)
 
 # "head+memory": the head's tree and the memory's as one draft (engine.drafters.merged).
 HEAD_DRAFTERS = ("head", "head-chain", "head-multi", "head-ahead", "head+memory")
-DRAFTER_NAMES = ("none", "memory", "lookup", *HEAD_DRAFTERS, "draft")
+# "eagle3": an EAGLE-3 head GGUF run by llama.cpp (engine.drafters.eagle3).
+DRAFTER_NAMES = ("none", "memory", "lookup", *HEAD_DRAFTERS, "draft", "eagle3")
 # The head trained for the bundled model (README says how it was made).
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parents[2] / "assets" / "draft-head-smollm2-135m"
+# The EAGLE-3 head trained for the bundled model (docs/eagle3-notes.md says how).
+DEFAULT_EAGLE3_HEAD = (Path(__file__).resolve().parents[2] / "assets"
+                       / "eagle3-smollm2-135m" / "head.gguf")
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,8 @@ class DrafterSpec:
     ``n_gpu_layers`` and ``draft_ahead``."""
 
     name: str = "memory"
-    head_dir: Path | None = None  # None: the head shipped for the bundled model
+    # None: the head shipped for the bundled model; for "eagle3", the head's GGUF
+    head_dir: Path | None = None
     device: str = "cpu"
     head_options: dict[str, object] = field(default_factory=dict)
     draft_model: Path | None = None  # the GGUF the "draft" drafter runs
@@ -75,6 +80,12 @@ def build_drafter(spec: DrafterSpec, target: Target | None = None,
         raise ValueError(f"the {spec.name} drafter needs the target model")
     if spec.name == "draft":
         return open_draft_model(spec.draft_model, target, spec.head_options)
+    if spec.name == "eagle3":
+        from engine.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+
+        depth = spec.head_options.get("depth")
+        config = Eagle3Config(depth=int(depth)) if depth else Eagle3Config()
+        return Eagle3Drafter(Path(spec.head_dir or DEFAULT_EAGLE3_HEAD), target, config)
     from engine.drafters.head import HeadDrafterConfig, load_head_drafter
 
     if spec.name == "head+memory":
@@ -139,11 +150,12 @@ def open_drafter(spec: DrafterSpec, target: Target | None = None,
                     break  # the files themselves are wrong: another device will not help
         notes.append("using drafts from memory instead")
         spec = DrafterSpec("memory")
-    if spec.name == "draft":
+    if spec.name in ("draft", "eagle3"):
         try:
             return build_drafter(spec, target, fingerprint, memory), notes
         except Exception as exc:  # noqa: BLE001 - bad file, another vocabulary, memory
-            notes.append(f"the draft model could not run: {exc}; using drafts from memory "
+            what = "draft model" if spec.name == "draft" else "EAGLE-3 head"
+            notes.append(f"the {what} could not run: {exc}; using drafts from memory "
                          "instead")
             spec = DrafterSpec("memory")
     try:
@@ -174,6 +186,6 @@ def make_drafter(name: str, target: Target | None = None, head_dir: Path | None 
     return build_drafter(DrafterSpec(name, head_dir, device, dict(head_options)), target)
 
 
-__all__ = ["DEFAULT_HEAD_DIR", "DRAFTER_NAMES", "HEAD_DRAFTERS", "Drafter", "DrafterSpec",
-           "LookupConfig", "MemoryDrafter", "PromptLookupDrafter", "build_drafter",
-           "make_drafter", "open_drafter", "target_fingerprint"]
+__all__ = ["DEFAULT_EAGLE3_HEAD", "DEFAULT_HEAD_DIR", "DRAFTER_NAMES", "HEAD_DRAFTERS",
+           "Drafter", "DrafterSpec", "LookupConfig", "MemoryDrafter", "PromptLookupDrafter",
+           "build_drafter", "make_drafter", "open_drafter", "target_fingerprint"]

@@ -19,6 +19,9 @@ import numpy as np
 
 from engine.gguf.synthetic import copy_tokenizer
 
+# Weight-matrix types: (general.file_type, what it is).
+MATRIX_TYPES = {"f32": (0, "F32"), "f16": (1, "F16"), "q8_0": (7, "Q8_0")}
+
 
 @dataclass(frozen=True)
 class Eagle3Shape:
@@ -33,6 +36,9 @@ class Eagle3Shape:
     context_length: int
     rope_theta: float
     rms_eps: float
+    # A reduced draft vocabulary: the head scores these many tokens with its own LM head
+    # (``output.weight``), ``d2t`` naming each one's target id; 0 borrows the target's.
+    draft_vocab: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -54,6 +60,8 @@ class Eagle3Shape:
             "blk.0.ffn_gate.weight": (self.ffn, e),
             "blk.0.ffn_up.weight": (self.ffn, e),
             "blk.0.ffn_down.weight": (e, self.ffn),
+            **({"output.weight": (self.draft_vocab, e), "d2t": (self.draft_vocab,)}
+               if self.draft_vocab else {}),
         }
 
 
@@ -89,10 +97,12 @@ def shape_for_target(target: Path, target_layers: tuple[int, int, int] | None = 
 
 def write_eagle3_head(path: Path, target: Path, shape: Eagle3Shape | None = None,
                       weights: dict[str, np.ndarray] | None = None, seed: int = 0,
-                      n_vocab: int | None = None) -> Path:
+                      n_vocab: int | None = None, matrices: str = "f32") -> Path:
     """Write ``path``: an ``eagle3`` head for ``target`` (its tokenizer copied; ``n_vocab``
-    pads it, as another model's vocabulary). Raises ValueError for a weight of the wrong
-    shape or an unknown name."""
+    pads it, as another model's vocabulary). ``matrices``: "f32", "f16" or "q8_0" for the
+    weight matrices (norms stay F32, as llama.cpp wants them). A reduced vocabulary's
+    ``d2t`` holds target ids (the first ``draft_vocab`` ids when not given). Raises
+    ValueError for a weight of the wrong shape, an unknown name or an unknown type."""
     from gguf import GGUFValueType, GGUFWriter
 
     shape = shape or shape_for_target(Path(target))
@@ -104,6 +114,12 @@ def write_eagle3_head(path: Path, target: Path, shape: Eagle3Shape | None = None
     for name, array in given.items():
         if tuple(array.shape) != plan[name]:
             raise ValueError(f"{name}: shape {tuple(array.shape)}, expected {plan[name]}")
+    if matrices not in MATRIX_TYPES:
+        raise ValueError(f"matrices must be one of {', '.join(MATRIX_TYPES)}, got {matrices!r}")
+    d2t = given.get("d2t")
+    if d2t is not None and (len(set(d2t.tolist())) != len(d2t) or d2t.min() < 0
+                            or d2t.max() >= (n_vocab or 1 << 62)):
+        raise ValueError("d2t must hold distinct target token ids")
     rng = np.random.default_rng(seed)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -120,21 +136,38 @@ def write_eagle3_head(path: Path, target: Path, shape: Eagle3Shape | None = None
     writer.add_float32("eagle3.attention.layer_norm_rms_epsilon", shape.rms_eps)
     writer.add_array("eagle3.target_layers", list(shape.target_layers))
     writer.add_uint32("eagle3.target_hidden_size", shape.target_hidden)
-    writer.add_key_value("general.file_type", 0, GGUFValueType.UINT32)  # all F32
+    writer.add_key_value("general.file_type", MATRIX_TYPES[matrices][0], GGUFValueType.UINT32)
     copy_tokenizer(writer, Path(target), n_vocab=n_vocab)
     for name, dims in plan.items():
+        if name == "d2t":
+            ids = given.get(name, np.arange(dims[0]))
+            writer.add_tensor(name, np.ascontiguousarray(ids, dtype=np.int64))
+            continue
         if name in given:
             data = np.ascontiguousarray(given[name], dtype=np.float32)
         elif len(dims) == 1:
             data = np.ones(dims, np.float32)
         else:
             data = (rng.standard_normal(dims, np.float32) / np.sqrt(dims[1])).astype(np.float32)
-        writer.add_tensor(name, data)
+        _add_matrix(writer, name, data, matrices)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _add_matrix(writer, name: str, data: np.ndarray, matrices: str) -> None:  # noqa: ANN001
+    """Vectors (norms) in F32, matrices in the type asked."""
+    from gguf import GGMLQuantizationType, quants
+
+    if data.ndim == 1 or matrices == "f32":
+        writer.add_tensor(name, data)
+    elif matrices == "f16":
+        writer.add_tensor(name, data.astype(np.float16))
+    else:
+        q8 = GGMLQuantizationType.Q8_0
+        writer.add_tensor(name, quants.quantize(data, q8), raw_dtype=q8)
 
 
 def _scalar(reader, key: str) -> object:  # noqa: ANN001 - gguf.GGUFReader

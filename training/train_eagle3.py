@@ -1,0 +1,201 @@
+"""Training an EAGLE-3 head (``training.eagle3_head``) on feature shards whose features are
+three target layers' inputs (``BuildConfig.feature_layers``), and writing it as the
+``eagle3`` GGUF llama.cpp runs (issue 35, item 4).
+
+Loss (EAGLE-3): cross-entropy of the head's draft-vocabulary scores against the target's
+own next token, on answer positions whose token the draft vocabulary holds, over a
+``unroll``-step training-time test: step k reads the step k-1 vectors of the previous
+position and attends as a depth-k draft does (``train_head.unroll_mask``). Checkpoints
+(weights, optimiser, step) are written atomically every few minutes and on exit; the same
+call resumes from them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from engine.gguf.eagle3 import Eagle3Shape, write_eagle3_head
+from training.distill_data import Sample
+from training.eagle3_head import Eagle3Head
+from training.train_head import DepthAccuracy, _window, batch_tensors, unroll_mask
+
+CHECKPOINT = "eagle3-checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class Eagle3TrainConfig:
+    steps: int = 100_000
+    seqs_per_step: int = 4
+    max_len: int = 384
+    lr: float = 1e-3
+    warmup: int = 50
+    clip: float = 0.5
+    unroll: int = 3
+    depth_weight: float = 0.8
+    feature_noise: float = 0.05  # uniform, relative to each feature's RMS
+    checkpoint_every_s: float = 120.0
+    time_limit_s: float | None = None
+    seed: int = 0
+
+
+@dataclass
+class Eagle3TrainState:
+    step: int = 0
+    seconds: float = 0.0
+    history: list[dict] = field(default_factory=list)
+
+
+def target_to_draft(d2t: torch.Tensor, n_vocab: int) -> torch.Tensor:
+    """Target id -> draft id, -1 for tokens outside the draft vocabulary."""
+    t2d = torch.full((n_vocab,), -1, dtype=torch.long, device=d2t.device)
+    t2d[d2t] = torch.arange(len(d2t), device=d2t.device)
+    return t2d
+
+
+def unrolled_loss(head: Eagle3Head, batch: dict[str, torch.Tensor], t2d: torch.Tensor,
+                  cfg: Eagle3TrainConfig, acc: DepthAccuracy, train: bool) -> torch.Tensor:
+    """The weighted loss of a batch over ``cfg.unroll`` steps; adds accuracies (the
+    head's best token against the target's, over every answer position)."""
+    weight, label = batch["weight"], batch["label"]
+    b, n = weight.shape
+    positions = torch.arange(n, device=weight.device)
+    feats = batch["feat_in"]
+    if train and cfg.feature_noise > 0:
+        rms = feats.pow(2).mean(-1, keepdim=True).sqrt()
+        feats = feats + (torch.rand_like(feats) * 2 - 1) * cfg.feature_noise * rms
+    x = head.fuse(feats)
+    draft_label = t2d[label]
+    total = x.new_zeros(())
+    past: tuple[torch.Tensor, torch.Tensor] | None = None
+    for step in range(1, cfg.unroll + 1):
+        mask = None if step == 1 else unroll_mask(n, step, x.device)
+        h, past = head.decode(batch["tok_in"], x, positions, past, mask)
+        valid = weight.clone()
+        valid[:, :step - 1] = False
+        if valid.any():
+            logits = head.logits(h[valid]).float()
+            target = draft_label[valid]
+            known = target >= 0
+            if known.any():
+                ce = F.cross_entropy(logits[known], target[known])
+                total = total + cfg.depth_weight ** (step - 1) * ce
+            guess = head.d2t[logits.argmax(-1)]
+            acc.add(step, int((guess == label[valid]).sum()), int(valid.sum()))
+        x = torch.cat([h.new_zeros(b, 1, h.shape[-1]), h[:, :-1]], dim=1)
+    return total
+
+
+def evaluate(head: Eagle3Head, samples: list[Sample], t2d: torch.Tensor,
+             cfg: Eagle3TrainConfig) -> dict:
+    """Loss and teacher-forced accuracy by depth on ``samples``."""
+    head.eval()
+    acc, losses = DepthAccuracy(), []
+    usable = [s for s in samples if len(s.tokens) >= 3 and s.answer.any()]
+    with torch.no_grad():
+        for i in range(0, len(usable), 8):
+            group = usable[i:i + 8]
+            batch = batch_tensors(group, [_window(s, cfg.max_len, None) for s in group],
+                                  cfg.max_len, t2d.device)
+            losses.append(float(unrolled_loss(head, batch, t2d, cfg, acc, train=False)))
+    head.train()
+    return {"loss": float(np.mean(losses)) if losses else math.nan,
+            "accuracy_by_depth": acc.rates()}
+
+
+def _lr_at(step: int, cfg: Eagle3TrainConfig, elapsed_s: float) -> float:
+    """Warm-up, then cosine decay to 10% by steps or time, whichever runs out first."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    if cfg.time_limit_s:
+        progress = max(progress, elapsed_s / cfg.time_limit_s)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def train(head: Eagle3Head, samples: list[Sample], n_vocab: int, cfg: Eagle3TrainConfig,
+          work_dir: Path, on_progress: Callable[[int, dict], None] | None = None
+          ) -> Eagle3TrainState:
+    """Train ``head`` in place, resuming from ``work_dir``'s checkpoint."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    state = Eagle3TrainState()
+    ckpt_path = work_dir / CHECKPOINT
+    if ckpt_path.exists():
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        head.load_state_dict(ckpt["head"])
+        opt.load_state_dict(ckpt["opt"])
+        state = Eagle3TrainState(**ckpt["state"])
+    t2d = target_to_draft(head.d2t, n_vocab)
+    rng = np.random.default_rng(cfg.seed + state.step)
+    usable = [s for s in samples if len(s.tokens) >= 3 and s.answer.any()]
+    if not usable:
+        raise ValueError("no training samples with an answer")
+    head.train()
+    t_start, t_run = time.monotonic() - state.seconds, time.monotonic()
+    last_save = time.monotonic()
+    window, window_loss = DepthAccuracy(), []
+
+    def save() -> None:
+        tmp = ckpt_path.with_suffix(".tmp")
+        torch.save({"head": head.state_dict(), "opt": opt.state_dict(),
+                    "state": asdict(state)}, tmp)
+        os.replace(tmp, ckpt_path)
+
+    try:
+        deadline = None if cfg.time_limit_s is None else t_run + cfg.time_limit_s
+        while state.step < cfg.steps and (deadline is None or time.monotonic() < deadline):
+            for group in opt.param_groups:
+                group["lr"] = _lr_at(state.step, cfg, time.monotonic() - t_run)
+            opt.zero_grad(set_to_none=True)
+            acc = DepthAccuracy()
+            group = [usable[i] for i in rng.integers(0, len(usable), cfg.seqs_per_step)]
+            batch = batch_tensors(group, [_window(s, cfg.max_len, rng) for s in group],
+                                  cfg.max_len, t2d.device)
+            loss = unrolled_loss(head, batch, t2d, cfg, acc, train=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.clip)
+            opt.step()
+            state.step += 1
+            state.seconds = time.monotonic() - t_start
+            for d, (c, t) in enumerate(zip(acc.correct, acc.total, strict=True), start=1):
+                window.add(d, c, t)
+            window_loss.append(float(loss.detach()))
+            if on_progress:
+                on_progress(state.step, {"loss": float(np.mean(window_loss[-50:])),
+                                         "acc": window.rates()})
+            if state.step % 50 == 0:
+                window = DepthAccuracy()
+            if time.monotonic() - last_save > cfg.checkpoint_every_s:
+                save()
+                last_save = time.monotonic()
+    finally:
+        state.seconds = time.monotonic() - t_start
+        save()
+    return state
+
+
+def export(head: Eagle3Head, path: Path, target: Path, matrices: str = "q8_0") -> Path:
+    """Write the trained head as an ``eagle3`` GGUF for ``target``."""
+    return write_eagle3_head(path, target, head.shape, head.gguf_weights(),  # type: ignore[arg-type]
+                             matrices=matrices)
+
+
+def save_report(path: Path, report: dict) -> None:
+    path.write_text(json.dumps(report, indent=2))
+
+
+def new_head(shape: Eagle3Shape, embed: np.ndarray, lm_head: np.ndarray,
+             d2t: torch.Tensor) -> Eagle3Head:
+    return Eagle3Head(shape, torch.from_numpy(embed), torch.from_numpy(lm_head), d2t)
