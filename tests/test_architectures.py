@@ -284,3 +284,44 @@ def test_a_draft_model_of_each_architecture_drafts_losslessly(
                 drafter.close()
             assert out.tokens == plain, (arch, sequences)
             assert sum(s.n_accepted for s in out.stats.steps) >= N_NEW * 2 // 3, arch
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_an_eagle3_head_drafts_losslessly_or_is_refused_with_the_reason(
+        arch: str, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """Graphs that export layer inputs draft with an EAGLE-3 head through llama.cpp and
+    give plain decoding's tokens (LFM2 included: llama.cpp's embeddings mode computes no
+    logits there, so layer inputs are read without it); the others refuse the head with
+    the reason instead of aborting in llama.cpp."""
+    from engine.drafters.eagle3 import Eagle3Drafter
+    from engine.errors import ModelLoadError
+    from engine.gguf.eagle3 import shape_for_target, write_eagle3_head
+
+    path = tiny_models[arch]
+    shape = shape_for_target(path, (0, 1, 1))
+    e = shape.hidden
+    fc = np.zeros((e, 3 * e), np.float32)
+    fc[:, :e] = np.eye(e, dtype=np.float32)  # copies the token's embedding (layer 0 input)
+    head = write_eagle3_head(tmp_path / "head.gguf", path, shape, {
+        "fc.weight": fc,
+        "blk.0.attn_output.weight": np.zeros((e, shape.n_heads * shape.head_dim), np.float32),
+        "blk.0.ffn_down.weight": np.zeros((e, shape.ffn), np.float32)})
+    with Target(path, TargetConfig(n_ctx=512, n_threads=2)) as target:
+        if not EXPECTED[arch][3]:
+            with pytest.raises(ModelLoadError, match="graph cannot export layer inputs"):
+                Eagle3Drafter(head, target)
+            return
+        drafter = Eagle3Drafter(head, target)
+        try:
+            config = GenerationConfig(N_NEW, max_draft=8)
+            free = VerifyCostModel(slope=0.0, learn=False)
+            for text in ("0 0 0 0 0 0 0 0 0 0 0 0 0 0", PROMPTS[1]):
+                prompt = target.tokenize(text, special=False)
+                target.reset()
+                plain = generate(target, prompt, None, config).tokens
+                target.reset()
+                out = generate(target, prompt, drafter, config, cost=free)
+                assert out.tokens == plain, (arch, text)
+                assert not out.stats.fallback
+        finally:
+            drafter.close()

@@ -85,10 +85,10 @@ def shape_for_target(target: Path, target_layers: tuple[int, int, int] | None = 
     if len(layers) != 3 or not all(0 <= i < n_layers for i in layers):
         raise ValueError(f"three target layers in 0..{n_layers - 1} are needed, got {layers}")
     hidden = int(key("embedding_length"))
-    return Eagle3Shape(hidden=hidden, n_heads=int(key("attention.head_count")),
-                       n_kv_heads=int(key("attention.head_count_kv",
-                                          key("attention.head_count"))),
-                       ffn=int(key("feed_forward_length")),
+    return Eagle3Shape(hidden=hidden, n_heads=_largest(key("attention.head_count")),
+                       n_kv_heads=_largest(key("attention.head_count_kv",
+                                               key("attention.head_count"))),
+                       ffn=_largest(key("feed_forward_length")),
                        target_layers=(int(layers[0]), int(layers[1]), int(layers[2])),
                        target_hidden=hidden, context_length=int(key("context_length")),
                        rope_theta=float(key("rope.freq_base", 10000.0)),
@@ -168,6 +168,12 @@ def _add_matrix(writer, name: str, data: np.ndarray, matrices: str) -> None:  # 
     else:
         q8 = GGMLQuantizationType.Q8_0
         writer.add_tensor(name, quants.quantize(data, q8), raw_dtype=q8)
+
+
+def _largest(value: object) -> int:
+    """A per-layer value (a list in some architectures, e.g. LFM2's FFN widths): the
+    largest, as the head's one layer is shaped like the target's widest."""
+    return max(int(v) for v in value) if isinstance(value, list) else int(value)  # type: ignore[call-overload]
 
 
 def _scalar(reader, key: str) -> object:  # noqa: ANN001 - gguf.GGUFReader

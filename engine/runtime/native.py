@@ -502,6 +502,7 @@ class NativeContext:
         self.n_vocab = model.n_vocab
         self.n_embd = model.n_embd
         self._embeddings = embeddings
+        self._llama_embeddings = embeddings  # llama.cpp's own flag, as last set
         self.feature_layers: tuple[int, ...] = ()
         try:
             self.set_feature_layers(feature_layers)
@@ -522,9 +523,12 @@ class NativeContext:
             return
         api = _layer_input_api()
         bad = [i for i in layers if not 0 <= i < self.model.n_layer]
-        if layers and (api is None or bad):
+        arch = self.model.architecture()
+        if layers and (api is None or bad or not arch.layer_inputs):
+            # Graphs that cannot export a layer's input abort the process if asked.
             why = (f"layers {bad} are not among its {self.model.n_layer}" if bad else
-                   "this llama.cpp build cannot export layer inputs")
+                   "this llama.cpp build cannot export layer inputs" if api is None else
+                   f"llama.cpp's {arch.name} graph cannot export layer inputs")
             raise ModelLoadError(f"cannot read EAGLE-3 features of {self.model.path.name}: "
                                  f"{why}")
         if api is not None:
@@ -533,6 +537,7 @@ class NativeContext:
             for layer in layers:
                 api["set"](self.handle, layer, True)  # type: ignore[operator]
         self.feature_layers = layers
+        self._sync_embeddings()
 
     @property
     def feature_width(self) -> int:
@@ -564,10 +569,17 @@ class NativeContext:
         self.close()
 
     def set_embeddings(self, on: bool) -> None:
-        """Output post-norm hidden states too. On, every token of a batch is an output."""
-        if on != self._embeddings:
-            llama_cpp.llama_set_embeddings(self.handle, on)
-            self._embeddings = on
+        """Output hidden states too; the caller then makes every token an output.
+        With ``feature_layers`` llama.cpp's embeddings mode stays off: layer inputs come
+        with every decode, and some graphs (LFM2) compute no logits in that mode."""
+        self._embeddings = on
+        self._sync_embeddings()
+
+    def _sync_embeddings(self) -> None:
+        wanted = self._embeddings and not self.feature_layers
+        if wanted != self._llama_embeddings:
+            llama_cpp.llama_set_embeddings(self.handle, wanted)
+            self._llama_embeddings = wanted
 
     @property
     def embeddings(self) -> bool:
@@ -612,7 +624,7 @@ class NativeContext:
     def hidden_states(self, n_outputs: int) -> np.ndarray:
         """Copy of the post-norm hidden states of the last decode, [n_outputs, n_embd];
         with ``feature_layers``, those layers' inputs, [n_outputs, n_layers * n_embd]
-        (every token of the batch: in embeddings mode each one is an output)."""
+        (every token of the batch, which callers in features mode make outputs)."""
         if not self._embeddings:
             raise RuntimeError("hidden states need the context in embeddings mode")
         if not self.feature_layers:

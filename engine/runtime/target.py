@@ -608,12 +608,13 @@ class Target:
                 chunk = tokens[start:start + chunk_size]
                 last_chunk = start + len(chunk) == len(tokens)
                 pos0 = n_keep + start
-                outputs = [False] * len(chunk)
-                outputs[-1] = last_chunk
+                # In features mode every token is an output (llama.cpp's embeddings
+                # mode makes them so anyway).
+                outputs = [self.ctx.embeddings] * len(chunk)
+                outputs[-1] = last_chunk or self.ctx.embeddings
                 self.batch.fill(chunk, list(range(pos0, pos0 + len(chunk))), None, outputs)
                 self.ctx.decode(self.batch)
                 self.tokens.extend(chunk)
-                # In embeddings mode every token is an output, whatever the flags say.
                 n_out = len(chunk) if self.ctx.embeddings else int(last_chunk)
                 if self.ctx.embeddings:
                     feats.append(self.ctx.hidden_states(n_out))
