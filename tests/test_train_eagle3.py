@@ -50,3 +50,31 @@ def test_an_eagle3_head_trains_resumes_and_exports(model_path: Path, tmp_path: P
     with NativeModel(path) as model:
         assert model.architecture().name == "eagle3"
         assert model.target_layer_ids() == layers
+
+
+def test_tandem_train_draft_writes_an_eagle3_head(model_path: Path, tmp_path: Path, capsys):
+    """The CLI end to end on a tiny JSONL of conversations: features of the three layers
+    llama.cpp's converter picks, a few steps, a report and a head.gguf llama.cpp loads."""
+    import json
+
+    from app.cli import main
+
+    lines = [json.dumps({"conversations": [{"from": "human", "value": user},
+                                           {"from": "gpt", "value": answer}]})
+             for user, answer in TEXTS * 2]
+    conversations = tmp_path / "conversations.jsonl"
+    conversations.write_text("\n".join(lines))
+    out = tmp_path / "head"
+    rc = main(["train-draft", "--fusion", "eagle3", "--target", str(model_path),
+               "--out", str(out), "--work-dir", str(tmp_path / "work"),
+               "--conversations-file", str(conversations), "--answers", "dataset",
+               "--conversations", "3", "--eval-conversations", "1", "--steps", "3",
+               "--draft-vocab", "1024", "--max-answer-tokens", "24", "--parallel", "1",
+               "--device", "cpu"])
+    assert rc == 0
+    report = json.loads((out / "train_report.json").read_text())
+    assert report["train"]["steps_done"] == 3 and report["head"]["draft_vocab"] == 1024
+    assert report["head"]["target_layers"] == [2, 15, 27]
+    with NativeModel(out / "head.gguf") as model:
+        assert model.target_layer_ids() == (2, 15, 27)
+    assert '"accuracy_by_depth"' in capsys.readouterr().out

@@ -257,6 +257,13 @@ def build(model_path: Path, conversations: Iterator[Conversation], out_dir: Path
                 manifest_path.write_text(json.dumps(manifest, indent=2))
                 if done >= n_samples or (deadline and time.monotonic() > deadline):
                     break
+        else:
+            if pending:  # the conversations ran out: the last, short shard is kept too
+                save_shard(out_dir / f"shard_{len(shards):05d}.npz", pending)
+                done += len(pending)
+                manifest_path.write_text(json.dumps({"settings": settings,
+                                                     "consumed": counter["seen"],
+                                                     "samples": done}, indent=2))
     finally:
         extractor.close()
     return done

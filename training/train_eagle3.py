@@ -17,8 +17,9 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,6 +29,9 @@ from engine.gguf.eagle3 import Eagle3Shape, write_eagle3_head
 from training.distill_data import Sample
 from training.eagle3_head import Eagle3Head
 from training.train_head import DepthAccuracy, _window, batch_tensors, unroll_mask
+
+if TYPE_CHECKING:
+    from training.train_draft import Progress, TrainDraftJob
 
 CHECKPOINT = "eagle3-checkpoint.pt"
 
@@ -192,10 +196,90 @@ def export(head: Eagle3Head, path: Path, target: Path, matrices: str = "q8_0") -
                              matrices=matrices)
 
 
-def save_report(path: Path, report: dict) -> None:
-    path.write_text(json.dumps(report, indent=2))
-
-
 def new_head(shape: Eagle3Shape, embed: np.ndarray, lm_head: np.ndarray,
              d2t: torch.Tensor) -> Eagle3Head:
     return Eagle3Head(shape, torch.from_numpy(embed), torch.from_numpy(lm_head), d2t)
+
+
+def run_job(job: TrainDraftJob, progress: Progress) -> dict:
+    """``tandem train-draft --fusion eagle3``: features of three target layers, the draft
+    vocabulary, training, an evaluation, and ``head.gguf`` (Q8_0 matrices) with a report
+    in ``job.out_dir``. Every phase resumes from ``job.work_dir``."""
+    from engine.gguf.eagle3 import shape_for_target
+    from engine.runtime.model_info import read_model_info
+    from models.gguf_weights import read_embeddings
+    from training.distill_data import build, load_samples
+    from training.train_draft import conversations_from
+    from training.train_head import draft_vocabulary
+
+    phase = progress.on_phase or (lambda _: None)
+    t0 = time.monotonic()
+    shape = shape_for_target(job.target)
+    if job.shape.draft_vocab_size:
+        shape = replace(shape, draft_vocab=job.shape.draft_vocab_size)
+    phase("features")
+    data = replace(job.data, feature_layers=shape.target_layers)
+    data_dir = job.work_dir / f"data-{data.answers}-eagle3"
+    conversations = conversations_from(job.conversations)
+    if job.task_prompts:
+        from training.task_prompts import task_conversations
+
+        conversations = task_conversations(conversations)
+        data_dir = job.work_dir / f"data-{data.answers}-eagle3-tasks"
+    n_total = job.n_samples + job.n_eval
+    build(job.target, conversations, data_dir, n_total, data, on_sample=progress.on_sample,
+          time_limit_s=job.data_time_limit_s)
+    t_data = time.monotonic() - t0
+    samples = load_samples(data_dir)[:n_total]
+    if len(samples) <= job.n_eval:
+        raise ValueError(f"only {len(samples)} conversations were usable; need more than "
+                         f"{job.n_eval} (the held-out set)")
+    train_samples, eval_samples = samples[:-job.n_eval], samples[-job.n_eval:]
+
+    phase("model")
+    info = read_model_info(job.target)
+    embed, lm_head = read_embeddings(job.target)
+    vocab = shape.draft_vocab or embed.shape[0]
+    d2t_path = job.work_dir / "eagle3-d2t.pt"
+    if d2t_path.exists():  # a resumed run keeps the vocabulary its checkpoint learnt
+        d2t = torch.load(d2t_path)
+    else:
+        d2t = (draft_vocabulary(train_samples, vocab, set(info.eog_ids))
+               if shape.draft_vocab else torch.arange(vocab))
+        if len(d2t) < vocab:  # few answers: the rest of the vocabulary in id order
+            unused = torch.ones(embed.shape[0], dtype=torch.bool)
+            unused[d2t] = False
+            d2t = torch.cat([d2t, unused.nonzero()[:, 0][:vocab - len(d2t)]])
+        torch.save(d2t, d2t_path)
+    if not shape.draft_vocab:
+        shape = replace(shape, draft_vocab=vocab)  # its own LM head, every token
+    torch.manual_seed(job.train.seed)
+    head = new_head(shape, embed, lm_head, d2t)
+    cfg = Eagle3TrainConfig(steps=job.train.steps, seqs_per_step=job.train.seqs_per_step,
+                            lr=job.train.lr, unroll=job.train.unroll, seed=job.train.seed,
+                            time_limit_s=job.train.time_limit_s)
+
+    phase("training")
+    t1 = time.monotonic()
+    state = train(head, train_samples, embed.shape[0], cfg, job.work_dir / "train-eagle3",
+                  on_progress=progress.on_step)
+    t_train = time.monotonic() - t1
+
+    phase("evaluation")
+    result = evaluate(head, eval_samples, target_to_draft(head.d2t, embed.shape[0]), cfg)
+    job.out_dir.mkdir(parents=True, exist_ok=True)
+    export(head, job.out_dir / "head.gguf", job.target)
+    report = {
+        "target": job.target.name, "head": {**asdict(shape), "format": "eagle3 GGUF, Q8_0"},
+        "data": {"answers": data.answers, "conversations": len(train_samples),
+                 "tokens": sum(len(s.tokens) for s in train_samples),
+                 "answer_tokens": sum(int(s.answer.sum()) for s in train_samples),
+                 "eval_conversations": len(eval_samples)},
+        "train": {**asdict(cfg), "steps_done": state.step, "device": "cpu",
+                  "task_prompts": job.task_prompts},
+        "eval": result,
+        "time_s": {"features": t_data, "training": t_train,
+                   "total": time.monotonic() - t0},
+    }
+    (job.out_dir / "train_report.json").write_text(json.dumps(report, indent=2))
+    return report

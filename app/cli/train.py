@@ -35,7 +35,8 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
                          max_answer_tokens=args.max_answer_tokens),
         shape=HeadShape(n_layers=args.layers, fusion=args.fusion,
                         draft_vocab_size=args.draft_vocab),
-        train=TrainConfig(steps=args.steps, seqs_per_step=args.batch, lr=args.lr,
+        train=TrainConfig(steps=args.steps, seqs_per_step=args.batch,
+                          lr=args.lr or (1e-3 if args.fusion == "eagle3" else 3e-4),
                           unroll=args.unroll, seed=args.seed,
                           time_limit_s=args.train_minutes * 60 if args.train_minutes else None),
         device=args.device or _default_device(),
@@ -100,11 +101,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="conversations the target answers at once")
     p.add_argument("--threads", type=int, default=2, help="llama.cpp threads")
     p.add_argument("--layers", type=int, default=1, help="decoder blocks in the head (m)")
-    p.add_argument("--fusion", choices=("dgf", "fc"), default="dgf")
+    p.add_argument("--fusion", choices=("dgf", "fc", "eagle3"), default="dgf",
+                   help="dgf or fc: Tandem's torch head (a directory); eagle3: an EAGLE-3 "
+                        "head over three target layers, written as OUT/head.gguf for "
+                        "llama.cpp (--drafter eagle3)")
     p.add_argument("--draft-vocab", type=int, default=8192, help="0 = full vocabulary")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch", type=int, default=4, help="sequences per optimiser step")
-    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--lr", type=float, default=None,
+                   help="learning rate (default: 3e-4, or 1e-3 for eagle3)")
     p.add_argument("--unroll", type=int, default=3, help="training-time-test depth")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-minutes", type=float, default=None,
