@@ -43,6 +43,7 @@ DRAFTER_LABELS = {
     "auto": "Auto (the planner decides)",
     "head": "Draft head",
     "draft": "Draft model",
+    "eagle3": "EAGLE-3 head (llama.cpp)",
     "lookup": "Prompt lookup",
     "none": "None (plain decoding)",
 }

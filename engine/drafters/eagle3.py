@@ -12,8 +12,8 @@ The head's cache holds the committed entries (built from the target's true featu
 draft adds entries built from the head's own vectors, which the next ``accept`` removes
 before it appends the entries of what the target committed. The last committed entry is
 decoded with its output on, so a draft starts from scores already there (one decode less
-per step). Drafts are greedy chains, stopped when the next token's path probability
-cannot repay a level's time.
+per step). A draft is a greedy chain, stopped when the next token's path probability
+cannot repay a level's time, with the next likeliest first tokens beside its first.
 """
 
 from __future__ import annotations
@@ -43,11 +43,14 @@ class Eagle3Config:
     depth: int = 6  # tokens drafted at most per step
     p_min: float = 0.05  # stop before a token whose path probability is below this
     prompt_features: int = 16  # prompt tokens the head reads the features of
+    # First tokens proposed: the chain's, and the next likeliest as siblings of it (from
+    # the same scores, no extra level; the budget keeps those likely enough to pay).
+    first_candidates: int = 3
     dynamic_depth: bool = True  # stop when the next level cannot repay its time
 
     def __post_init__(self) -> None:
-        if self.depth < 1 or self.prompt_features < 1:
-            raise ValueError("depth and prompt_features must be >= 1")
+        if self.depth < 1 or self.prompt_features < 1 or self.first_candidates < 1:
+            raise ValueError("depth, prompt_features and first_candidates must be >= 1")
         if not 0.0 <= self.p_min < 1.0:
             raise ValueError(f"p_min must be in [0, 1), got {self.p_min!r}")
 
@@ -80,9 +83,19 @@ def check_eagle3_head(head: NativeModel, target: Target) -> tuple[int, ...]:
 
 def _softmax_max(logits: np.ndarray) -> tuple[int, float]:
     """The best token and its probability."""
-    best = int(logits.argmax())
-    top = float(logits[best])
-    return best, float(1.0 / np.exp(logits - top, dtype=np.float64).sum())
+    return _softmax_top(logits, 1)[0]
+
+
+def _softmax_top(logits: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The ``k`` best tokens and their probabilities, best first."""
+    if k == 1:
+        top = np.array([int(logits.argmax())])
+    else:
+        top = np.argpartition(-logits, k - 1)[:k]
+        top = top[np.argsort(-logits[top])]
+    best = float(logits[top[0]])
+    total = float(np.exp(logits - best, dtype=np.float64).sum())
+    return [(int(t), float(np.exp(float(logits[t]) - best) / total)) for t in top]
 
 
 class Eagle3Drafter(Drafter):
@@ -118,9 +131,9 @@ class Eagle3Drafter(Drafter):
         self._tokens: list[int] = []  # the context, the last token included
         self._n_cached = 0  # committed entries end at this position (head cache)
         self._first = 0  # position of the head cache's first entry
-        # The last committed entry's output: the first draft token and its probability,
-        # and the head's vector to draft on from.
-        self._seed: tuple[int, float, np.ndarray] | None = None
+        # The last committed entry's output: the first draft tokens with their
+        # probabilities, best first, and the head's vector to draft on from.
+        self._seed: tuple[list[tuple[int, float]], np.ndarray] | None = None
         self._level_s = 0.0
         self._t_draft_s = 0.0
         self._n_draft_calls = 0
@@ -151,7 +164,8 @@ class Eagle3Drafter(Drafter):
         if max_tokens <= 0 or self._seed is None:
             return tree
         t0 = time.perf_counter()
-        token, path_p, vector = self._seed
+        candidates, vector = self._seed
+        (token, path_p), siblings = candidates[0], candidates[1:]
         ctx, cfg = self._context(), self.config
         pos = self._n_cached  # the first draft entry's position
         depth_max = min(max_tokens, cfg.depth)
@@ -172,6 +186,9 @@ class Eagle3Drafter(Drafter):
             took = time.perf_counter() - t_level
             self._level_s = took if self._level_s == 0 else 0.8 * self._level_s + 0.2 * took
             self._n_levels += 1
+        for sibling, p in siblings[:max_tokens - len(tree)] if tree else ():
+            if p >= cfg.p_min:
+                tree.add(sibling, -1, p)
         self._t_draft_s += time.perf_counter() - t0
         self._n_draft_calls += 1
         return tree
@@ -227,8 +244,8 @@ class Eagle3Drafter(Drafter):
                 batch.add_token(next_tokens[j], fused[j], first + j, output=j == n - 1)
             ctx.process(batch, encode=False)
         self._n_cached = first + n
-        token, p = _softmax_max(ctx.logits_view(1)[0])
-        self._seed = (token, p, ctx.next_vectors(1)[0])
+        self._seed = (_softmax_top(ctx.logits_view(1)[0], self.config.first_candidates),
+                      ctx.next_vectors(1)[0])
 
     def _encode(self, features: np.ndarray, first: int) -> np.ndarray:
         """fc over each row of three layer inputs: [n, n_embd]."""
