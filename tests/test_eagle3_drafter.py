@@ -126,3 +126,38 @@ def test_a_head_that_does_not_fit_is_refused_before_any_decode(target, model_pat
     truncated.write_bytes(data[:len(data) // 2])
     assert "cannot load" in _refusal(target, truncated)
     assert "architecture: the draft has llama" in _refusal(target, model_path)  # not a head at all
+
+
+def test_the_bundled_trained_head_drafts_losslessly_and_is_accepted(target, dev_prompts):
+    """The head trained here (assets/eagle3-smollm2-135m), by name as users run it."""
+    from engine.drafters import DEFAULT_EAGLE3_HEAD, make_drafter
+
+    assert DEFAULT_EAGLE3_HEAD.is_file()
+    rows = pick_per_category(dev_prompts, 1)[:8]
+    plain = plain_answers(target, rows, MAX_TOKENS)
+    drafter = make_drafter("eagle3", target=target)
+    try:
+        outs = drafted_equals_plain(target, drafter, rows, plain, MAX_TOKENS)
+    finally:
+        drafter.close()
+    steps = [s for out in outs for s in out.stats.steps]
+    accepted = sum(s.n_accepted for s in steps)
+    assert accepted >= 0.1 * len(rows) * MAX_TOKENS, accepted  # a trained head, not luck
+
+
+def test_sampling_with_the_head_keeps_the_target_distribution(fresh_target):
+    from engine.drafters import make_drafter
+    from tests.conftest import second_token_counts
+    from tests.stats_helpers import two_sample_z
+
+    t = fresh_target
+    prompt = t.chat_prompt([{"role": "user", "content": "Name a colour and say why you like it."}])
+    drafter = make_drafter("eagle3", target=t)
+    n_runs = 200
+    try:
+        plain, spec, n_proposed = second_token_counts(t, prompt, drafter, n_runs)
+    finally:
+        drafter.close()
+    assert n_proposed > n_runs  # the head really drafted
+    assert plain.sum() > 0.9 * n_runs and spec.sum() > 0.9 * n_runs
+    assert two_sample_z(plain, spec) < 4.0
