@@ -313,9 +313,9 @@ def test_an_eagle3_head_drafts_losslessly_or_is_refused_with_the_reason(
             return
         drafter = Eagle3Drafter(head, target)
         try:
-            config = GenerationConfig(N_NEW, max_draft=8)
+            config = GenerationConfig(24, max_draft=8)
             free = VerifyCostModel(slope=0.0, learn=False)
-            for text in ("0 0 0 0 0 0 0 0 0 0 0 0 0 0", PROMPTS[1]):
+            for text in ("0 0 0 0 0 0 0 0 0 0 0 0 0 0",):
                 prompt = target.tokenize(text, special=False)
                 target.reset()
                 plain = generate(target, prompt, None, config).tokens

@@ -53,9 +53,14 @@ def drafter(target, head_path: Path):
     assert target.ctx.feature_layers == ()  # the target is left as it was
 
 
-def test_greedy_equals_plain_on_real_prompts(target, dev_prompts, drafter):
+@pytest.fixture(scope="module")
+def rows_and_plain(target, dev_prompts):
     rows = pick_per_category(dev_prompts, 1)  # 13 categories, long prompts among them
-    plain = plain_answers(target, rows, MAX_TOKENS)
+    return rows, plain_answers(target, rows, MAX_TOKENS)
+
+
+def test_greedy_equals_plain_on_real_prompts(target, rows_and_plain, drafter):
+    rows, plain = rows_and_plain
     assert any(len(prompt) >= 128 for prompt, _ in plain.values())  # the F16 prefill path
     outs = drafted_equals_plain(target, drafter, rows, plain, MAX_TOKENS)
     assert sum(s.n_proposed for out in outs for s in out.stats.steps) > 0
@@ -128,13 +133,12 @@ def test_a_head_that_does_not_fit_is_refused_before_any_decode(target, model_pat
     assert "architecture: the draft has llama" in _refusal(target, model_path)  # not a head at all
 
 
-def test_the_bundled_trained_head_drafts_losslessly_and_is_accepted(target, dev_prompts):
+def test_the_bundled_trained_head_drafts_losslessly_and_is_accepted(target, rows_and_plain):
     """The head trained here (assets/eagle3-smollm2-135m), by name as users run it."""
     from engine.drafters import DEFAULT_EAGLE3_HEAD, make_drafter
 
     assert DEFAULT_EAGLE3_HEAD.is_file()
-    rows = pick_per_category(dev_prompts, 1)[:8]
-    plain = plain_answers(target, rows, MAX_TOKENS)
+    rows, plain = rows_and_plain
     drafter = make_drafter("eagle3", target=target)
     try:
         outs = drafted_equals_plain(target, drafter, rows, plain, MAX_TOKENS)
@@ -153,7 +157,7 @@ def test_sampling_with_the_head_keeps_the_target_distribution(fresh_target):
     t = fresh_target
     prompt = t.chat_prompt([{"role": "user", "content": "Name a colour and say why you like it."}])
     drafter = make_drafter("eagle3", target=t)
-    n_runs = 200
+    n_runs = 120
     try:
         plain, spec, n_proposed = second_token_counts(t, prompt, drafter, n_runs)
     finally:
