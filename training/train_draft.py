@@ -103,6 +103,28 @@ def head_config_for(target: Path, shape: HeadShape, fingerprint) -> HeadConfig: 
                       target=fingerprint)
 
 
+def job_samples(job: TrainDraftJob, data: BuildConfig, kind: str, progress: Progress
+                ) -> tuple[list[Sample], list[Sample]]:
+    """The job's conversations built into feature shards (resumed where they stopped)
+    under ``work_dir/data-<answers><kind>[-tasks]``, split into training and held-out
+    samples. Raises ValueError when too few were usable."""
+    data_dir = job.work_dir / f"data-{data.answers}{kind}"
+    n_total = job.n_samples + job.n_eval
+    conversations = conversations_from(job.conversations)
+    if job.task_prompts:
+        from training.task_prompts import task_conversations
+
+        conversations = task_conversations(conversations)
+        data_dir = data_dir.with_name(data_dir.name + "-tasks")
+    build(job.target, conversations, data_dir, n_total, data,
+          on_sample=progress.on_sample, time_limit_s=job.data_time_limit_s)
+    samples = load_samples(data_dir)[:n_total]
+    if len(samples) <= job.n_eval:
+        raise ValueError(f"only {len(samples)} conversations were usable; need more than "
+                         f"{job.n_eval} (the held-out set)")
+    return samples[:-job.n_eval], samples[-job.n_eval:]
+
+
 def run(job: TrainDraftJob, progress: Progress | None = None) -> dict:
     """Build data, train, evaluate and save the head in ``job.out_dir``; returns the
     report (also written there as ``train_report.json``)."""
@@ -118,22 +140,8 @@ def run(job: TrainDraftJob, progress: Progress | None = None) -> dict:
     t0 = time.monotonic()
 
     phase("features")
-    data_dir = job.work_dir / f"data-{job.data.answers}"
-    n_total = job.n_samples + job.n_eval
-    conversations = conversations_from(job.conversations)
-    if job.task_prompts:
-        from training.task_prompts import task_conversations
-
-        conversations = task_conversations(conversations)
-        data_dir = job.work_dir / f"data-{job.data.answers}-tasks"
-    build(job.target, conversations, data_dir, n_total, job.data,
-          on_sample=progress.on_sample, time_limit_s=job.data_time_limit_s)
+    train_samples, eval_samples = job_samples(job, job.data, "", progress)
     t_data = time.monotonic() - t0
-    samples = load_samples(data_dir)[:n_total]
-    if len(samples) <= job.n_eval:
-        raise ValueError(f"only {len(samples)} conversations were usable; need more than "
-                         f"{job.n_eval} (the held-out set)")
-    train_samples, eval_samples = samples[:-job.n_eval], samples[-job.n_eval:]
 
     phase("model")
     info = read_model_info(job.target)

@@ -17,7 +17,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,7 +28,14 @@ import torch.nn.functional as F
 from engine.gguf.eagle3 import Eagle3Shape, write_eagle3_head
 from training.distill_data import Sample
 from training.eagle3_head import Eagle3Head
-from training.train_head import DepthAccuracy, _window, batch_tensors, unroll_mask
+from training.train_head import (
+    DepthAccuracy,
+    TrainState,
+    _window,
+    batch_tensors,
+    optimise,
+    unroll_mask,
+)
 
 if TYPE_CHECKING:
     from training.train_draft import Progress, TrainDraftJob
@@ -50,13 +57,6 @@ class Eagle3TrainConfig:
     checkpoint_every_s: float = 120.0
     time_limit_s: float | None = None
     seed: int = 0
-
-
-@dataclass
-class Eagle3TrainState:
-    step: int = 0
-    seconds: float = 0.0
-    history: list[dict] = field(default_factory=list)
 
 
 def target_to_draft(d2t: torch.Tensor, n_vocab: int) -> torch.Tensor:
@@ -116,40 +116,22 @@ def evaluate(head: Eagle3Head, samples: list[Sample], t2d: torch.Tensor,
             "accuracy_by_depth": acc.rates()}
 
 
-def _lr_at(step: int, cfg: Eagle3TrainConfig, elapsed_s: float) -> float:
-    """Warm-up, then cosine decay to 10% by steps or time, whichever runs out first."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    if cfg.time_limit_s:
-        progress = max(progress, elapsed_s / cfg.time_limit_s)
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
 def train(head: Eagle3Head, samples: list[Sample], n_vocab: int, cfg: Eagle3TrainConfig,
           work_dir: Path, on_progress: Callable[[int, dict], None] | None = None
-          ) -> Eagle3TrainState:
+          ) -> TrainState:
     """Train ``head`` in place, resuming from ``work_dir``'s checkpoint."""
     work_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    state = Eagle3TrainState()
+    state = TrainState()
     ckpt_path = work_dir / CHECKPOINT
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         head.load_state_dict(ckpt["head"])
         opt.load_state_dict(ckpt["opt"])
-        state = Eagle3TrainState(**ckpt["state"])
+        state = TrainState(**ckpt["state"])
     t2d = target_to_draft(head.d2t, n_vocab)
-    rng = np.random.default_rng(cfg.seed + state.step)
-    usable = [s for s in samples if len(s.tokens) >= 3 and s.answer.any()]
-    if not usable:
-        raise ValueError("no training samples with an answer")
-    head.train()
-    t_start, t_run = time.monotonic() - state.seconds, time.monotonic()
-    last_save = time.monotonic()
-    window, window_loss = DepthAccuracy(), []
 
     def save() -> None:
         tmp = ckpt_path.with_suffix(".tmp")
@@ -157,36 +139,10 @@ def train(head: Eagle3Head, samples: list[Sample], n_vocab: int, cfg: Eagle3Trai
                     "state": asdict(state)}, tmp)
         os.replace(tmp, ckpt_path)
 
-    try:
-        deadline = None if cfg.time_limit_s is None else t_run + cfg.time_limit_s
-        while state.step < cfg.steps and (deadline is None or time.monotonic() < deadline):
-            for group in opt.param_groups:
-                group["lr"] = _lr_at(state.step, cfg, time.monotonic() - t_run)
-            opt.zero_grad(set_to_none=True)
-            acc = DepthAccuracy()
-            group = [usable[i] for i in rng.integers(0, len(usable), cfg.seqs_per_step)]
-            batch = batch_tensors(group, [_window(s, cfg.max_len, rng) for s in group],
-                                  cfg.max_len, t2d.device)
-            loss = unrolled_loss(head, batch, t2d, cfg, acc, train=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.clip)
-            opt.step()
-            state.step += 1
-            state.seconds = time.monotonic() - t_start
-            for d, (c, t) in enumerate(zip(acc.correct, acc.total, strict=True), start=1):
-                window.add(d, c, t)
-            window_loss.append(float(loss.detach()))
-            if on_progress:
-                on_progress(state.step, {"loss": float(np.mean(window_loss[-50:])),
-                                         "acc": window.rates()})
-            if state.step % 50 == 0:
-                window = DepthAccuracy()
-            if time.monotonic() - last_save > cfg.checkpoint_every_s:
-                save()
-                last_save = time.monotonic()
-    finally:
-        state.seconds = time.monotonic() - t_start
-        save()
+    head.train()
+    optimise(params, opt, state, cfg, samples, t2d.device,
+             lambda batch, acc: unrolled_loss(head, batch, t2d, cfg, acc, train=True),
+             save, on_progress)
     return state
 
 
@@ -208,8 +164,7 @@ def run_job(job: TrainDraftJob, progress: Progress) -> dict:
     from engine.gguf.eagle3 import shape_for_target
     from engine.runtime.model_info import read_model_info
     from models.gguf_weights import read_embeddings
-    from training.distill_data import build, load_samples
-    from training.train_draft import conversations_from
+    from training.train_draft import job_samples
     from training.train_head import draft_vocabulary
 
     phase = progress.on_phase or (lambda _: None)
@@ -219,22 +174,8 @@ def run_job(job: TrainDraftJob, progress: Progress) -> dict:
         shape = replace(shape, draft_vocab=job.shape.draft_vocab_size)
     phase("features")
     data = replace(job.data, feature_layers=shape.target_layers)
-    data_dir = job.work_dir / f"data-{data.answers}-eagle3"
-    conversations = conversations_from(job.conversations)
-    if job.task_prompts:
-        from training.task_prompts import task_conversations
-
-        conversations = task_conversations(conversations)
-        data_dir = job.work_dir / f"data-{data.answers}-eagle3-tasks"
-    n_total = job.n_samples + job.n_eval
-    build(job.target, conversations, data_dir, n_total, data, on_sample=progress.on_sample,
-          time_limit_s=job.data_time_limit_s)
+    train_samples, eval_samples = job_samples(job, data, "-eagle3", progress)
     t_data = time.monotonic() - t0
-    samples = load_samples(data_dir)[:n_total]
-    if len(samples) <= job.n_eval:
-        raise ValueError(f"only {len(samples)} conversations were usable; need more than "
-                         f"{job.n_eval} (the held-out set)")
-    train_samples, eval_samples = samples[:-job.n_eval], samples[-job.n_eval:]
 
     phase("model")
     info = read_model_info(job.target)

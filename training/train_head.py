@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -206,7 +207,7 @@ class TrainState:
     history: list[dict] = field(default_factory=list)
 
 
-def _lr_at(step: int, cfg: TrainConfig, elapsed_s: float = 0.0) -> float:
+def _lr_at(step: int, cfg: Any, elapsed_s: float = 0.0) -> float:
     """Linear warm-up, then cosine decay to 10%; under a time limit the decay follows
     whichever runs out first, steps or time, so a cut-short run still anneals."""
     if step < cfg.warmup:
@@ -223,6 +224,57 @@ def _save_checkpoint(path: Path, head: DraftHead, opt: torch.optim.Optimizer,
     torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "state": asdict(state),
                 "train_config": asdict(cfg), "head_config": head_cfg.to_json()}, tmp)
     os.replace(tmp, path)
+
+
+def optimise(params: list[torch.nn.Parameter], opt: torch.optim.Optimizer,
+             state: TrainState, cfg: Any, samples: list[Sample], device: torch.device,
+             step_loss: Callable[[dict[str, torch.Tensor], DepthAccuracy], torch.Tensor],
+             save: Callable[[], None],
+             on_progress: Callable[[int, dict], None] | None = None) -> None:
+    """The optimiser loop every head kind trains with: random windows of ``samples``,
+    the learning-rate schedule, gradient clipping, accuracies by depth over the last 50
+    steps, a checkpoint (``save``) every few minutes and on exit. ``cfg`` has ``steps``,
+    ``seqs_per_step``, ``max_len``, ``clip``, ``lr``, ``warmup``, ``time_limit_s``,
+    ``checkpoint_every_s`` and ``seed``."""
+    rng = np.random.default_rng(cfg.seed + state.step)
+    usable = [s for s in samples if len(s.tokens) >= 3 and s.answer.any()]
+    if not usable:
+        raise ValueError("no training samples with an answer")
+    last_save = time.monotonic()
+    t_start = time.monotonic() - state.seconds
+    window = DepthAccuracy()
+    window_loss: list[float] = []
+    try:
+        t_run = time.monotonic()
+        t_limit = None if cfg.time_limit_s is None else time.monotonic() + cfg.time_limit_s
+        while state.step < cfg.steps and (t_limit is None or time.monotonic() < t_limit):
+            for group in opt.param_groups:
+                group["lr"] = _lr_at(state.step, cfg, time.monotonic() - t_run)
+            opt.zero_grad(set_to_none=True)
+            acc = DepthAccuracy()
+            group = [usable[i] for i in rng.integers(0, len(usable), cfg.seqs_per_step)]
+            batch = batch_tensors(group, [_window(s, cfg.max_len, rng) for s in group],
+                                  cfg.max_len, device)
+            loss = step_loss(batch, acc)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.clip)
+            opt.step()
+            state.step += 1
+            state.seconds = time.monotonic() - t_start
+            for d, (c, t) in enumerate(zip(acc.correct, acc.total, strict=True), start=1):
+                window.add(d, c, t)
+            window_loss.append(float(loss.detach()))
+            if on_progress:
+                on_progress(state.step, {"loss": float(np.mean(window_loss[-50:])),
+                                         "acc": window.rates()})
+            if state.step % 50 == 0:
+                window = DepthAccuracy()
+            if time.monotonic() - last_save > cfg.checkpoint_every_s:
+                save()
+                last_save = time.monotonic()
+    finally:
+        state.seconds = time.monotonic() - t_start
+        save()
 
 
 def train(head: DraftHead, train_samples: list[Sample], eval_samples: list[Sample],
@@ -244,48 +296,15 @@ def train(head: DraftHead, train_samples: list[Sample], eval_samples: list[Sampl
         head.load_state_dict(ckpt["head"])
         opt.load_state_dict(ckpt["opt"])
         state = TrainState(**ckpt["state"])
-    rng = np.random.default_rng(cfg.seed + state.step)
-    usable = [s for s in train_samples if len(s.tokens) >= 3 and s.answer.any()]
-    if not usable:
-        raise ValueError("no training samples with an answer")
+
+    def step_loss(batch: dict[str, torch.Tensor], acc: DepthAccuracy) -> torch.Tensor:
+        with _autocast(cfg, device):
+            return unrolled_losses(head, batch, cfg, acc, train=True)
+
     head.train()
-    last_save = time.monotonic()
-    t_start = time.monotonic() - state.seconds
-    window = DepthAccuracy()
-    window_loss: list[float] = []
-    try:
-        t_run = time.monotonic()
-        t_limit = None if cfg.time_limit_s is None else time.monotonic() + cfg.time_limit_s
-        while state.step < cfg.steps and (t_limit is None or time.monotonic() < t_limit):
-            for group in opt.param_groups:
-                group["lr"] = _lr_at(state.step, cfg, time.monotonic() - t_run)
-            opt.zero_grad(set_to_none=True)
-            acc = DepthAccuracy()
-            group = [usable[i] for i in rng.integers(0, len(usable), cfg.seqs_per_step)]
-            batch = batch_tensors(group, [_window(s, cfg.max_len, rng) for s in group],
-                                  cfg.max_len, device)
-            with _autocast(cfg, device):
-                loss = unrolled_losses(head, batch, cfg, acc, train=True)
-            loss.backward()
-            loss_sum = float(loss.detach())
-            torch.nn.utils.clip_grad_norm_(params, cfg.clip)
-            opt.step()
-            state.step += 1
-            state.seconds = time.monotonic() - t_start
-            for d, (c, t) in enumerate(zip(acc.correct, acc.total, strict=True), start=1):
-                window.add(d, c, t)
-            window_loss.append(loss_sum)
-            if on_progress:
-                on_progress(state.step, {"loss": float(np.mean(window_loss[-50:])),
-                                         "acc": window.rates()})
-            if state.step % 50 == 0:
-                window = DepthAccuracy()
-            if time.monotonic() - last_save > cfg.checkpoint_every_s:
-                _save_checkpoint(ckpt_path, head, opt, state, cfg, head.cfg)
-                last_save = time.monotonic()
-    finally:
-        state.seconds = time.monotonic() - t_start
-        _save_checkpoint(ckpt_path, head, opt, state, cfg, head.cfg)
+    optimise(params, opt, state, cfg, train_samples, device, step_loss,
+             lambda: _save_checkpoint(ckpt_path, head, opt, state, cfg, head.cfg),
+             on_progress)
     if eval_samples:
         state.history.append({"step": state.step, **evaluate(head, eval_samples, cfg)})
         (work_dir / "eval.json").write_text(json.dumps(state.history[-1], indent=2))
