@@ -90,7 +90,7 @@ class Verification:
     """What one verification decode produced. Valid until the next decode."""
 
     logits: np.ndarray  # [1 + n_draft, n_vocab]; row 0 predicts the token after the root
-    features: np.ndarray | None  # [1 + n_draft, n_embd] when features are on
+    features: np.ndarray | None  # [1 + n_draft, feature_width] when features are on
     leaf_seq: dict[int, int]  # draft-tree leaf (verification numbering) -> sequence id
     node_seqs: list[tuple[int, ...]]  # sequence ids of each node
     depths: list[int]  # depth of each node, the root 0
@@ -99,7 +99,7 @@ class Verification:
 @dataclass
 class Prefill:
     logits: np.ndarray  # [n_vocab] for the token after the prompt
-    features: np.ndarray | None  # [n, n_embd] for the last n prompt tokens evaluated
+    features: np.ndarray | None  # [n, feature_width] for the last n prompt tokens evaluated
     n_reused: int  # prompt tokens found already in the cache
 
 
