@@ -132,10 +132,6 @@ def run(job: TrainDraftJob, progress: Progress | None = None) -> dict:
     from models.gguf_weights import target_for_head
 
     progress = progress or Progress()
-    if job.shape.fusion == "eagle3":  # an eagle3 GGUF for llama.cpp, not a torch head
-        from training.train_eagle3 import run_job
-
-        return run_job(job, progress)
     phase = progress.on_phase or (lambda _: None)
     t0 = time.monotonic()
 

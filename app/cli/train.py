@@ -69,7 +69,13 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
         bar.set_postfix_str(f"loss {info['loss']:.3f} acc@depth {acc}")
         bar.refresh()
 
-    report = run(job, Progress(on_sample=on_sample, on_step=on_step, on_phase=on_phase))
+    progress = Progress(on_sample=on_sample, on_step=on_step, on_phase=on_phase)
+    if job.shape.fusion == "eagle3":  # an eagle3 GGUF for llama.cpp, not a torch head
+        from training.train_eagle3 import run_job
+
+        report = run_job(job, progress)
+    else:
+        report = run(job, progress)
     for bar in bars.values():
         bar.close()
     ev = report["eval"]
