@@ -166,11 +166,6 @@ def _layer_input_api() -> dict[str, object] | None:
     return None if any(f is None for f in api.values()) else api
 
 
-def layer_inputs_available() -> bool:
-    """Whether this llama.cpp build can export layer inputs (EAGLE-3 heads)."""
-    return _layer_input_api() is not None
-
-
 class NativeModel:
     """A loaded GGUF: weights and vocabulary."""
 
@@ -364,6 +359,14 @@ class NativeBatch:
         self.close()
 
 
+def _embd(vector: np.ndarray) -> tuple[llama_cpp.llama_embd, np.ndarray]:
+    """One row as llama.cpp's ``llama_embd``, with the float32 array it points into: the
+    caller keeps that array alive until llama.cpp has copied the row (when it is added)."""
+    row = np.ascontiguousarray(vector, dtype=np.float32)
+    return (llama_cpp.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1,
+                                 row.shape[-1]), row)
+
+
 class NativeExtBatch:
     """A reusable extended batch (``llama_batch_ext``) of one context: rows that carry a
     vector, alone (an encoder's input) or beside a token (an eagle3 head's decoder)."""
@@ -386,10 +389,8 @@ class NativeExtBatch:
 
     def add_vector(self, row: np.ndarray, position: int, seq_id: int = 0,
                    output: bool = True) -> None:
-        """A row that is a vector alone (llama.cpp copies it)."""
-        row = np.ascontiguousarray(row, dtype=np.float32)
-        embd = llama_cpp.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1,
-                                    row.shape[-1])
+        """A row that is a vector alone."""
+        embd, _kept = _embd(row)
         self._added(llama_cpp.llama_batch_ext_add_embd(self.raw, seq_id, embd), position,
                     output)
 
@@ -397,9 +398,7 @@ class NativeExtBatch:
                   output: bool = False) -> None:
         """A row that is a token with a vector beside it."""
         i = llama_cpp.llama_batch_ext_add_token(self.raw, seq_id, token)
-        vector = np.ascontiguousarray(vector, dtype=np.float32)
-        embd = llama_cpp.llama_embd(vector.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1,
-                                    vector.shape[-1])
+        embd, _kept = _embd(vector)
         if i >= 0 and not llama_cpp.llama_batch_ext_set_embd_token(self.raw, i, embd):
             i = -2
         self._added(i, position, output)
@@ -509,7 +508,6 @@ class NativeContext:
         except BaseException:
             self.close()
             raise
-        self.ctx_other = ctx_other
         # The last logits row's view, by the address llama.cpp gave: plain decoding reads
         # one row every step, and numpy's ctypes route rebuilt an array type each time
         # (~50 us a step on a cache the decode had just flushed, ~1% of a token).
@@ -589,11 +587,15 @@ class NativeContext:
         """Run the batch. Raises ContextFullError (KV full) or NativeError."""
         # Where it starts: recurrent state can be taken back only within the last batch.
         self.last_batch_start = int(batch.raw.pos[0]) if batch.raw.n_tokens else 0
-        rc = llama_cpp.llama_decode(self.handle, batch.raw)
+        self._check("llama_decode", llama_cpp.llama_decode(self.handle, batch.raw),
+                    batch.raw.n_tokens, "batch")
+
+    def _check(self, call: str, rc: int, n_tokens: int, what: str) -> None:
+        """llama_decode's and llama_process's return codes as errors."""
         if rc == 1:
-            raise ContextFullError(batch.raw.n_tokens, self.n_ctx, what="batch")
+            raise ContextFullError(n_tokens, self.n_ctx, what=what)
         if rc != 0:
-            raise NativeError("llama_decode", rc, _DECODE_MEANINGS.get(rc, ""))
+            raise NativeError(call, rc, _DECODE_MEANINGS.get(rc, ""))
 
     def logits_view(self, n_outputs: int) -> np.ndarray:
         """No-copy view of the last decode's logits, [n_outputs, n_vocab]; valid until the
@@ -661,11 +663,8 @@ class NativeContext:
         Raises ContextFullError or NativeError as ``decode`` does."""
         kind = (llama_cpp.LLAMA_PROCESS_TYPE_ENCODE if encode
                 else llama_cpp.LLAMA_PROCESS_TYPE_DECODE)
-        rc = llama_cpp.llama_process(self.handle, kind, batch.raw)
-        if rc == 1:
-            raise ContextFullError(batch.n_rows, self.n_ctx, what="head batch")
-        if rc != 0:
-            raise NativeError("llama_process", rc, _DECODE_MEANINGS.get(rc, ""))
+        self._check("llama_process", llama_cpp.llama_process(self.handle, kind, batch.raw),
+                    batch.n_rows, "head batch")
 
     # KV cache. Positions: p0 inclusive, p1 exclusive, negative means open-ended.
     def kv_remove(self, seq_id: int, p0: int, p1: int = -1) -> bool:
