@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.drafters.base import Drafter
-from engine.errors import ClosedError, IncompatibleDraftError, ModelLoadError
+from engine.errors import ClosedError, IncompatibleDraftError
 from engine.gguf.draft_compat import mismatches
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.native import NativeContext, NativeExtBatch, NativeModel
@@ -225,7 +225,7 @@ class Eagle3Drafter(Drafter):
     # --- the head's cache ------------------------------------------------------------------
     def _context(self) -> NativeContext:
         if self.ctx is None:
-            raise ModelLoadError(f"the eagle3 head {self.path.name} is closed")
+            raise ClosedError(f"eagle3 head {self.path.name}")
         return self.ctx
 
     def _fresh_batch(self) -> NativeExtBatch:
