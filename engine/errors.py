@@ -83,6 +83,15 @@ class IncompatibleDraftError(TandemError):
         self.mismatches = mismatches
 
 
+class DrafterUnavailableError(TandemError):
+    """A drafter this model cannot use (an MTP block it lacks, an architecture without
+    the graph); ``reason`` says why in a few words."""
+
+    def __init__(self, model: str, drafter: str, reason: str) -> None:
+        super().__init__(f"{model} cannot draft with {drafter}: {reason}")
+        self.reason = reason
+
+
 class DownloadError(TandemError):
     """A model download failed; what was already on disk is kept."""
 

@@ -44,6 +44,7 @@ DRAFTER_LABELS = {
     "head": "Draft head",
     "draft": "Draft model",
     "eagle3": "EAGLE-3 head (llama.cpp)",
+    "mtp": "MTP block (in the model)",
     "lookup": "Prompt lookup",
     "none": "None (plain decoding)",
 }

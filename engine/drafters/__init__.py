@@ -29,8 +29,11 @@ log = logging.getLogger(__name__)
 
 # "head+memory": the head's tree and the memory's as one draft (engine.drafters.merged).
 HEAD_DRAFTERS = ("head", "head-chain", "head-multi", "head-ahead", "head+memory")
-# "eagle3": an EAGLE-3 head GGUF run by llama.cpp (engine.drafters.eagle3).
-DRAFTER_NAMES = ("none", "memory", "lookup", *HEAD_DRAFTERS, "draft", "eagle3")
+# "eagle3": an EAGLE-3 head GGUF run by llama.cpp (engine.drafters.eagle3); "mtp": the
+# target GGUF's own next-token block (engine.drafters.mtp).
+DRAFTER_NAMES = ("none", "memory", "lookup", *HEAD_DRAFTERS, "draft", "eagle3", "mtp")
+# Drafters llama.cpp runs beside the target, which fall back to memory drafts.
+NATIVE_DRAFTERS = {"draft": "draft model", "eagle3": "EAGLE-3 head", "mtp": "MTP block"}
 # The head trained for the bundled model (README says how it was made).
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parents[2] / "assets" / "draft-head-smollm2-135m"
 # The EAGLE-3 head trained for the bundled model (docs/eagle3-notes.md says how).
@@ -80,11 +83,17 @@ def build_drafter(spec: DrafterSpec, target: Target | None = None,
         raise ValueError(f"the {spec.name} drafter needs the target model")
     if spec.name == "draft":
         return open_draft_model(spec.draft_model, target, spec.head_options)
-    if spec.name == "eagle3":
-        from engine.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+    if spec.name in ("eagle3", "mtp"):
+        from engine.drafters.native_head import HeadChainConfig
 
         depth = spec.head_options.get("depth")
-        config = Eagle3Config(depth=int(depth)) if depth else Eagle3Config()
+        config = HeadChainConfig(depth=int(depth)) if depth else HeadChainConfig()
+        if spec.name == "mtp":
+            from engine.drafters.mtp import MtpDrafter
+
+            return MtpDrafter(target, config)
+        from engine.drafters.eagle3 import Eagle3Drafter
+
         return Eagle3Drafter(Path(spec.head_dir or DEFAULT_EAGLE3_HEAD), target, config)
     from engine.drafters.head import HeadDrafterConfig, load_head_drafter
 
@@ -150,11 +159,11 @@ def open_drafter(spec: DrafterSpec, target: Target | None = None,
                     break  # the files themselves are wrong: another device will not help
         notes.append("using drafts from memory instead")
         spec = DrafterSpec("memory")
-    if spec.name in ("draft", "eagle3"):
+    if spec.name in NATIVE_DRAFTERS:
         try:
             return build_drafter(spec, target, fingerprint, memory), notes
         except Exception as exc:  # noqa: BLE001 - bad file, another vocabulary, memory
-            what = "draft model" if spec.name == "draft" else "EAGLE-3 head"
+            what = NATIVE_DRAFTERS[spec.name]
             notes.append(f"the {what} could not run: {exc}; using drafts from memory "
                          "instead")
             spec = DrafterSpec("memory")

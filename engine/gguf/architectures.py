@@ -52,6 +52,12 @@ class TinyShape:
     ssm_v_heads: int = 4
     ssm_conv: int = 4
     attention_interval: int = 2
+    # Next-token (MTP) blocks after the trunk (qwen35: one), as Qwen3.5's GGUFs carry.
+    mtp_layers: int = 0
+    # How much each layer adds to the residual stream (its output projections' scale). Near
+    # 0 the next token is mostly the current one, which an MTP block built to guess that
+    # (``mtp_echo``) then drafts right often: tests need drafts that are accepted.
+    damp: float = 1.0
 
     @property
     def head_dim(self) -> int:
@@ -92,6 +98,17 @@ def _ffn(b: str, s: TinyShape) -> list[Tensor]:
     return [(b + "ffn_gate.weight", (s.ffn, s.hidden), "matrix"),
             (b + "ffn_up.weight", (s.ffn, s.hidden), "matrix"),
             (b + "ffn_down.weight", (s.hidden, s.ffn), "matrix")]
+
+
+def _mtp_block(i: int, s: TinyShape) -> list[Tensor]:
+    """qwen35's next-token block ``blk.i``: eh_proj fuses the token's embedding with the
+    trunk's last hidden state, then one gated attention layer and a dense FFN; embedding,
+    LM head and final norm are the trunk's (the optional ``nextn.*`` copies left out)."""
+    b = f"blk.{i}."
+    return ([_norm(b + "attn_norm.weight", s), _norm(b + "post_attention_norm.weight", s)]
+            + _attention(b, s, q_norm=True, q_rows=2 * s.n_heads * s.head_dim) + _ffn(b, s)
+            + [(b + "nextn.eh_proj.weight", (s.hidden, 2 * s.hidden), "echo"),
+               _norm(b + "nextn.enorm.weight", s), _norm(b + "nextn.hnorm.weight", s)])
 
 
 def _experts(b: str, s: TinyShape, biases: bool) -> list[Tensor]:
@@ -216,13 +233,17 @@ def tensor_layout(arch: str, s: TinyShape, n_vocab: int) -> list[Tensor]:
     out = [("token_embd.weight", (n_vocab, s.hidden), "matrix"), _norm(final_norm, s)]
     if arch == "gpt-oss":  # the only one here without tied embeddings
         out.append(("output.weight", (n_vocab, s.hidden), "matrix"))
+    if s.mtp_layers:
+        if arch != "qwen35" or s.mtp_layers != 1:
+            raise ValueError("next-token (MTP) blocks: one, on qwen35 only")
+        layers += _mtp_block(s.n_layers, s)
     return out + layers
 
 
 def _write_keys(writer, arch: str, s: TinyShape) -> None:  # noqa: ANN001 - gguf.GGUFWriter
     writer.add_context_length(s.context)
     writer.add_embedding_length(s.hidden)
-    writer.add_block_count(s.n_layers)
+    writer.add_block_count(s.n_layers + s.mtp_layers)  # the MTP blocks count as blocks
     writer.add_feed_forward_length(s.ffn)
     writer.add_head_count(s.n_heads)
     if arch == "lfm2":
@@ -259,11 +280,20 @@ def _write_keys(writer, arch: str, s: TinyShape) -> None:  # noqa: ANN001 - gguf
         writer.add_ssm_time_step_rank(s.ssm_v_heads)
         writer.add_ssm_inner_size(s.ssm_state * s.ssm_v_heads)
         writer.add_full_attention_interval(s.attention_interval)
+    if s.mtp_layers:
+        writer.add_nextn_predict_layers(s.mtp_layers)
+
+
+# Projections back into the residual stream: ``damp`` scales them.
+_OUTPUT_PROJECTIONS = ("attn_output.weight", "ffn_down.weight", "ssm_out.weight",
+                       "shortconv.out_proj.weight", "ffn_down_exps.weight")
 
 
 def _fill(kind: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     if kind == "matrix":  # outputs keep unit size: normal, scaled by 1/sqrt(inputs)
         return (rng.standard_normal(dims, np.float32) / np.sqrt(dims[-1])).astype(np.float32)
+    if kind == "echo":  # eh_proj passing the token's embedding through: [I | 0]
+        return np.eye(dims[0], dims[1], dtype=np.float32)
     if kind == "conv":
         return (rng.standard_normal(dims, np.float32) * 0.3).astype(np.float32)
     if kind == "decay":  # -exp(A_log): a state that forgets at a sane rate
@@ -300,8 +330,11 @@ def write_architecture_gguf(arch: str, path: Path, tokenizer_from: Path,
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for done, (_, dims, kind) in enumerate(layout, 1):
-        writer.write_tensor_data(_fill(kind, dims, rng))
+    for done, (tensor_name, dims, kind) in enumerate(layout, 1):
+        data = _fill(kind, dims, rng)
+        if s.damp != 1.0 and tensor_name.endswith(_OUTPUT_PROJECTIONS):
+            data *= np.float32(s.damp)
+        writer.write_tensor_data(data)
         if progress is not None:
             progress(done, len(layout))
     writer.close()

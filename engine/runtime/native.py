@@ -170,11 +170,13 @@ class NativeModel:
     """A loaded GGUF: weights and vocabulary."""
 
     def __init__(self, path: str | os.PathLike[str], n_gpu_layers: int = 0,
-                 vocab_only: bool = False, repack: bool = True) -> None:
+                 vocab_only: bool = False, repack: bool = True, load_mtp: bool = False
+                 ) -> None:
         """Raises ModelLoadError for a missing, non-GGUF, truncated or unsupported file.
         ``vocab_only`` reads the header and vocabulary, no weights (fast). ``repack``:
         llama.cpp's CPU "extra" buffers (weights repacked for SIMD; for some types a
-        batch of 4+ rows then sums in another order than one row)."""
+        batch of 4+ rows then sums in another order than one row). ``load_mtp``: load
+        the file's next-token (MTP) blocks too, which only an MTP context runs."""
         self.path = Path(path)
         check_gguf_magic(self.path)
         _ensure_backend()
@@ -182,6 +184,7 @@ class NativeModel:
         params.n_gpu_layers = n_gpu_layers
         params.vocab_only = vocab_only
         params.use_extra_bufts = repack
+        params.load_mtp = load_mtp
         self.repack = repack
         mark = _log_mark()
         handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
@@ -193,7 +196,11 @@ class NativeModel:
         self._vocab = llama_cpp.llama_model_get_vocab(handle)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.n_embd = int(llama_cpp.llama_model_n_embd(handle))
-        self.n_layer = int(llama_cpp.llama_model_n_layer(handle))
+        self.n_layer = int(llama_cpp.llama_model_n_layer(handle))  # the trunk's
+        self.n_layer_nextn = int(llama_cpp.llama_model_n_layer_nextn(handle))
+        # Whether those blocks' weights are loaded: an MTP context over a model loaded
+        # without them passes llama.cpp's checks, then aborts on its first decode.
+        self.mtp_loaded = load_mtp and self.n_layer_nextn > 0 and not vocab_only
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(handle))
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self.bos_id = int(llama_cpp.llama_vocab_bos(self._vocab))
@@ -444,6 +451,7 @@ class NativeContext:
         op_offload: bool = True,
         feature_layers: tuple[int, ...] = (),
         ctx_other: NativeContext | None = None,
+        mtp: bool = False,
     ) -> None:
         """Raises ModelLoadError when llama.cpp cannot create the context (memory).
         ``n_rs_seq``: recurrent-state snapshots kept per sequence, so that many tokens can
@@ -455,8 +463,15 @@ class NativeContext:
         ``feature_layers``: in embeddings mode, ``hidden_states`` gives these layers'
         inputs side by side (an EAGLE-3 head's features) instead of the last layer's
         output. ``ctx_other``: the target context an eagle3 head borrows its token
-        embedding and LM head from (it must outlive this one)."""
+        embedding and LM head from (it must outlive this one). ``mtp``: a context that
+        runs the model's next-token block instead of its trunk (the model must be loaded
+        with ``load_mtp``; its KV holds that block's layer only)."""
         _ensure_backend()
+        if mtp and not model.mtp_loaded:
+            # llama.cpp would make the context, then abort on its first decode.
+            why = ("it has no next-token (MTP) blocks" if not model.n_layer_nextn
+                   else "its next-token blocks were not loaded")
+            raise ModelLoadError(f"cannot run {model.path.name}'s MTP block: {why}")
         self.model = model
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -487,6 +502,8 @@ class NativeContext:
         params.type_v = _KV_TYPES[type_v]
         if ctx_other is not None:
             params.ctx_other = ctx_other.handle
+        if mtp:
+            params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
         mark = _log_mark()
         handle = llama_cpp.llama_init_from_model(model.handle, params)
         if not handle:
@@ -503,6 +520,7 @@ class NativeContext:
         self._embeddings = embeddings
         self._llama_embeddings = embeddings  # llama.cpp's own flag, as last set
         self.feature_layers: tuple[int, ...] = ()
+        self.next_features = False  # features are the trunk's output for an MTP block
         try:
             self.set_feature_layers(feature_layers)
         except BaseException:
@@ -536,6 +554,19 @@ class NativeContext:
                 api["set"](self.handle, layer, True)  # type: ignore[operator]
         self.feature_layers = layers
         self._sync_embeddings()
+
+    def set_next_features(self, on: bool) -> None:
+        """``hidden_states`` gives what an MTP block reads, the trunk's normed output of
+        every token in a batch (llama.cpp's unmasked next-token rows), with llama.cpp's
+        embeddings mode off: those rows come with every decode."""
+        from llama_cpp import llama_cpp_ext
+
+        if on and self.feature_layers:
+            raise ValueError("features are layer inputs already")
+        if on != self.next_features:
+            llama_cpp_ext.llama_set_embeddings_nextn(self.handle, on, False)
+            self.next_features = on
+            self._sync_embeddings()
 
     @property
     def feature_width(self) -> int:
@@ -574,7 +605,7 @@ class NativeContext:
         self._sync_embeddings()
 
     def _sync_embeddings(self) -> None:
-        wanted = self._embeddings and not self.feature_layers
+        wanted = self._embeddings and not self.feature_layers and not self.next_features
         if wanted != self._llama_embeddings:
             llama_cpp.llama_set_embeddings(self.handle, wanted)
             self._llama_embeddings = wanted
@@ -629,6 +660,8 @@ class NativeContext:
         (every token of the batch, which callers in features mode make outputs)."""
         if not self._embeddings:
             raise RuntimeError("hidden states need the context in embeddings mode")
+        if self.next_features:
+            return self.next_vectors(n_outputs)
         if not self.feature_layers:
             ptr = llama_cpp.llama_get_embeddings(self.handle)
             return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_embd)).copy()

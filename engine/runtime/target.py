@@ -83,6 +83,9 @@ class TargetConfig:
     # fast ones (1.7B Q4_K_M shape, 2 cores: a 660-token prompt 13.0 s instead of 18.9 s).
     # Plain and drafted answers share that prefill, so they stay identical.
     repacked_prefill: bool = True
+    # The GGUF's next-token (MTP) layers, for the MTP drafter: loaded where the file has
+    # them (one block of weights more; the target's own decoding never runs it).
+    load_mtp: bool = True
 
 
 @dataclass
@@ -119,7 +122,7 @@ class Target:
         self.n_threads = self.config.n_threads or default_threads()
         self.n_gpu_layers = self.config.n_gpu_layers
         self.model = NativeModel(self.path, n_gpu_layers=self.n_gpu_layers,
-                                 repack=self.config.repack)
+                                 repack=self.config.repack, load_mtp=self.config.load_mtp)
         try:
             self.arch = self.model.architecture()
             n_ctx = min(self.config.n_ctx, self.model.n_ctx_train or self.config.n_ctx)
@@ -353,6 +356,13 @@ class Target:
         self._ctx.set_feature_layers(layers)
         if self._f16_ctx is not None:
             self._f16_ctx.set_feature_layers(layers)
+
+    def set_next_features(self, on: bool) -> None:
+        """Features become what the model's MTP block reads (its trunk's normed output,
+        exported for every token), or the usual ones again when off."""
+        self._ctx.set_next_features(on)
+        if self._f16_ctx is not None:
+            self._f16_ctx.set_next_features(on)
 
     @property
     def feature_width(self) -> int:
