@@ -122,3 +122,31 @@ def test_a_chosen_draft_model_loads_the_draft_drafter(qtbot, home: Path, model_p
     finally:
         worker.shutdown()
         store.close()
+
+
+def test_drafters_the_model_cannot_use_are_greyed_with_the_reason(
+        qtbot, home: Path, model_path: Path, tmp_path: Path) -> None:
+    """The bundled model has no MTP block: offered greyed, the tooltip says why; a
+    synthetic Qwen3.5 with one offers it, and picking that model keeps the choice."""
+    from PySide6.QtCore import Qt
+
+    from engine.gguf.architectures import TinyShape, write_architecture_gguf
+
+    store = ConversationStore(tmp_path / "chats.db")
+    panel = EnginePanel(store)
+    qtbot.addWidget(panel)
+    mtp = panel.drafter_box.findData("mtp")
+    item = panel.drafter_box.model().item(mtp)
+    assert not item.isEnabled()
+    tip = panel.drafter_box.itemData(mtp, Qt.ItemDataRole.ToolTipRole)
+    assert tip.startswith("Not offered") and "no next-token" in tip
+    assert panel.drafter_box.model().item(panel.drafter_box.findData("eagle3")).isEnabled()
+
+    qwen = write_architecture_gguf("qwen35", tmp_path / "qwen35-mtp.gguf", model_path,
+                                   TinyShape(hidden=128, n_layers=2, ffn=256, ssm_state=32,
+                                             mtp_layers=1))
+    store.set_setting("models", [str(qwen)])
+    panel._fill()
+    _pick_model(qtbot, panel, str(qwen))
+    assert panel.drafter_box.model().item(mtp).isEnabled()
+    assert not panel.drafter_box.model().item(panel.drafter_box.findData("eagle3")).isEnabled()

@@ -87,6 +87,10 @@ def cmd_search(args: argparse.Namespace) -> int:
                             for h in pairing.heads]))
     else:
         print("\nno draft head matches; the model runs with drafts from memory")
+    if pairing.facts is not None:  # read from the file's header, before any download
+        from engine.planning.drafter_options import mtp_option
+
+        print("\n" + mtp_option(pairing.facts).line())
     _print_drafts(pairing)
     return 0
 
@@ -205,6 +209,38 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_drafters(args: argparse.Namespace) -> int:
+    """What a local model can draft with (memory, lookup, draft model, heads, MTP), and
+    why something is not offered."""
+    from engine.hub.draft_pairing import local_candidates
+    from engine.planning.drafter_options import drafter_options
+    from engine.runtime.model_info import read_model_info
+
+    path = _local_model_path(args.model)
+    options = drafter_options(read_model_info(path), local_candidates(_registry()),
+                              eagle3_heads=[args.eagle3_head] if args.eagle3_head else [])
+    print(f"{path.name} can draft with:")
+    print(format_table(("drafter", "", "what, or why not"),
+                       [(o.drafter, "yes" if o.available else "no", o.detail)
+                        for o in options]))
+    return 0
+
+
+def _local_model_path(name: str | None) -> Path:
+    """A GGUF file, a local model's name, or (None) the bundled model."""
+    from engine.hub.model_store import default_model_path
+
+    if name is None:
+        return default_model_path()
+    if Path(name).is_file():
+        return Path(name)
+    try:
+        return Path(_registry().get(name).path)
+    except KeyError:
+        raise ValueError(f"{name} is neither a GGUF file nor a local model "
+                         "(tandem models list shows them)") from None
+
+
 def cmd_remove(args: argparse.Namespace) -> int:
     try:
         model = _registry().remove(args.name, delete_files=args.delete_files,
@@ -229,23 +265,15 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     from engine.hub.convert import check_type, convert, converted_path
     from engine.hub.local_models import LocalModel
-    from engine.hub.model_store import data_dir, default_model_path
+    from engine.hub.model_store import data_dir
     from engine.runtime.hardware import default_threads
 
     check_type(args.type)
     registry = _registry()
+    src = _local_model_path(args.source)
     source: LocalModel | None = None
-    if args.source is None:
-        src = default_model_path()
-    elif Path(args.source).is_file():
-        src = Path(args.source)
-    else:
-        try:
-            source = registry.get(args.source)
-        except KeyError:
-            raise ValueError(f"{args.source} is neither a GGUF file nor a local model "
-                             "(tandem models list shows them)") from None
-        src = Path(source.path)
+    if args.source is not None and not Path(args.source).is_file():
+        source = registry.get(args.source)
     dst = args.out or converted_path(src, args.type, data_dir() / "models")
     bar = tqdm(unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
                desc=f"{src.name} -> {args.type.upper()}")
@@ -306,6 +334,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     s = sub.add_parser("list", parents=[common], help="local models")
     s.set_defaults(func=cmd_list)
+
+    s = sub.add_parser("drafters", parents=[common],
+                       help="what a local model can draft with, and why not")
+    s.add_argument("model", nargs="?", default=None,
+                   help="a local model's name or a GGUF file (default: the bundled model)")
+    s.add_argument("--eagle3-head", type=Path, default=None,
+                   help="an EAGLE-3 head GGUF to check besides the bundled one")
+    s.set_defaults(func=cmd_drafters)
 
     s = sub.add_parser("remove", parents=[common], help="forget a local model")
     s.add_argument("name")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
@@ -36,6 +36,8 @@ from engine.hub.draft_pairing import (
 )
 from engine.hub.fit import human_bytes
 from engine.hub.local_models import ModelRegistry
+from engine.planning.drafter_options import DrafterOption, drafter_options
+from engine.runtime.model_info import read_model_info
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,25 @@ def _compatible_drafts(model: str, extra: list[str]) -> list[LocalDraft]:
     except Exception:  # a bad file must not keep the window from opening
         log.warning("cannot list draft models for %s", target, exc_info=True)
         return []
+
+
+def _drafter_options(model: str, extra: list[str], heads: list[str]
+                     ) -> dict[str, DrafterOption]:
+    """What ``model`` ("" = the bundled one) can draft with, by drafter name; nothing
+    when its header cannot be read (every drafter then stays offered)."""
+    from engine.hub.model_store import default_model_path
+
+    registry = ModelRegistry()
+    try:
+        path = Path(model) if model else default_model_path()
+        head = next((Path(h) for h in heads if Path(h).is_dir()), None)
+        options = drafter_options(read_model_info(path), local_candidates(registry, extra),
+                                  head_dir=head)
+    except Exception:  # a bad file must not keep the window from opening
+        log.warning("cannot list drafters for %s", model or "the bundled model",
+                    exc_info=True)
+        return {}
+    return {o.drafter: o for o in options}
 
 
 def is_head_dir(path: Path) -> bool:
@@ -159,6 +180,24 @@ class EnginePanel(QGroupBox):
             draft = ""
         self._select(self.head_box, DRAFT_PREFIX + draft if draft
                      else self.store.get_setting("head", ""))
+        self._mark_drafters(model, heads)
+
+    def _mark_drafters(self, model: str, heads: list[str]) -> None:
+        """Grey out the drafters this model cannot use, the reason as their tooltip."""
+        options = _drafter_options(model, list(self.store.get_setting("models", [])), heads)
+        self.drafter_options = options
+        items = self.drafter_box.model()
+        for i in range(self.drafter_box.count()):
+            option = options.get(self.drafter_box.itemData(i))
+            usable = option is None or option.available
+            items.item(i).setEnabled(usable)  # type: ignore[attr-defined]
+            self.drafter_box.setItemData(
+                i, None if option is None else
+                option.detail if usable else f"Not offered: {option.detail}",
+                Qt.ItemDataRole.ToolTipRole)
+        current = self.drafter_box.currentData()
+        if current in options and not options[current].available:
+            self._select(self.drafter_box, "auto")
 
     @staticmethod
     def _select(box: QComboBox, value: object) -> None:

@@ -29,27 +29,30 @@ if TYPE_CHECKING:
 Eagle3Config = HeadChainConfig  # the chain's settings are the same for every native head
 
 
-def check_eagle3_head(head: NativeModel, target: Target) -> tuple[int, ...]:
+def check_eagle3_head(head: NativeModel, target: NativeModel,
+                      shape: tuple[int, int] | None = None) -> tuple[int, ...]:
     """The target layers the head reads; raises IncompatibleDraftError naming what does
-    not fit (not an eagle3 file, layers the target lacks, another width or vocabulary)."""
+    not fit (not an eagle3 file, layers the target lacks, another width or vocabulary).
+    ``shape``: the target's (layers, hidden size) when ``target`` is a vocabulary-only
+    load, which carries neither; the head must be loaded whole (its layer ids)."""
     name = head.path.name
     arch = head.architecture().name
     if arch != "eagle3":
         raise IncompatibleDraftError(name, [("architecture", arch, "eagle3")])
     found: list[tuple[str, object, object]] = []
     layers = head.target_layer_ids()
-    n_layer = target.model.n_layer
+    n_layer, n_embd = shape or (target.n_layer, target.n_embd)
     if len(layers) != 3 or not all(0 <= i < n_layer for i in layers):
         found.append(("target layers", list(layers), f"three of 0..{n_layer - 1}"))
     hidden = head.metadata("eagle3.target_hidden_size")
-    if hidden is None or int(hidden) != target.n_embd:
-        found.append(("target hidden size", hidden, target.n_embd))
-    if head.n_embd != target.n_embd:  # it embeds tokens with the target's matrix
-        found.append(("hidden size", head.n_embd, target.n_embd))
+    if hidden is None or int(hidden) != n_embd:
+        found.append(("target hidden size", hidden, n_embd))
+    if head.n_embd != n_embd:  # it embeds tokens with the target's matrix
+        found.append(("hidden size", head.n_embd, n_embd))
     if head.n_vocab != target.n_vocab:
         found.append(("vocabulary size", head.n_vocab, target.n_vocab))
     else:
-        found += mismatches(head.vocab_facts(), target.model.vocab_facts())
+        found += mismatches(head.vocab_facts(), target.vocab_facts())
     if found:
         raise IncompatibleDraftError(name, found)
     return layers
@@ -76,7 +79,7 @@ class Eagle3Drafter(NativeHeadDrafter):
         self.path = Path(path)
         self.model = NativeModel(self.path, n_gpu_layers=n_gpu_layers)
         try:
-            self.layers = check_eagle3_head(self.model, target)
+            self.layers = check_eagle3_head(self.model, target.model)
             self._draft_ids = draft_vocabulary_ids(self.path)
             # F16 K and V: drafts need not match any batch size bit for bit.
             self.ctx = NativeContext(self.model, n_ctx=target.n_ctx, n_batch=HEAD_BATCH,

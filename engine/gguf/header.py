@@ -46,6 +46,7 @@ class GGUFFacts:
     context_length: int | None
     vocab_size: int | None
     name: str | None = None
+    mtp_layers: int = 0  # next-token (MTP) blocks after the trunk's n_layers
 
     @property
     def has_kv_shape(self) -> bool:
@@ -221,9 +222,12 @@ def facts_from_kv(kv: dict[str, object]) -> GGUFFacts:
     tokens = kv.get("tokenizer.ggml.tokens")
     vocab = tokens[1] if isinstance(tokens, tuple) else _int(kv, a + "vocab_size")
     name = kv.get("general.name")
+    # block_count counts the next-token blocks too; the trunk (and its cache) has the rest.
+    mtp_layers = _int(kv, a + "nextn_predict_layers") or 0
+    blocks = _int(kv, a + "block_count")
     return GGUFFacts(
         architecture=arch,
-        n_layers=_int(kv, a + "block_count"),
+        n_layers=blocks - mtp_layers if blocks is not None else None,
         hidden_size=hidden,
         n_heads=n_heads,
         n_kv_heads=n_kv,
@@ -232,6 +236,7 @@ def facts_from_kv(kv: dict[str, object]) -> GGUFFacts:
         context_length=_int(kv, a + "context_length"),
         vocab_size=int(vocab) if vocab is not None else None,  # type: ignore[arg-type]
         name=name if isinstance(name, str) else None,
+        mtp_layers=mtp_layers,
     )
 
 

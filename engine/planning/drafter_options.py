@@ -1,0 +1,134 @@
+"""What a model can draft with, and why not where it cannot: drafts from memory, prompt
+lookup, a draft model, Tandem's torch head, an EAGLE-3 head run by llama.cpp and the
+model's own MTP block. The GUI's drafter selector and ``tandem models drafters`` show
+this list; it reads headers and vocabularies only (vocab-only loads, milliseconds), so
+the weights are not loaded to say what would run (issue 35, item 5)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.drafters import DEFAULT_EAGLE3_HEAD, DEFAULT_HEAD_DIR
+from engine.drafters.eagle3 import check_eagle3_head
+from engine.drafters.head import check_head_fits
+from engine.drafters.mtp import MTP_ARCHITECTURES
+from engine.errors import TandemError
+from engine.gguf.header import GGUFFacts
+from engine.hub.draft_pairing import compatible_local_drafts
+from engine.runtime.architecture import LAYER_INPUT_ARCHITECTURES
+from engine.runtime.model_info import ModelInfo
+from engine.runtime.native import NativeModel
+
+# Families with public EAGLE-3 heads (llama.cpp's docs/speculative.md lists them).
+PUBLIC_EAGLE3_FAMILIES = "Llama 3.1/3.3, Qwen3, gpt-oss and Gemma 4"
+
+
+@dataclass(frozen=True)
+class DrafterOption:
+    drafter: str  # the engine's drafter name ("memory", "draft", "eagle3", "mtp"...)
+    label: str
+    available: bool
+    detail: str  # what it would draft with, or why it is not offered
+
+    def line(self) -> str:
+        return f"{self.label}: {self.detail}" if self.available else \
+            f"{self.label}: not offered ({self.detail})"
+
+
+def drafter_options(info: ModelInfo, draft_candidates: Iterable[tuple[str, Path]] = (),
+                    eagle3_heads: Sequence[Path] = (), head_dir: Path | None = None
+                    ) -> list[DrafterOption]:
+    """Every drafter for the model ``info`` describes, available or with the reason it is
+    not. ``draft_candidates``: (name, path) of local GGUFs that might draft for it;
+    ``eagle3_heads``: head GGUFs to try besides the bundled one; ``head_dir``: a torch
+    head besides the bundled one."""
+    if info.why_plain is not None:
+        return [DrafterOption(name, label, False, info.why_plain)
+                for name, label in (("memory", "Drafts from memory"),
+                                    ("lookup", "Prompt lookup"), ("draft", "Draft model"),
+                                    ("head", "Draft head (torch)"),
+                                    ("eagle3", "EAGLE-3 head (llama.cpp)"),
+                                    ("mtp", "MTP block (in the model)"))]
+    return [
+        DrafterOption("memory", "Drafts from memory", True,
+                      "earlier answers and the conversation, no extra weights"),
+        DrafterOption("lookup", "Prompt lookup", True, "n-grams of the prompt"),
+        _draft_model_option(info, draft_candidates),
+        _torch_head_option(info, head_dir),
+        _eagle3_option(info, eagle3_heads),
+        mtp_option(info.header),
+    ]
+
+
+def _draft_model_option(info: ModelInfo, candidates: Iterable[tuple[str, Path]]
+                        ) -> DrafterOption:
+    label = "Draft model"
+    try:
+        drafts = compatible_local_drafts(info.path, candidates)
+    except (TandemError, ValueError, OSError) as exc:
+        return DrafterOption("draft", label, False, f"its header cannot be read ({exc})")
+    if not drafts:
+        return DrafterOption("draft", label, False,
+                             "no local model of its family is small enough and shares its "
+                             "vocabulary (tandem models search finds one)")
+    return DrafterOption("draft", label, True, ", ".join(d.name for d in drafts))
+
+
+def _torch_head_option(info: ModelInfo, head_dir: Path | None) -> DrafterOption:
+    label = "Draft head (torch)"
+    reasons = []
+    for folder in ([head_dir] if head_dir else []) + [DEFAULT_HEAD_DIR]:
+        try:
+            check_head_fits(folder, info.fingerprint)
+        except (FileNotFoundError, TandemError, ValueError) as exc:
+            reasons.append(str(exc))
+            continue
+        return DrafterOption("head", label, True, str(folder))
+    return DrafterOption("head", label, False,
+                         reasons[0] if head_dir else "the bundled head is for the bundled "
+                         "model only; tandem train-draft trains one")
+
+
+def _eagle3_option(info: ModelInfo, heads: Sequence[Path]) -> DrafterOption:
+    label = "EAGLE-3 head (llama.cpp)"
+    arch = info.header.architecture or "unknown"
+    if arch not in LAYER_INPUT_ARCHITECTURES:
+        return DrafterOption("eagle3", label, False,
+                             f"llama.cpp's {arch} graph cannot export the layer inputs a "
+                             "head reads")
+    reasons = []
+    with NativeModel(info.path, vocab_only=True) as target:
+        for path in [*heads, DEFAULT_EAGLE3_HEAD]:
+            if not Path(path).is_file():
+                continue
+            try:
+                # Whole (its layer ids), mapped without repacking: no copy of its weights.
+                with NativeModel(path, repack=False) as head:
+                    check_eagle3_head(head, target, (info.n_layer, info.n_embd))
+            except TandemError as exc:
+                reasons.append(str(exc))
+                continue
+            where = f"{Path(path).parent.name}/{Path(path).name}"
+            return DrafterOption("eagle3", label, True, where)
+    why = (reasons[0] if heads and reasons else
+           f"no EAGLE-3 head for it here (public heads exist for {PUBLIC_EAGLE3_FAMILIES}; "
+           "tandem train-draft --fusion eagle3 trains one)")
+    return DrafterOption("eagle3", label, False, why)
+
+
+def mtp_option(header: GGUFFacts) -> DrafterOption:
+    """From the header alone (``nextn_predict_layers``): a file not downloaded yet too."""
+    label = "MTP block (in the model)"
+    arch = header.architecture or "unknown"
+    n = header.mtp_layers
+    if not n:
+        return DrafterOption("mtp", label, False, "the GGUF has no next-token (MTP) layers")
+    if arch not in MTP_ARCHITECTURES:
+        return DrafterOption("mtp", label, False,
+                             f"{n} MTP block(s), but MTP drafting is not supported for "
+                             f"{arch} yet")
+    if n != 1:
+        return DrafterOption("mtp", label, False, f"{n} MTP blocks (one is supported)")
+    return DrafterOption("mtp", label, True, "its own next-token block, no download")
