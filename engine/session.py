@@ -40,6 +40,7 @@ from engine.drafters.draft_model import DraftModelDrafter
 from engine.drafters.head import check_head_fits, load_head_drafter
 from engine.drafters.memory import MemoryDrafter
 from engine.drafters.merged import MergedDrafter
+from engine.drafters.mtp import MtpDrafter
 from engine.drafters.suffix_index import SuffixIndex, open_memory
 from engine.errors import InvalidSettingError, ModelLoadError, TandemError
 from engine.gguf.draft_compat import check_draft_model
@@ -53,15 +54,18 @@ from engine.planning.calibration import (
     measure_verify_curve,
     spot_check,
 )
-from engine.planning.draft_record import DraftRecord, pair_key
+from engine.planning.draft_record import DraftRecord, mtp_key, pair_key
+from engine.planning.drafter_options import mtp_option
 from engine.planning.kernels import KernelChoice, choose_kernels
 from engine.planning.machine_load import look_at_load
 from engine.planning.plan_check import PlanChange, PlanCheck, same_choice
 from engine.planning.plan_log import PlanEvent, PlanLog
 from engine.planning.planner import (
     DRAFT_MODEL_ACCEPTANCE,
+    MTP_ACCEPTANCE,
     DraftModelFacts,
     HeadFacts,
+    MtpFacts,
     Overrides,
     Plan,
     choose_plan,
@@ -146,6 +150,7 @@ class Engine:
         self.remeasure_wanted = False  # provisional costs, or a plan changed by answers
         self._head_dir: Path | None = None
         self._draft_path: Path | None = None
+        self._mtp: MtpFacts | None = None
         self._cache_key = ""
         self._start_why = ""
         path = config.model_path
@@ -187,6 +192,7 @@ class Engine:
             elif config.drafter == "auto":
                 self._head_dir = self._usable_head()
                 self._draft_path = self._usable_draft_model()
+                self._mtp = self._usable_mtp()
                 target = self._calibrate_and_plan(target_config, say)
                 assert self.plan is not None
                 target = self._open_target(target_config, self.plan.target_gpu_layers, target)
@@ -275,6 +281,15 @@ class Engine:
             return None
         return path
 
+    def _usable_mtp(self) -> MtpFacts | None:
+        """The model's own MTP block when it can draft here, with the acceptance this
+        model's answers reached (or the prior)."""
+        if not mtp_option(self.model.header).available:
+            return None
+        acceptance, source = DraftRecord(self._cache_dir()).acceptance(
+            mtp_key(self.model.path), MTP_ACCEPTANCE, "the prior for a model's MTP block")
+        return MtpFacts(acceptance, source)
+
     def _cache_dir(self) -> Path:
         return Path(self.config.cache_dir or data_dir() / "cache")
 
@@ -298,7 +313,8 @@ class Engine:
         head_devices = ("cpu", *(g.device for g in hw.gpus)) if head_dir else ()
         cache = CalibrationCache(self._cache_dir())
         self._cache_key = key = cache_key(hw.fingerprint(), model.path, head_dir,
-                                          self.n_threads, placements, head_devices, draft)
+                                          self.n_threads, placements, head_devices, draft,
+                                          mtp=self._mtp is not None)
         costs = None if self.config.recalibrate else cache.get(key)
         self._start_why = ("costs measured again, as asked" if self.config.recalibrate else
                            "costs measured for the first time")
@@ -340,7 +356,7 @@ class Engine:
         overrides = self.config.overrides
 
         def price(c: CostProfile) -> Plan:
-            return choose_plan(hw, c, facts, head, overrides, draft_facts)
+            return choose_plan(hw, c, facts, head, overrides, draft_facts, self._mtp)
 
         self._price = price
         self.plan = price(costs)
@@ -354,7 +370,8 @@ class Engine:
         costs = calibrate(target, self._head_dir, ["cpu"] + [g.device for g in hw.gpus],
                           progress=say, fingerprint=self.model.fingerprint,
                           draft_model=self._draft_path,
-                          draft_on_gpu=bool(hw.best_gpu and hw.llama_gpu_offload))
+                          draft_on_gpu=bool(hw.best_gpu and hw.llama_gpu_offload),
+                          mtp=self._mtp is not None)
         if self._gpu_can_hold_target(target_config):
             self._measure_gpu_target(costs, target_config, say)
         return costs
@@ -439,6 +456,8 @@ class Engine:
                 "depth": plan.budget.depth,
                 "n_gpu_layers": 0 if plan.head_device == "cpu" else -1,
                 "draft_ahead": plan.layout == "duodecoding"}, draft_model=draft)
+        if plan.drafter == "mtp":
+            return DrafterSpec("mtp", head_options={"depth": plan.budget.depth})
         if plan.drafter == "head" and head_dir is not None:
             budget = plan.budget
             overlap = plan.layout == "duodecoding"
@@ -463,7 +482,9 @@ class Engine:
         # A draft model's steps correct the acceptance the next plan assumes for the pair.
         self._draft_pair = (pair_key(self.model.path, config.draft_model)
                             if isinstance(self.drafter, DraftModelDrafter)
-                            and config.draft_model is not None else None)
+                            and config.draft_model is not None else
+                            mtp_key(self.model.path) if isinstance(self.drafter, MtpDrafter)
+                            else None)
         # With auto every drafter is governed: a head or draft model whose drafts cost
         # time and are not accepted is paused and probed again. Drafts from memory cost
         # microseconds and their hits come in bursts: they are let off 5% of a token and

@@ -119,3 +119,27 @@ def test_mtp_layers_not_loaded_are_refused_not_aborted(mtp_model: Path):
         with pytest.raises(ModelLoadError, match="not loaded"):
             NativeContext(target.model, n_ctx=256, n_batch=64, n_seq_max=1, n_threads=2,
                           embeddings=False, mtp=True)
+
+
+def test_auto_measures_and_prices_the_mtp_block(mtp_model: Path, tmp_path: Path):
+    """The engine's planner measures the block's level and update on this machine and
+    weighs it beside plain decoding; forcing it through the overrides runs it."""
+    from engine.planning.planner import Overrides
+    from engine.session import Engine, EngineConfig
+
+    config = EngineConfig(model_path=mtp_model, n_ctx=512, n_threads=2, cache_dir=tmp_path)
+    with Engine(config) as engine:
+        costs = engine.costs
+        assert costs is not None and costs.mtp_level_s["cpu"] > 0
+        assert costs.mtp_update_s["cpu"] > 0
+        assert any(c.drafter == "mtp" for c in engine.plan.candidates)
+        # Batches past what the state snapshots take back are never measured.
+        assert max(costs.verify_s["cpu"]) <= engine.target.max_draft + 1
+    forced = EngineConfig(model_path=mtp_model, n_ctx=512, n_threads=2, cache_dir=tmp_path,
+                          overrides=Overrides(layout="cpu", drafter="mtp"))
+    with Engine(forced) as engine:
+        assert engine.plan.drafter == "mtp" and engine.drafter_name == "mtp"
+        prompt = engine.target.tokenize(PROMPTS[0])
+        out = engine.generate(prompt, GenerationConfig(MAX_TOKENS))
+        assert out.tokens == engine.generate(prompt, GenerationConfig(MAX_TOKENS),
+                                             plain=True).tokens

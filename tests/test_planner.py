@@ -15,6 +15,7 @@ import pytest
 from engine.planning.calibration import CostProfile
 from engine.planning.planner import (
     HeadFacts,
+    MtpFacts,
     Overrides,
     choose_plan,
     expected_tokens,
@@ -179,3 +180,25 @@ def test_a_hybrids_draft_cap_is_in_the_plan():
                            costs("synthetic_costs_large_gpu_1p7b"), replace(model, max_draft=None),
                            None)
     assert uncapped.budget.max_draft > 8  # drafts from memory: 32 without the cap
+
+
+def test_an_mtp_block_is_priced_from_its_measured_level_and_chosen_when_it_pays():
+    """A 1.7B-shaped CPU laptop: verification nearly flat. A block whose level costs a
+    tenth of a token drafts; one that costs as much as a token does not pay."""
+    model = ModelFacts(size_bytes=int(1.0 * GB), n_layers=24)
+    hw = load_profile(PROFILES / "synthetic_cpu_only_laptop.json")
+    base = costs("synthetic_costs_laptop_cpu_1p7b")
+    token_s = base.verify("cpu", 1)
+    cheap = replace(base, mtp_level_s={"cpu": 0.1 * token_s},
+                    mtp_update_s={"cpu": 0.15 * token_s})
+    plan = choose_plan(hw, cheap, model, None, mtp=MtpFacts())
+    assert (plan.layout, plan.drafter, plan.head_device) == ("cpu", "mtp", "cpu")
+    assert plan.budget.depth >= 2 and plan.predicted_speedup > 1.3
+    assert "MTP block" in plan.reason and "prior" in plan.reason
+    dear = replace(base, mtp_level_s={"cpu": token_s}, mtp_update_s={"cpu": token_s})
+    plan = choose_plan(hw, dear, model, None, mtp=MtpFacts())
+    assert plan.drafter == "memory"
+    assert any(c.drafter == "mtp" for c in plan.candidates)
+    # Not measured (costs from before the block was priced): not offered at all.
+    plan = choose_plan(hw, base, model, None, mtp=MtpFacts())
+    assert not any(c.drafter == "mtp" for c in plan.candidates)

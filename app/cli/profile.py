@@ -31,6 +31,8 @@ def print_candidates(plan: Plan) -> None:
             what = f"head on {c.head_device}, {c.budget.describe()}"
         elif c.drafter == "draft":
             what = f"draft model on {c.head_device}, {c.budget.describe()}"
+        elif c.drafter == "mtp":
+            what = f"the model's MTP block, {c.budget.describe()}"
         else:
             what = "plain decoding (+ drafts from memory)"
         est = " (estimated)" if c.estimated else ""

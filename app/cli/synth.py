@@ -5,6 +5,7 @@ and tests run on where the real model cannot be downloaded."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -26,6 +27,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
         arch, shape = REAL_SHAPES[args.shape]
     if arch is None:
         raise ValueError("name an architecture (--arch) or a real shape (--shape)")
+    if args.mtp:
+        shape = replace(shape, mtp_layers=1)
     out = Path(args.out)
     f32 = out if args.type == "f32" else out.with_suffix(".f32.tmp")
     with tqdm(total=1, unit="tensor", desc=f"{arch} F32") as bar:
@@ -63,5 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-template", action="store_true",
                    help="write no chat template (as many base models' files)")
     p.add_argument("--name", default=None, help="general.name (says base or instruct)")
+    p.add_argument("--mtp", action="store_true",
+                   help="add a next-token (MTP) block, as Qwen3.5's files carry (qwen35)")
     p.add_argument("--threads", type=int, default=2, help="threads for quantizing")
     p.set_defaults(func=cmd_synth)

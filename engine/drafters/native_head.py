@@ -165,6 +165,10 @@ class NativeHeadDrafter(Drafter):
                 "head_levels_per_call": self._n_levels / calls,
                 "level_ms": 1000 * self._level_s}
 
+    def drop_draft(self) -> None:
+        """Drop the last draft's entries from the head's cache (``accept`` does it first)."""
+        self._context().kv_remove(0, self._n_cached, -1)
+
     # --- the head's cache ------------------------------------------------------------------
     def _context(self) -> NativeContext:
         if self.ctx is None:
@@ -186,7 +190,7 @@ class NativeHeadDrafter(Drafter):
         tokens at ``first``.., each with the token after it); the last one's output
         becomes the next draft's start."""
         ctx = self._context()
-        ctx.kv_remove(0, self._n_cached, -1)
+        self.drop_draft()
         features = np.asarray(features, np.float32)
         n = min(len(features), len(next_tokens))
         if n == 0:

@@ -65,6 +65,10 @@ class CostProfile:
     # up on the target's tokens (a 2-token decode less a 1-token one).
     draft_token_s: dict[str, float] = field(default_factory=dict)
     draft_sync_s: dict[str, float] = field(default_factory=dict)
+    # The model's own MTP block (where the target runs): a drafted level, and a step's
+    # update (the committed tokens through the block, the first draft token's scores).
+    mtp_level_s: dict[str, float] = field(default_factory=dict)
+    mtp_update_s: dict[str, float] = field(default_factory=dict)
     lookup_step_s: float = 0.0002
     features_overhead: float = 0.0  # extra verify time with features on, relative
     measured_s: float = 0.0  # how long the calibration took
@@ -134,16 +138,19 @@ def file_key(path: Path | None) -> str:
 
 def cache_key(hardware_fingerprint: str, model_path: Path, head_dir: Path | None,
               n_threads: int, target_placements: tuple[str, ...] = ("cpu",),
-              head_devices: tuple[str, ...] = (), draft_model: Path | None = None) -> str:
+              head_devices: tuple[str, ...] = (), draft_model: Path | None = None,
+              mtp: bool = False) -> str:
     """Changes when the machine, the model file (path, size, modification time), the
-    head's files, the draft model's file, the thread count, or where the target and head
-    were measured change."""
+    head's files, the draft model's file, the thread count, where the target and head
+    were measured, or whether the model's MTP block is priced change."""
     parts = [hardware_fingerprint, file_key(model_path), file_key(head_dir),
              str(n_threads), ",".join(target_placements), ",".join(head_devices),
              ",".join(map(str, VERIFY_SIZES)),  # a curve of other sizes is measured again
              CURVE_METHOD]
     if draft_model is not None:  # keys without one stay as they were
         parts.append(file_key(draft_model))
+    if mtp:
+        parts.append("mtp")
     text = "\n".join(parts)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -214,13 +221,18 @@ def measure_verify_curve(target: Target, context: int = 256,
     gets the time the context took to prefill (a first token's wait) and
     ``timings["spread"]`` how much the repeats of a size disagreed (the median over sizes
     of their interquartile range relative to their median)."""
+    if target.max_draft is not None:
+        # A hybrid's state snapshots take back so many drafts: a bigger batch is never
+        # verified, and measuring one would evaluate the whole context again.
+        sizes = tuple(n for n in sizes if n - 1 <= target.max_draft) or sizes[:1]
     filler = target.tokenize(_FILLER * (1 + context // 16), special=False)[:context]
     target.reset()
     t0 = time.perf_counter()
     target.prefill(filler)
     if timings is not None:
         timings["prefill_s"] = time.perf_counter() - t0
-    times = _time_batches(target, filler[-1], filler[:max(sizes)], sizes, repeats)
+    times = _time_batches(target, filler[-1], filler[:max(sizes)], sizes, repeats,
+                          restore=False)
     target.reset()
     if timings is not None:
         timings["spread"] = repeat_spread(times.values())
@@ -237,16 +249,22 @@ def spot_check(target: Target, root: int, tokens: list[int],
 
 
 def _time_batches(target: Target, root: int, tokens: list[int], sizes: tuple[int, ...],
-                  repeats: int) -> dict[int, list[float]]:
+                  repeats: int, restore: bool = True) -> dict[int, list[float]]:
     """Seconds of each repeat of each size: ``root`` and a chain of ``tokens``, verified,
-    committed and rolled back to the cache as it was."""
+    committed and rolled back to the cache as it was (``restore``; else the caller
+    resets it)."""
     n_keep = target.n_past
     tokens = (tokens * (1 + max(sizes) // max(1, len(tokens))))[:max(sizes)]
+    # Recurrent state takes back the drafts of the last batch, never its root: each
+    # repeat keeps its root (the context grows by a token), as a rejected draft's step
+    # does; going back further would evaluate the whole context again every time.
+    keep_roots = target.max_draft is not None
 
     def once(n: int) -> None:
         ver = target.verify(root, DraftTree.chain(tokens[:n - 1]))
         target.commit(ver, [0], [root])
-        target.rollback(n_keep)
+        if not keep_roots:
+            target.rollback(n_keep)
 
     once(max(sizes))  # warm-up (allocations, repacking)
     # Sizes interleaved round by round: on a shared machine a burst of load then slows
@@ -259,6 +277,8 @@ def _time_batches(target: Target, root: int, tokens: list[int], sizes: tuple[int
             t0 = time.perf_counter()
             once(n)
             times[n].append(time.perf_counter() - t0)
+    if keep_roots and restore:
+        target.rollback(n_keep)
     return times
 
 
@@ -336,18 +356,56 @@ def measure_draft_model(path: Path, n_threads: int, context: int = 256,
     return curve[1], max(0.0, curve[2] - curve[1])
 
 
+def measure_mtp(target: Target, repeats: int = 5) -> tuple[float, float]:
+    """(seconds per drafted level, per step's update) of the target's MTP block. A level
+    is one token through the block and its LM head; the update is what every step pays:
+    dropping the draft's rows, three committed tokens through the block (the last alone,
+    with its scores). Raises DrafterUnavailableError where the model has no usable block."""
+    from engine.drafters.mtp import MtpDrafter
+    from engine.drafters.native_head import HeadChainConfig
+
+    # A chain of fixed depth: p_min and dynamic depth would stop early on unlikely tokens.
+    drafter = MtpDrafter(target, HeadChainConfig(depth=2, p_min=0.0, dynamic_depth=False,
+                                                 first_candidates=1))
+    try:
+        prompt = target.tokenize(_FILLER * 4, special=False)[:64]
+        features = np.zeros((drafter.prompt_features, target.n_embd), np.float32)
+        drafter.begin(prompt + [prompt[0]], features)
+        step_feats = features[:3]
+
+        def draft(depth: int) -> None:
+            # The last draft's rows go first, as accept would drop them (a block with
+            # M-RoPE takes no position twice).
+            drafter.drop_draft()
+            drafter.draft(depth, 0.0)
+
+        draft(2)
+        t_root = _median_time(lambda: draft(1), repeats)
+        t_level = max(0.0, _median_time(lambda: draft(2), repeats) - t_root)
+        t_update = _median_time(lambda: drafter.accept(prompt[:3], step_feats), repeats)
+    finally:
+        drafter.close()
+    return t_level, t_update
+
+
 def calibrate(target: Target, head_dir: Path | None, head_devices: list[str],
               context: int = 256, progress: Callable[[str], None] | None = None,
               fingerprint: TargetFingerprint | None = None,
-              draft_model: Path | None = None, draft_on_gpu: bool = False) -> CostProfile:
+              draft_model: Path | None = None, draft_on_gpu: bool = False,
+              mtp: bool = False) -> CostProfile:
     """Measure everything the planner needs for ``target`` as it is loaded (and for the
-    draft model, on the CPU and, with ``draft_on_gpu``, offloaded), and the conditions
-    of the measurement: how busy the machine was, how stable the repeats."""
+    draft model, on the CPU and, with ``draft_on_gpu``, offloaded; with ``mtp``, the
+    model's own MTP block), and the conditions of the measurement: how busy the machine
+    was, how stable the repeats."""
     t0 = time.perf_counter()
     profile = CostProfile(context=context, measured_at=time.time())
     with LoadMeter(target.n_threads) as meter:
         _measure_all(profile, target, head_dir, head_devices, progress or (lambda _m: None),
                      fingerprint, draft_model, draft_on_gpu)
+        if mtp:
+            device = "gpu" if getattr(target, "n_gpu_layers", 0) else "cpu"
+            (progress or (lambda _m: None))("the model's MTP block")
+            profile.mtp_level_s[device], profile.mtp_update_s[device] = measure_mtp(target)
     assert meter.reading is not None
     profile.others_cores, profile.busy = meter.reading.others_cores, meter.reading.busy
     profile.measured_s = time.perf_counter() - t0

@@ -25,6 +25,11 @@ def pair_key(target: Path, draft: Path) -> str:
            f"{Path(draft).name}:{Path(draft).stat().st_size}"
 
 
+def mtp_key(target: Path) -> str:
+    """The record of a model's own MTP block drafting for it."""
+    return f"{Path(target).name}:{Path(target).stat().st_size}|mtp"
+
+
 def depth_counts(steps: Iterable[StepStats]) -> tuple[list[int], list[int]]:
     """(steps that reached depth j, steps that had depth j accepted), j = 1..MAX_DEPTH.
     Depth j is reached when the first j - 1 drafts were accepted and at least j were
@@ -63,15 +68,17 @@ class DraftRecord:
         data[key] = entry
         write_dict(self.path, data)
 
-    def acceptance(self, key: str, prior: tuple[float, ...]) -> tuple[tuple[float, ...], str]:
+    def acceptance(self, key: str, prior: tuple[float, ...],
+                   prior_is: str = "the prior for a draft model of the target's family"
+                   ) -> tuple[tuple[float, ...], str]:
         """(acceptance by depth, where it came from): the prior corrected by the pair's
-        record, or the prior alone."""
+        record, or the prior alone (``prior_is`` says what it is)."""
         entry = self._read().get(key)
         try:
             reached = [int(x) for x in entry["reached"]][:MAX_DEPTH]
             accepted = [int(x) for x in entry["accepted"]][:MAX_DEPTH]
         except (KeyError, TypeError, ValueError):
-            return prior, "the prior for a draft model of the target's family"
+            return prior, prior_is
         rates = []
         for j in range(len(prior)):
             r, a = (reached[j], accepted[j]) if j < len(reached) else (0, 0)

@@ -115,6 +115,8 @@ def _predicted_draft_s(costs: CostProfile, plan: Plan) -> float | None:
         if key not in costs.draft_token_s:
             return None
         return costs.draft_sync_s.get(key, 0.0) + depth * costs.draft_token_s[key]
+    if plan.drafter == "mtp" and "cpu" in costs.mtp_level_s:
+        return costs.mtp_update_s.get("cpu", 0.0) + depth * costs.mtp_level_s["cpu"]
     return None
 
 
@@ -216,6 +218,7 @@ def reprice(costs: CostProfile, factors: dict[int, float], draft_factor: float |
         curve[n] = slowest
     head_running = plan.drafter == "head" and draft_factor is not None
     model_running = plan.drafter == "draft" and draft_factor is not None
+    mtp_running = plan.drafter == "mtp" and draft_factor is not None
 
     def scaled(table: dict[str, float], running: bool) -> dict[str, float]:
         out = {}
@@ -229,6 +232,8 @@ def reprice(costs: CostProfile, factors: dict[int, float], draft_factor: float |
                    head_update_s=scaled(costs.head_update_s, head_running),
                    draft_token_s=scaled(costs.draft_token_s, model_running),
                    draft_sync_s=scaled(costs.draft_sync_s, model_running),
+                   mtp_level_s=scaled(costs.mtp_level_s, mtp_running),
+                   mtp_update_s=scaled(costs.mtp_update_s, mtp_running),
                    busy=False, spread=0.0, others_cores=0.0, measured_at=time.time())
 
 

@@ -52,6 +52,11 @@ DEFAULT_ACCEPTANCE = (0.45, 0.4, 0.38, 0.36, 0.35, 0.34, 0.33, 0.32)
 # record replaces it (engine.planning.draft_record).
 DRAFT_MODEL_ACCEPTANCE = (0.65, 0.62, 0.6, 0.58, 0.56, 0.55, 0.54, 0.53)
 DRAFT_VRAM_OVERHEAD = 1.2  # a draft model's weights plus its compute buffers
+# A model's own MTP block, before its answers are measured: trained with the model on its
+# own hidden states, it guesses the next token better than a separate draft model (Qwen
+# and DeepSeek report 0.8-0.9 for the first), but fed its own output deeper down it
+# drifts. A cautious prior; the model's record replaces it (engine.planning.draft_record).
+MTP_ACCEPTANCE = (0.7, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3, 0.3)
 
 
 @dataclass(frozen=True)
@@ -105,11 +110,19 @@ class DraftModelFacts:
 
 
 @dataclass(frozen=True)
+class MtpFacts:
+    """The target's own next-token block: its acceptance by depth (prior or recorded)."""
+
+    acceptance: tuple[float, ...] = MTP_ACCEPTANCE
+    acceptance_source: str = "prior"
+
+
+@dataclass(frozen=True)
 class Overrides:
     layout: str | None = None
     max_draft: int | None = None
     depth: int | None = None
-    drafter: str | None = None  # "head", "draft", "memory", "none"
+    drafter: str | None = None  # "head", "draft", "mtp", "memory", "none"
 
     def __post_init__(self) -> None:
         if self.layout is not None and self.layout not in LAYOUTS:
@@ -123,7 +136,7 @@ class Overrides:
 @dataclass(frozen=True)
 class Candidate:
     layout: str
-    drafter: str  # "head", "draft" (a draft model) or "memory"
+    drafter: str  # "head", "draft" (a draft model), "mtp" (the model's block) or "memory"
     head_device: str  # where the head or the draft model runs
     target_gpu_layers: int
     budget: Budget
@@ -134,7 +147,7 @@ class Candidate:
 @dataclass(frozen=True)
 class Plan:
     layout: str
-    drafter: str  # "head", "draft", "memory" or "none"
+    drafter: str  # "head", "draft", "mtp", "memory" or "none"
     head_device: str  # where the head or draft model runs: "cpu", "cuda:0", "mps"; "" without
     target_gpu_layers: int
     budget: Budget
@@ -164,6 +177,8 @@ class Plan:
             return f"{self.layout}: {target}, draft head on {self.head_device}"
         if self.drafter == "draft":
             return f"{self.layout}: {target}, draft model on {self.head_device}"
+        if self.drafter == "mtp":
+            return f"{self.layout}: {target}, drafting with its own MTP block"
         extra = " with drafts from memory" if self.drafter == "memory" else ""
         return f"{self.layout}: {target}{extra}"
 
@@ -334,11 +349,33 @@ def _draft_candidates(hw: HardwareProfile, costs: CostProfile, model: ModelFacts
     return out
 
 
+def _mtp_candidate(costs: CostProfile, mtp: MtpFacts, max_draft: int, depth_cap: int
+                   ) -> Candidate | None:
+    """The model's MTP block, where its target was measured (on the CPU): it takes turns
+    with the target, each step paying its update, its levels and a verification."""
+    if "cpu" not in costs.mtp_level_s or "cpu" not in costs.verify_s:
+        return None
+    overhead = 1 + costs.features_overhead  # the target exports its hidden states
+
+    def verify(n: int) -> float:
+        return costs.verify("cpu", n) * overhead
+
+    depth, rate = _best_chain(mtp.acceptance, costs.mtp_level_s["cpu"],
+                              costs.mtp_update_s.get("cpu", 0.0), verify, False,
+                              max_draft, depth_cap)
+    if not depth:
+        return None
+    return Candidate("cpu", "mtp", "cpu", 0,
+                     Budget(mode="chain", depth=depth, max_draft=min(max_draft, depth + 2)),
+                     rate, False)
+
+
 def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
                 head: HeadFacts | None, overrides: Overrides | None = None,
-                draft: DraftModelFacts | None = None) -> Plan:
-    """The fastest predicted layout and drafter (draft head, draft model, or plain
-    decoding with drafts from memory) and its budget, honouring ``overrides``."""
+                draft: DraftModelFacts | None = None, mtp: MtpFacts | None = None) -> Plan:
+    """The fastest predicted layout and drafter (draft head, draft model, the model's own
+    MTP block, or plain decoding with drafts from memory) and its budget, honouring
+    ``overrides``."""
     ov = overrides or Overrides()
     max_draft = MAX_DRAFT if ov.max_draft is None else ov.max_draft
     if model.max_draft is not None:  # a hybrid's state takes back so many at most
@@ -386,6 +423,8 @@ def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
                                         rate, est_head or est_v))
     if draft is not None and max_draft > 0 and ov.drafter in (None, "draft"):
         candidates += _draft_candidates(hw, costs, model, draft, max_draft, depth_cap)
+    if mtp is not None and max_draft > 0 and ov.drafter in (None, "mtp"):
+        candidates += [c for c in [_mtp_candidate(costs, mtp, max_draft, depth_cap)] if c]
     allowed = [c for c in candidates if ov.layout in (None, c.layout)]
     if ov.drafter == "none":
         allowed = [c for c in allowed if c.layout == "plain"]
@@ -393,11 +432,11 @@ def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
         raise ValueError(f"the layout {ov.layout!r} is not possible here: "
                          + _why_not(ov.layout, hw, head, draft))
     best = max(allowed, key=lambda c: c.tok_per_s)
-    speculative = [c for c in candidates if c.drafter in ("head", "draft")]
+    speculative = [c for c in candidates if c.drafter in ("head", "draft", "mtp")]
     if ov.layout is None and best.drafter != "memory" and (
             best.tok_per_s < (1 + MIN_GAIN) * plain_rate):
         best = candidates[0]
-    reason = _reason(best, plain_rate, speculative, ov, head, draft)
+    reason = _reason(best, plain_rate, speculative, ov, head, draft, mtp)
     drafter = ov.drafter if ov.drafter in ("none", "memory") else best.drafter
     return Plan(layout=best.layout, drafter=drafter, head_device=best.head_device,
                 target_gpu_layers=best.target_gpu_layers,
@@ -418,27 +457,30 @@ def _why_not(layout: str | None, hw: HardwareProfile, head: HeadFacts | None,
 
 
 def _reason(best: Candidate, plain_rate: float, speculative: list[Candidate],
-            ov: Overrides, head: HeadFacts | None, draft: DraftModelFacts | None) -> str:
+            ov: Overrides, head: HeadFacts | None, draft: DraftModelFacts | None,
+            mtp: MtpFacts | None = None) -> str:
     if ov.layout or ov.drafter:
         chosen = ", ".join(f"{k}={v}" for k, v in asdict(ov).items() if v is not None)
         return f"as you asked ({chosen})."
     est = " (GPU costs estimated: not measurable here)" if best.estimated else ""
-    if best.drafter in ("head", "draft"):
-        what = "the draft head" if best.drafter == "head" else f"the draft model {draft.name}"
+    if best.drafter in ("head", "draft", "mtp"):
+        what = {"head": "the draft head", "mtp": "the model's MTP block",
+                "draft": f"the draft model {draft.name if draft else ''}"}[best.drafter]
         assumed = ""
-        if best.drafter == "draft" and draft is not None:
-            assumed = (f"; acceptance {draft.acceptance[0]:.2f} at the first token, "
-                       f"{draft.acceptance_source}")
+        told = draft if best.drafter == "draft" else mtp if best.drafter == "mtp" else None
+        if told is not None:
+            assumed = (f"; acceptance {told.acceptance[0]:.2f} at the first token, "
+                       f"{told.acceptance_source}")
         return (f"{best.layout} with {what} is predicted {best.tok_per_s / plain_rate:.2f}x "
                 f"plain decoding with a chain of depth {best.budget.depth}, the best of "
                 f"{len(speculative)} option(s){assumed}{est}.")
-    if head is None and draft is None:
+    if head is None and draft is None and mtp is None:
         return "no draft head or draft model matches this model: plain decoding with " \
                "drafts from memory."
     if not speculative:
         return "the draft cannot run on any device here: plain decoding."
     top = max(speculative, key=lambda c: c.tok_per_s)
-    what = "draft-head" if top.drafter == "head" else "draft-model"
+    what = {"head": "draft-head", "draft": "draft-model", "mtp": "MTP"}[top.drafter]
     return (f"the best {what} layout ({top.layout}, depth {top.budget.depth}) is "
             f"predicted {top.tok_per_s / plain_rate:.2f}x plain decoding, under the "
             f"{1 + MIN_GAIN:.2f}x it takes to pay: drafting costs more than it saves on "
