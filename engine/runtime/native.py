@@ -512,6 +512,8 @@ class NativeContext:
         self._handle = handle
         self._memory = llama_cpp.llama_get_memory(handle)
         self.last_batch_start = 0
+        # Recurrent state (an MTP context's memory is one plain KV layer even on a hybrid).
+        self._stateful = not mtp and model.architecture().has_state
         self.n_ctx = int(llama_cpp.llama_n_ctx(handle))
         self.n_batch = n_batch
         self.n_seq_max = n_seq_max
@@ -702,7 +704,12 @@ class NativeContext:
     # KV cache. Positions: p0 inclusive, p1 exclusive, negative means open-ended.
     def kv_remove(self, seq_id: int, p0: int, p1: int = -1) -> bool:
         """False when the memory cannot drop that range: recurrent state past its
-        snapshots (nothing was removed then)."""
+        snapshots (nothing was removed then). Snapshots are the states after each token
+        of the last batch: llama.cpp's seq_rm says true further back too, with the state
+        wrong (a new prompt parting 3-8 tokens before the cache's end gave other logits
+        than a fresh prefill, max diff 6), so that is refused here."""
+        if self._stateful and 0 < p0 <= self.last_batch_start:
+            return False
         return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq_id, p0, p1))
 
     def kv_copy(self, seq_src: int, seq_dst: int, p0: int = -1, p1: int = -1) -> None:

@@ -302,12 +302,8 @@ class Target:
     def rollback(self, n_keep: int) -> None:
         """Forget everything after the first ``n_keep`` committed tokens."""
         if n_keep < len(self.tokens):
-            # Recurrent state's snapshots are the states after each token of the last
-            # batch: llama.cpp's seq_rm says true further back too, with the state wrong
-            # (a new prompt parting 3-8 tokens before the cache's end gave other logits
-            # than a fresh prefill, max diff 6), so further back is evaluated again.
-            removed = ((not self.arch.has_state or n_keep > self._ctx.last_batch_start)
-                       and self.ctx.kv_remove(0, n_keep, -1))
+            # Recurrent state further back than its snapshots is evaluated again.
+            removed = self.ctx.kv_remove(0, n_keep, -1)
             del self.tokens[n_keep:]
             if not removed:
                 self._evaluate_again(self.tokens)
