@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from app.cli.models import main
-from tests.hub_server import HEAD_REPO, TARGET_REPO, FakeHub, standard_repos, write_tiny_gguf
+from tests.hub_server import (
+    HEAD_REPO,
+    TARGET_REPO,
+    FakeHub,
+    FakeRepo,
+    standard_repos,
+    write_tiny_gguf,
+)
 
 
 @pytest.fixture()
@@ -126,3 +133,30 @@ def test_download_with_its_draft_then_list(draft_hub: FakeHub, env: Path, capsys
                      "--endpoint", draft_hub.endpoint, "--cache-dir", cache)
     line = next(x for x in run(capsys, "list")[1].splitlines() if "Q4_K_M" in x)
     assert CATALOG_DRAFT not in line
+
+
+def test_search_says_a_file_drafts_with_its_own_mtp_block(tmp_path: Path, env: Path,
+                                                          capsys) -> None:
+    """Read from the file's header before any download: ``nextn_predict_layers``."""
+    import gguf
+
+    path = tmp_path / "Tiny-Qwen3.5-MTP-Q4_K_M.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen35")
+    w.add_name("Tiny Qwen3.5 with MTP")
+    w.add_block_count(3)  # two trunk layers and the next-token block
+    w.add_nextn_predict_layers(1)
+    w.add_context_length(2048)
+    w.add_embedding_length(64)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}".encode() for i in range(96)])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    repo = "someone/Tiny-Qwen3.5-MTP-GGUF"
+    with FakeHub([FakeRepo(repo, {path.name: path.read_bytes()})]) as hub:
+        rc, out, _ = run(capsys, "search", "--repo", repo, "--endpoint", hub.endpoint)
+    assert rc == 0
+    assert "MTP block (in the model): its own next-token block, no download" in out

@@ -51,6 +51,9 @@ def test_a_small_profile_is_measured_and_round_trips(model_path, tmp_path):
                               contexts=(64, 128), head=True)
     assert set(profile.verify_s) == {64, 128} and all(profile.prefill_s.values())
     assert profile.drafts[0].token_s > 0 and profile.heads["cpu"].width == 576
+    # The EAGLE-3 level through llama.cpp, with a public head's 32k draft vocabulary.
+    assert profile.eagle3 is not None and profile.eagle3.vocab == 32000
+    assert profile.eagle3.level_s > 0 and profile.eagle3.update_s > 0
     assert not list((tmp_path / "work").iterdir())  # the synthetic files are removed
     path = tmp_path / "p.json"
     profile.save(path)

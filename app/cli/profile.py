@@ -56,6 +56,12 @@ def describe_profile(profile: MeasuredProfile) -> str:
     for dev, h in profile.heads.items():
         lines.append(f"  draft head of width {h.width} on {dev} ({h.vocab}-row LM head): "
                      f"{h.level_s * 1000:.1f} ms a level, {h.update_s * 1000:.1f} ms a step")
+    if profile.eagle3 is not None:
+        e = profile.eagle3
+        t1 = profile.verify_s[min(profile.verify_s)][1]
+        lines.append(f"  EAGLE-3 head of width {e.width} through llama.cpp ({e.vocab}-token "
+                     f"draft vocabulary, Q8_0): {e.level_s * 1000:.1f} ms a level "
+                     f"({e.level_s / t1:.2f} of a token), {e.update_s * 1000:.1f} ms a step")
     lines += [f"  note: {n}" for n in profile.notes]
     return "\n".join(lines)
 

@@ -396,7 +396,13 @@ def _draft_tip(offer: DraftOffer | None) -> str:
 
 
 def _not_offered(details: RepoDetails) -> str:
-    """The paired drafts left out, and why: a vocabulary that differs."""
+    """The paired drafts left out, and why: a vocabulary that differs; and, read from the
+    file's header before any download, whether it drafts with its own MTP block."""
+    from engine.planning.drafter_options import mtp_option
+
     bad = [f"{r.pair.draft_repo} ({r.check.verdict})" for r in details.remote
            if not r.check.compatible]
-    return ("Not offered: " + "; ".join(bad)) if bad else ""
+    lines = [("Not offered: " + "; ".join(bad)) if bad else ""]
+    if details.facts is not None and details.facts.mtp_layers:
+        lines.append(mtp_option(details.facts).line())
+    return "\n".join(line for line in lines if line)

@@ -29,6 +29,7 @@ from engine.decoding.budget import MAX_MEMORY_DRAFT, VerifyCostModel
 from engine.decoding.generation import GenerationConfig, generate
 from engine.drafters import DrafterSpec, build_drafter, make_drafter
 from engine.drafters.head import HeadDrafter
+from engine.drafters.native_head import HeadChainConfig, NativeHeadDrafter
 from engine.planning.machine_load import LoadMeter
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.target import Target, TargetConfig
@@ -356,36 +357,53 @@ def measure_draft_model(path: Path, n_threads: int, context: int = 256,
     return curve[1], max(0.0, curve[2] - curve[1])
 
 
+def measure_native_head(drafter: NativeHeadDrafter, target: Target, repeats: int = 5
+                        ) -> tuple[float, float]:
+    """(seconds per drafted level, per step's update) of a head llama.cpp runs (an EAGLE-3
+    head or the model's MTP block), built with a fixed depth of 2. A level is one token
+    through the head and its LM head; the update is what every step pays: dropping the
+    draft's rows, three committed tokens through the head, the first token's scores."""
+    prompt = target.tokenize(_FILLER * 4, special=False)[:64]
+    features = np.zeros((drafter.prompt_features, target.feature_width), np.float32)
+    drafter.begin(prompt + [prompt[0]], features)
+    step_feats = features[:3]
+
+    def draft(depth: int) -> None:
+        drafter.drop_draft()  # as accept would (a head with M-RoPE takes no position twice)
+        drafter.draft(depth, 0.0)
+
+    draft(2)
+    t_root = _median_time(lambda: draft(1), repeats)
+    t_level = max(0.0, _median_time(lambda: draft(2), repeats) - t_root)
+    t_update = _median_time(lambda: drafter.accept(prompt[:3], step_feats), repeats)
+    return t_level, t_update
+
+
+# A chain of fixed depth: p_min and dynamic depth would stop early on unlikely tokens.
+FIXED_CHAIN = HeadChainConfig(depth=2, p_min=0.0, dynamic_depth=False, first_candidates=1)
+
+
 def measure_mtp(target: Target, repeats: int = 5) -> tuple[float, float]:
-    """(seconds per drafted level, per step's update) of the target's MTP block. A level
-    is one token through the block and its LM head; the update is what every step pays:
-    dropping the draft's rows, three committed tokens through the block (the last alone,
-    with its scores). Raises DrafterUnavailableError where the model has no usable block."""
+    """``measure_native_head`` of the target's MTP block. Raises DrafterUnavailableError
+    where the model has no usable block."""
     from engine.drafters.mtp import MtpDrafter
-    from engine.drafters.native_head import HeadChainConfig
 
-    # A chain of fixed depth: p_min and dynamic depth would stop early on unlikely tokens.
-    drafter = MtpDrafter(target, HeadChainConfig(depth=2, p_min=0.0, dynamic_depth=False,
-                                                 first_candidates=1))
+    drafter = MtpDrafter(target, FIXED_CHAIN)
     try:
-        prompt = target.tokenize(_FILLER * 4, special=False)[:64]
-        features = np.zeros((drafter.prompt_features, target.n_embd), np.float32)
-        drafter.begin(prompt + [prompt[0]], features)
-        step_feats = features[:3]
-
-        def draft(depth: int) -> None:
-            # The last draft's rows go first, as accept would drop them (a block with
-            # M-RoPE takes no position twice).
-            drafter.drop_draft()
-            drafter.draft(depth, 0.0)
-
-        draft(2)
-        t_root = _median_time(lambda: draft(1), repeats)
-        t_level = max(0.0, _median_time(lambda: draft(2), repeats) - t_root)
-        t_update = _median_time(lambda: drafter.accept(prompt[:3], step_feats), repeats)
+        return measure_native_head(drafter, target, repeats)
     finally:
         drafter.close()
-    return t_level, t_update
+
+
+def measure_eagle3(target: Target, head: Path, repeats: int = 5) -> tuple[float, float]:
+    """``measure_native_head`` of an EAGLE-3 head GGUF beside ``target``."""
+    from engine.drafters.eagle3 import Eagle3Drafter
+
+    drafter = Eagle3Drafter(head, target, FIXED_CHAIN)
+    try:
+        return measure_native_head(drafter, target, repeats)
+    finally:
+        drafter.close()
 
 
 def calibrate(target: Target, head_dir: Path | None, head_devices: list[str],

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.gguf.model_shapes import ModelShape, shape_named
 from engine.planning.calibration import CostProfile, measure_draft_model, measure_verify_curve
@@ -27,6 +28,9 @@ from engine.planning.planner import (
 )
 from engine.runtime.hardware import HardwareProfile
 from engine.runtime.model_info import ModelFacts
+
+if TYPE_CHECKING:
+    from engine.runtime.target import Target
 
 PLAN_CONTEXT = 256  # the context the planner's curve is taken at (as calibration's)
 VERIFY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -61,6 +65,9 @@ class MeasuredProfile:
     prefill_s: dict[int, float] = field(default_factory=dict)  # ctx -> s
     drafts: list[DraftCost] = field(default_factory=list)
     heads: dict[str, HeadCost] = field(default_factory=dict)  # device -> cost
+    # An EAGLE-3 head GGUF of the target's width run by llama.cpp on the CPU (random
+    # weights: the cost does not depend on them), with a public head's 32k draft vocabulary.
+    eagle3: HeadCost | None = None
     notes: list[str] = field(default_factory=list)
 
     # --- what the planner reads -------------------------------------------------------
@@ -107,6 +114,8 @@ class MeasuredProfile:
     @classmethod
     def from_json(cls, d: dict) -> MeasuredProfile:
         d = dict(d)
+        if d.get("eagle3"):
+            d["eagle3"] = HeadCost(**d["eagle3"])
         d["verify_s"] = {int(c): {int(n): float(t) for n, t in curve.items()}
                          for c, curve in d.get("verify_s", {}).items()}
         d["prefill_s"] = {int(c): float(t) for c, t in d.get("prefill_s", {}).items()}
@@ -172,6 +181,28 @@ def measure_head_level(width: int, n_heads: int, n_kv_heads: int, ffn: int, voca
     return level, update
 
 
+EAGLE3_DRAFT_VOCAB = 32000  # public EAGLE-3 heads' reduced vocabulary
+
+
+def _measure_eagle3_level(target: Target, target_path: Path, workdir: Path) -> HeadCost:
+    """A random EAGLE-3 head (Q8_0, 32k draft vocabulary) for ``target``, timed."""
+    from dataclasses import replace
+
+    from engine.gguf.eagle3 import shape_for_target, write_eagle3_head
+    from engine.planning.calibration import measure_eagle3
+
+    head_path = workdir / "eagle3-head.gguf"
+    shape = shape_for_target(target_path)
+    vocab = min(EAGLE3_DRAFT_VOCAB, target.n_vocab)
+    shape = replace(shape, draft_vocab=vocab)
+    try:
+        write_eagle3_head(head_path, target_path, shape, matrices="q8_0")
+        level, update = measure_eagle3(target, head_path)
+    finally:
+        head_path.unlink(missing_ok=True)
+    return HeadCost(shape.hidden, vocab, level, update)
+
+
 def measure_profile(target: ModelShape, drafts: list[ModelShape], workdir: Path,
                     tokenizer_from: Path, hardware: HardwareProfile, n_threads: int,
                     contexts: tuple[int, ...] = (256, 1024), head: bool = True,
@@ -205,6 +236,12 @@ def measure_profile(target: ModelShape, drafts: list[ModelShape], workdir: Path,
                 profile.verify_s[ctx] = measure_verify_curve(t, ctx, VERIFY_SIZES, repeats=3,
                                                              timings=timings)
                 profile.prefill_s[ctx] = timings["prefill_s"]
+            if head and t.arch.layer_inputs:
+                note(f"an EAGLE-3 head of width {target.hidden_size} (llama.cpp)")
+                profile.eagle3 = _measure_eagle3_level(t, path, workdir)
+            elif head:
+                profile.notes.append(f"no EAGLE-3 level: llama.cpp's {t.arch.name} graph "
+                                     "cannot export layer inputs")
     finally:
         path.unlink(missing_ok=True)
     for shape in drafts:
