@@ -288,7 +288,7 @@ def test_a_draft_model_of_each_architecture_drafts_losslessly(
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_an_eagle3_head_drafts_losslessly_or_is_refused_with_the_reason(
-        arch: str, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+        arch: str, tiny_models: dict[str, Path], tmp_path: Path, model_path: Path) -> None:
     """Graphs that export layer inputs draft with an EAGLE-3 head through llama.cpp and
     give plain decoding's tokens (LFM2 included: llama.cpp's embeddings mode computes no
     logits there, so layer inputs are read without it); the others refuse the head with
@@ -305,7 +305,8 @@ def test_an_eagle3_head_drafts_losslessly_or_is_refused_with_the_reason(
     head = write_eagle3_head(tmp_path / "head.gguf", path, shape, {
         "fc.weight": fc,
         "blk.0.attn_output.weight": np.zeros((e, shape.n_heads * shape.head_dim), np.float32),
-        "blk.0.ffn_down.weight": np.zeros((e, shape.ffn), np.float32)})
+        "blk.0.ffn_down.weight": np.zeros((e, shape.ffn), np.float32)},
+        tokenizer_from=model_path)  # the tiny models carry the bundled tokenizer
     with Target(path, TargetConfig(n_ctx=512, n_threads=2)) as target:
         if not EXPECTED[arch][3]:
             with pytest.raises(ModelLoadError, match="graph cannot export layer inputs"):

@@ -28,7 +28,8 @@ MAX_TOKENS = 40
 
 @pytest.fixture(scope="module")
 def prompts_and_plain(f32_target, dev_prompts):
-    rows = pick_per_category(dev_prompts, 1)  # one per category: 13 prompts
+    # Every other category (7 prompts, the long RAG one among them): the suite's time.
+    rows = pick_per_category(dev_prompts, 1)[::2]
     return rows, plain_answers(f32_target, rows, MAX_TOKENS)
 
 
@@ -119,7 +120,7 @@ def test_sampling_with_a_draft_model_keeps_the_target_distribution(f32_target, m
     drafter = _drafter(model_path, t, p_min=0.0, max_depth=2)  # always a draft to judge
     plain, spec, n_drafted = [], [], 0
     try:
-        for seed in range(300):
+        for seed in range(160):
             params = dict(temperature=1.0, top_k=50)
             out_p = generate(t, prompt, None, GenerationConfig(
                 3, sampling=SamplingParams(seed=seed, **params))).tokens
@@ -131,7 +132,7 @@ def test_sampling_with_a_draft_model_keeps_the_target_distribution(f32_target, m
             spec += out_s.tokens[1:2]
     finally:
         drafter.close()
-    assert n_drafted > 150  # the draft model's tokens really were verified
+    assert n_drafted > 80  # the draft model's tokens really were verified
     import numpy as np
 
     counts = [np.bincount(x, minlength=t.n_vocab) for x in (plain, spec)]
@@ -198,6 +199,8 @@ def test_auto_prices_the_draft_model_and_drafts_with_it_when_it_pays(
                                 for n in costs["verify_s"]["cpu"]}
     costs["head_level_s"] = {dev: one for dev in costs["head_level_s"]}
     costs["draft_token_s"]["cpu"] = one / 20
+    # Set as a quiet machine's: costs measured while busy would be measured again now.
+    costs.update(busy=False, spread=0.0, others_cores=0.0)
     (tmp_path / "calibration.json").write_text(json.dumps({key: costs}))
     record = DraftRecord(tmp_path)
     pair = pair_key(f32_model_path, model_path)
@@ -208,7 +211,7 @@ def test_auto_prices_the_draft_model_and_drafts_with_it_when_it_pays(
     with Engine(config) as engine:
         assert engine.plan.drafter == "draft" and engine.drafter_name == "draft"
         assert "draft model SmolLM2" in engine.plan.reason and "200 drafting" in engine.plan.reason
-        for row in rows[:4]:
+        for row in rows[:2]:
             prompt, ref = plain[row["question_id"]]
             out = engine.generate(prompt, GenerationConfig(MAX_TOKENS))
             assert out.tokens == ref, f"question {row['question_id']} ({row['category']})"

@@ -12,12 +12,12 @@ import json
 from pathlib import Path
 
 import pytest
-from gguf import GGUFReader
 
 from engine.decoding.budget import VerifyCostModel
 from engine.decoding.generation import GenerationConfig
 from engine.errors import NativeError
 from engine.gguf.architectures import write_architecture_gguf
+from engine.gguf.header import read_tensor_infos
 from engine.gguf.model_shapes import ModelShape
 from engine.gguf.synthetic import write_synthetic_gguf
 from engine.hub.convert import quantize_as
@@ -140,8 +140,9 @@ ALIGNED_TYPES = {
 
 
 def _layer_types(path: Path) -> set[str]:
-    return {t.tensor_type.name for t in GGUFReader(str(path)).tensors
-            if len(t.shape) >= 2 and t.name.startswith("blk.")}
+    table = read_tensor_infos(path)
+    assert table is not None
+    return {t.type_name for t in table[1] if len(t.dims) >= 2 and t.name.startswith("blk.")}
 
 
 @pytest.mark.parametrize("name", ALIGNED_TYPES)
@@ -169,8 +170,9 @@ def test_mxfp4_experts_are_exact_with_the_chosen_kernels(model_path, tmp_path):
     tensors in MXFP4, the rest Q8_0."""
     moe = write_architecture_gguf("gpt-oss", tmp_path / "gpt-oss.gguf", model_path)
     path = quantize_as(moe, tmp_path / "gpt-oss.MXFP4_MOE.gguf", "mxfp4_moe", 2)
-    experts = {t.tensor_type.name for t in GGUFReader(str(path)).tensors
-               if "_exps" in t.name and len(t.shape) == 3}
+    table = read_tensor_infos(path)
+    assert table is not None
+    experts = {t.type_name for t in table[1] if "_exps" in t.name and len(t.dims) == 3}
     assert experts == {"MXFP4"}, experts
     choice = choose_kernels(path, CONFIG, 2, cache=None)
     assert choice.exact, choice.describe()

@@ -43,7 +43,8 @@ def test_merged_tree_is_the_best_scored_union():
 
 @pytest.fixture(scope="module")
 def rows_and_plain(f32_target, dev_prompts):
-    rows = pick_per_category(dev_prompts, 1)  # 13 prompts, every category
+    # Every other category (7 prompts, the long RAG one among them): the suite's time.
+    rows = pick_per_category(dev_prompts, 1)[::2]
     return rows, plain_answers(f32_target, rows, MAX_TOKENS)
 
 
@@ -53,7 +54,7 @@ def test_head_with_memory_greedy_equals_plain_across_conversations(f32_target,
     head; every budget-kept node is verified and the output is the target's own. The
     second pass asks every question again, so memory drafts whole answers."""
     rows, plain = rows_and_plain
-    assert len(rows) == 13 and len({r["category"] for r in rows}) == 13
+    assert len(rows) == 7 and len({r["category"] for r in rows}) == 7
     drafter = make_drafter("head+memory", target=f32_target)
     assert isinstance(drafter, MergedDrafter)
     first = drafted_equals_plain(f32_target, drafter, rows, plain, MAX_TOKENS,

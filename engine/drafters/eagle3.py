@@ -21,6 +21,7 @@ import numpy as np
 from engine.drafters.native_head import HEAD_BATCH, HeadChainConfig, NativeHeadDrafter
 from engine.errors import ClosedError, IncompatibleDraftError
 from engine.gguf.draft_compat import mismatches
+from engine.gguf.header import read_tensor_infos
 from engine.runtime.native import NativeContext, NativeExtBatch, NativeModel
 
 if TYPE_CHECKING:
@@ -58,13 +59,21 @@ def check_eagle3_head(head: NativeModel, target: NativeModel,
     return layers
 
 
-def draft_vocabulary_ids(path: Path) -> np.ndarray | None:
-    """The target ids an eagle3 head with its own vocabulary scores (its ``d2t``)."""
-    from gguf import GGUFReader
+# d2t's ggml integer types (GGML_TYPE_I8..I64) as numpy's.
+_INT_TYPES = {24: np.int8, 25: np.int16, 26: np.int32, 27: np.int64}
 
-    for tensor in GGUFReader(str(path)).tensors:
-        if tensor.name == "d2t":
-            return np.asarray(tensor.data, dtype=np.int64).copy()
+
+def draft_vocabulary_ids(path: Path) -> np.ndarray | None:
+    """The target ids an eagle3 head with its own vocabulary scores (its ``d2t``), read
+    from where the tensor table says it lies."""
+    table = read_tensor_infos(path)
+    if table is None:
+        return None
+    start, infos = table
+    for t in infos:
+        if t.name == "d2t" and t.ggml_type in _INT_TYPES:
+            return np.fromfile(path, dtype=_INT_TYPES[t.ggml_type], count=t.n_elements,
+                               offset=start + t.offset).astype(np.int64)
     return None
 
 

@@ -69,18 +69,19 @@ def shape_for_target(target: Path, target_layers: tuple[int, int, int] | None = 
                      ) -> Eagle3Shape:
     """The head shape for a llama-family target GGUF: its width, heads and FFN, and by
     default the layers llama.cpp's converter picks (2, the middle, the fourth from last)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(target))
-    arch = _scalar(reader, "general.architecture")
+    kv = _metadata(Path(target))
+    arch = kv.get("general.architecture")
 
     def key(name: str, default: object = None) -> object:
-        value = _scalar(reader, f"{arch}.{name}")
+        value = kv.get(f"{arch}.{name}")
+        if isinstance(value, tuple):  # ("array", n, per-layer values)
+            value = list(value[2] or [])
         if value is None and default is None:
             raise ValueError(f"{target.name} has no {arch}.{name}")
         return default if value is None else value
 
-    n_layers = int(key("block_count"))
+    # block_count counts next-token (MTP) blocks too; the head reads the trunk's layers.
+    n_layers = int(key("block_count")) - int(key("nextn_predict_layers", 0))
     layers = target_layers or (2, n_layers // 2, n_layers - 3)
     if len(layers) != 3 or not all(0 <= i < n_layers for i in layers):
         raise ValueError(f"three target layers in 0..{n_layers - 1} are needed, got {layers}")
@@ -97,11 +98,14 @@ def shape_for_target(target: Path, target_layers: tuple[int, int, int] | None = 
 
 def write_eagle3_head(path: Path, target: Path, shape: Eagle3Shape | None = None,
                       weights: dict[str, np.ndarray] | None = None, seed: int = 0,
-                      n_vocab: int | None = None, matrices: str = "f32") -> Path:
+                      n_vocab: int | None = None, matrices: str = "f32",
+                      tokenizer_from: Path | None = None) -> Path:
     """Write ``path``: an ``eagle3`` head for ``target`` (its tokenizer copied; ``n_vocab``
     pads it, as another model's vocabulary). ``matrices``: "f32", "f16" or "q8_0" for the
     weight matrices (norms stay F32, as llama.cpp wants them). A reduced vocabulary's
-    ``d2t`` holds target ids (the first ``draft_vocab`` ids when not given). Raises
+    ``d2t`` holds target ids (the first ``draft_vocab`` ids when not given).
+    ``tokenizer_from``: a GGUF with the target's tokenizer to copy it from instead (one
+    already read in this process is not parsed again: seconds for 49k tokens). Raises
     ValueError for a weight of the wrong shape, an unknown name or an unknown type."""
     from gguf import GGUFValueType, GGUFWriter
 
@@ -137,7 +141,7 @@ def write_eagle3_head(path: Path, target: Path, shape: Eagle3Shape | None = None
     writer.add_array("eagle3.target_layers", list(shape.target_layers))
     writer.add_uint32("eagle3.target_hidden_size", shape.target_hidden)
     writer.add_key_value("general.file_type", MATRIX_TYPES[matrices][0], GGUFValueType.UINT32)
-    copy_tokenizer(writer, Path(target), n_vocab=n_vocab)
+    copy_tokenizer(writer, Path(tokenizer_from or target), n_vocab=n_vocab)
     for name, dims in plan.items():
         if name == "d2t":
             ids = given.get(name, np.arange(dims[0]))
@@ -176,9 +180,12 @@ def _largest(value: object) -> int:
     return max(int(v) for v in value) if isinstance(value, list) else int(value)  # type: ignore[call-overload]
 
 
-def _scalar(reader, key: str) -> object:  # noqa: ANN001 - gguf.GGUFReader
-    field = reader.get_field(key)
-    if field is None:
-        return None
-    value = field.contents()
-    return value
+def _metadata(path: Path) -> dict[str, object]:
+    """A GGUF's key/values by Tandem's header reader over the mapped file (gguf-py's
+    reader parsed the whole vocabulary: 6 s for 49k tokens; this skips it)."""
+    import mmap
+
+    from engine.gguf.header import read_kv_section
+
+    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return read_kv_section(data).kv

@@ -245,12 +245,39 @@ def read_facts_prefix(data: bytes) -> GGUFFacts:
     return facts_from_kv(read_kv_prefix(data))
 
 
-def tensor_data_end(path: Path, max_header: int = 64 << 20) -> int | None:
-    """The byte a local GGUF's tensor data should end at, from its header (the aligned
-    start of the data plus the furthest tensor's end); None when the header cannot be
-    read that far."""
-    import gguf  # the ggml type sizes; imported here, the header parser needs no numpy
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dims: tuple[int, ...]  # ggml order (the fastest-varying first)
+    ggml_type: int
+    offset: int  # from the start of the tensor data
 
+    @property
+    def type_name(self) -> str:
+        import gguf
+
+        return gguf.GGMLQuantizationType(self.ggml_type).name
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.dims:
+            n *= d
+        return n
+
+    @property
+    def n_bytes(self) -> int:
+        import gguf
+
+        block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(self.ggml_type)]
+        return self.n_elements // block * type_size
+
+
+def read_tensor_infos(path: Path, max_header: int = 64 << 20
+                      ) -> tuple[int, list[TensorInfo]] | None:
+    """(the byte the tensor data starts at, every tensor's name, shape, type and offset)
+    of a local GGUF, skipping the vocabulary's values (gguf-py's reader parses all of
+    them: seconds for 49k tokens); None when the header cannot be read that far."""
     with Path(path).open("rb") as fh:
         data = fh.read(max_header)
     if not is_gguf_prefix(data):
@@ -265,16 +292,25 @@ def tensor_data_end(path: Path, max_header: int = 64 << 20) -> int | None:
             key, value = r.string(), r.value(r.take("I"))
             if key == "general.alignment" and isinstance(value, int) and value > 0:
                 alignment = value
-        furthest = 0
+        infos = []
         for _ in range(n_tensors):
-            r.string()
-            dims = [r.take("Q") for _ in range(r.take("I"))]
-            ggml_type, offset = r.take("I"), r.take("Q")
-            block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
-            n = 1
-            for d in dims:
-                n *= d
-            furthest = max(furthest, offset + n // block * type_size)
-    except (_Truncated, ValueError, KeyError):
+            name = r.string()
+            dims = tuple(r.take("Q") for _ in range(r.take("I")))
+            infos.append(TensorInfo(name, dims, r.take("I"), r.take("Q")))
+    except (_Truncated, ValueError):
         return None
-    return -(-r.pos // alignment) * alignment + furthest
+    return -(-r.pos // alignment) * alignment, infos
+
+
+def tensor_data_end(path: Path, max_header: int = 64 << 20) -> int | None:
+    """The byte a local GGUF's tensor data should end at, from its header (the aligned
+    start of the data plus the furthest tensor's end); None when the header cannot be
+    read that far."""
+    table = read_tensor_infos(path, max_header)
+    if table is None:
+        return None
+    start, infos = table
+    try:
+        return start + max((t.offset + t.n_bytes for t in infos), default=0)
+    except (ValueError, KeyError):  # a type gguf-py does not know
+        return None

@@ -28,11 +28,14 @@ def needs_importance(type_name: str) -> bool:
 def flat_importance(path: Path) -> dict[str, np.ndarray]:
     """Every matrix's name -> ones, one per input column and expert (llama.cpp checks the
     length against the tensor's first and third dimensions)."""
-    from gguf import GGUFReader
+    from engine.gguf.header import read_tensor_infos
 
+    table = read_tensor_infos(path)
+    if table is None:
+        raise ValueError(f"{path}: the GGUF's tensor table cannot be read")
     matrices = {}
-    for tensor in GGUFReader(str(path)).tensors:
-        shape = [int(n) for n in tensor.shape]  # llama.cpp's order: columns first
+    for tensor in table[1]:
+        shape = tensor.dims  # llama.cpp's order: columns first
         if len(shape) < 2:
             continue
         experts = shape[2] if len(shape) > 2 else 1

@@ -46,9 +46,12 @@ def check_type(to_type: str) -> int:
 
 def weight_count(path: Path) -> int:
     """Weights in a GGUF, from its tensor table (no weights are read)."""
-    from gguf import GGUFReader
+    from engine.gguf.header import read_tensor_infos
 
-    return sum(int(t.n_elements) for t in GGUFReader(str(path)).tensors)
+    table = read_tensor_infos(path)
+    if table is None:
+        raise ValueError(f"{path}: the GGUF's tensor table cannot be read")
+    return sum(t.n_elements for t in table[1])
 
 
 def estimated_size(path: Path, to_type: str) -> int:

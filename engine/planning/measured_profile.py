@@ -184,7 +184,8 @@ def measure_head_level(width: int, n_heads: int, n_kv_heads: int, ffn: int, voca
 EAGLE3_DRAFT_VOCAB = 32000  # public EAGLE-3 heads' reduced vocabulary
 
 
-def _measure_eagle3_level(target: Target, target_path: Path, workdir: Path) -> HeadCost:
+def _measure_eagle3_level(target: Target, target_path: Path, workdir: Path,
+                          tokenizer_from: Path) -> HeadCost:
     """A random EAGLE-3 head (Q8_0, 32k draft vocabulary) for ``target``, timed."""
     from dataclasses import replace
 
@@ -196,7 +197,8 @@ def _measure_eagle3_level(target: Target, target_path: Path, workdir: Path) -> H
     vocab = min(EAGLE3_DRAFT_VOCAB, target.n_vocab)
     shape = replace(shape, draft_vocab=vocab)
     try:
-        write_eagle3_head(head_path, target_path, shape, matrices="q8_0")
+        write_eagle3_head(head_path, target_path, shape, matrices="q8_0",
+                          tokenizer_from=tokenizer_from)
         level, update = measure_eagle3(target, head_path)
     finally:
         head_path.unlink(missing_ok=True)
@@ -238,7 +240,7 @@ def measure_profile(target: ModelShape, drafts: list[ModelShape], workdir: Path,
                 profile.prefill_s[ctx] = timings["prefill_s"]
             if head and t.arch.layer_inputs:
                 note(f"an EAGLE-3 head of width {target.hidden_size} (llama.cpp)")
-                profile.eagle3 = _measure_eagle3_level(t, path, workdir)
+                profile.eagle3 = _measure_eagle3_level(t, path, workdir, tokenizer_from)
             elif head:
                 profile.notes.append(f"no EAGLE-3 level: llama.cpp's {t.arch.name} graph "
                                      "cannot export layer inputs")
