@@ -226,6 +226,19 @@ def cmd_drafters(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import_eagle3(args: argparse.Namespace) -> int:
+    """A public EAGLE-3 head (Hugging Face folder) as the eagle3 GGUF llama.cpp runs."""
+    from engine.gguf.eagle3_import import import_eagle3_head
+    from engine.planning.drafter_options import eagle3_heads_dir
+
+    target = _local_model_path(args.model)
+    out = args.out or eagle3_heads_dir() / f"{Path(args.folder).name}.eagle3.gguf"
+    path = import_eagle3_head(Path(args.folder), target, out, matrices=args.type)
+    print(f"{path} ({path.stat().st_size / 1e6:.1f} MB), an EAGLE-3 head for {target.name}: "
+          f"tandem chat --model {target} --drafter eagle3 --draft-head {path}")
+    return 0
+
+
 def _local_model_path(name: str | None) -> Path:
     """A GGUF file, a local model's name, or (None) the bundled model."""
     from engine.hub.model_store import default_model_path
@@ -342,6 +355,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--eagle3-head", type=Path, default=None,
                    help="an EAGLE-3 head GGUF to check besides the bundled one")
     s.set_defaults(func=cmd_drafters)
+
+    s = sub.add_parser("import-eagle3", parents=[common],
+                       help="write a public EAGLE-3 head (a Hugging Face folder) as a GGUF "
+                            "llama.cpp runs beside a model")
+    s.add_argument("folder", type=Path, help="config.json and safetensors of the head")
+    s.add_argument("--model", default=None,
+                   help="the model it drafts for: a local model's name or a GGUF file "
+                        "(default: the bundled model)")
+    s.add_argument("--out", type=Path, default=None,
+                   help="the GGUF to write (default: <data dir>/heads/<folder>.eagle3.gguf, "
+                        "where tandem models drafters finds it)")
+    s.add_argument("--type", choices=("q8_0", "f16", "f32"), default="q8_0",
+                   help="weight matrices' type (default q8_0: a level costs a third of F32's)")
+    s.set_defaults(func=cmd_import_eagle3)
 
     s = sub.add_parser("remove", parents=[common], help="forget a local model")
     s.add_argument("name")

@@ -12,14 +12,13 @@ The drafting loop and the head's cache are ``engine.drafters.native_head``'s.
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.drafters.native_head import HEAD_BATCH, HeadChainConfig, NativeHeadDrafter
-from engine.errors import ClosedError, IncompatibleDraftError
+from engine.errors import IncompatibleDraftError
 from engine.gguf.draft_compat import mismatches
 from engine.gguf.header import read_tensor_infos
 from engine.runtime.native import NativeContext, NativeExtBatch, NativeModel
@@ -79,6 +78,7 @@ def draft_vocabulary_ids(path: Path) -> np.ndarray | None:
 
 class Eagle3Drafter(NativeHeadDrafter):
     name = "eagle3"
+    _handles = ("batch", "ctx", "model")
 
     def __init__(self, path: Path, target: Target, config: HeadChainConfig | None = None,
                  n_gpu_layers: int = 0) -> None:
@@ -107,15 +107,8 @@ class Eagle3Drafter(NativeHeadDrafter):
     def label(self) -> str:
         return f"eagle3 head {self.path.name}"
 
-    def close(self) -> None:
-        target = getattr(self, "target", None)
-        if target is not None and self.ctx is not None:
-            with contextlib.suppress(ClosedError):  # a closed target needs nothing back
-                target.set_feature_layers(())
-        for owner in ("batch", "ctx", "model"):
-            handle = getattr(self, owner, None)
-            if handle is not None:
-                handle.close()
+    def _release_target(self, target: Target) -> None:
+        target.set_feature_layers(())
 
     def _entries(self, first: int, features: np.ndarray) -> tuple[np.ndarray, int]:
         """fc over each row of three layer inputs: [n, n_embd]; entry j sits at the

@@ -14,13 +14,12 @@ Correctness never depends on the block: the target verifies every token.
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.drafters.native_head import HEAD_BATCH, HeadChainConfig, NativeHeadDrafter
-from engine.errors import ClosedError, DrafterUnavailableError
+from engine.errors import DrafterUnavailableError
 from engine.runtime.native import NativeContext, NativeExtBatch
 
 if TYPE_CHECKING:
@@ -75,15 +74,8 @@ class MtpDrafter(NativeHeadDrafter):
     def label(self) -> str:
         return f"MTP block of {self.target.path.name}"
 
-    def close(self) -> None:
-        target = getattr(self, "target", None)
-        if target is not None and self.ctx is not None:
-            with contextlib.suppress(ClosedError):  # a closed target needs nothing back
-                target.set_next_features(False)
-        for owner in ("batch", "ctx"):  # the model is the target's
-            handle = getattr(self, owner, None)
-            if handle is not None:
-                handle.close()
+    def _release_target(self, target: Target) -> None:
+        target.set_next_features(False)
 
     def _entries(self, first: int, features: np.ndarray) -> tuple[np.ndarray, int]:
         """The target's h of the tokens at ``first``.. as they are: each pairs with the

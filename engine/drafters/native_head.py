@@ -14,6 +14,7 @@ repay a level's time, with the next likeliest first tokens beside its first.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from abc import abstractmethod
 from dataclasses import dataclass
@@ -78,6 +79,7 @@ class NativeHeadDrafter(Drafter):
     # exports its output vector for every row, while llama.cpp's masked read returns the
     # batch's first rows (qwen35's MTP block), gives the right row only that way.
     last_entry_alone = False
+    _handles: tuple[str, ...] = ("batch", "ctx")  # what close() frees, in order
 
     def __init__(self, target: Target, config: HeadChainConfig | None) -> None:
         self.config = config or HeadChainConfig()
@@ -100,6 +102,10 @@ class NativeHeadDrafter(Drafter):
     @abstractmethod
     def label(self) -> str:
         """What the head is, for errors ("eagle3 head x.gguf")."""
+
+    @abstractmethod
+    def _release_target(self, target: Target) -> None:
+        """Give the target back its usual features."""
 
     @abstractmethod
     def _entries(self, first: int, features: np.ndarray) -> tuple[np.ndarray, int]:
@@ -164,6 +170,16 @@ class NativeHeadDrafter(Drafter):
         return {"draft_ms_per_call": 1000 * self._t_draft_s / calls,
                 "head_levels_per_call": self._n_levels / calls,
                 "level_ms": 1000 * self._level_s}
+
+    def close(self) -> None:
+        target = getattr(self, "target", None)
+        if target is not None and self.ctx is not None:
+            with contextlib.suppress(ClosedError):  # a closed target needs nothing back
+                self._release_target(target)
+        for owner in self._handles:
+            handle = getattr(self, owner, None)
+            if handle is not None:
+                handle.close()
 
     def drop_draft(self) -> None:
         """Drop the last draft's entries from the head's cache (``accept`` does it first)."""

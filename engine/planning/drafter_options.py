@@ -91,6 +91,13 @@ def _torch_head_option(info: ModelInfo, head_dir: Path | None) -> DrafterOption:
                          "model only; tandem train-draft trains one")
 
 
+def eagle3_heads_dir() -> Path:
+    """Where ``tandem models import-eagle3`` writes heads, and where they are looked for."""
+    from engine.hub.model_store import data_dir
+
+    return data_dir() / "heads"
+
+
 def _eagle3_option(info: ModelInfo, heads: Sequence[Path]) -> DrafterOption:
     label = "EAGLE-3 head (llama.cpp)"
     arch = info.header.architecture or "unknown"
@@ -100,7 +107,8 @@ def _eagle3_option(info: ModelInfo, heads: Sequence[Path]) -> DrafterOption:
                              "head reads")
     reasons = []
     with NativeModel(info.path, vocab_only=True) as target:
-        for path in [*heads, DEFAULT_EAGLE3_HEAD]:
+        imported = sorted(eagle3_heads_dir().glob("*.gguf"))
+        for path in [*heads, *imported, DEFAULT_EAGLE3_HEAD]:
             if not Path(path).is_file():
                 continue
             try:
@@ -110,7 +118,8 @@ def _eagle3_option(info: ModelInfo, heads: Sequence[Path]) -> DrafterOption:
             except TandemError as exc:
                 reasons.append(str(exc))
                 continue
-            where = f"{Path(path).parent.name}/{Path(path).name}"
+            where = str(path) if path != DEFAULT_EAGLE3_HEAD else \
+                f"{Path(path).parent.name}/{Path(path).name} (bundled)"
             return DrafterOption("eagle3", label, True, where)
     why = (reasons[0] if heads and reasons else
            f"no EAGLE-3 head for it here (public heads exist for {PUBLIC_EAGLE3_FAMILIES}; "
