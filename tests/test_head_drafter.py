@@ -29,7 +29,8 @@ MAX_TOKENS = 48
 
 @pytest.fixture(scope="module")
 def prompts_and_plain(target, dev_prompts):
-    rows = pick_per_category(dev_prompts, 1)  # one per category: 13 prompts
+    # Every other category (7 prompts, the long RAG one among them): the suite's time.
+    rows = pick_per_category(dev_prompts, 1)[::2]
     return rows, plain_answers(target, rows, MAX_TOKENS)
 
 
@@ -69,7 +70,7 @@ def test_head_multi_turn_reuses_its_cache_and_stays_lossless(target, prompts_and
 def test_head_sampling_keeps_the_target_distribution(fresh_target):
     t = fresh_target
     prompt = t.chat_prompt([{"role": "user", "content": "Name a colour and say why you like it."}])
-    n_runs = 250
+    n_runs = 150
     plain, spec, n_proposed = second_token_counts(t, prompt, make_drafter("head", target=t),
                                                   n_runs)
     assert n_proposed > n_runs  # the head really drafted
@@ -86,7 +87,7 @@ def test_drafts_made_ahead_keep_the_target_distribution(fresh_target):
     # often, and this test needs drafts made ahead to be used (int8 drafting is what
     # the other tests here run).
     drafter = make_drafter("head-ahead", target=t, weights="float")
-    n_runs = 250
+    n_runs = 150
     plain: dict[tuple[int, ...], int] = {}
     spec: dict[tuple[int, ...], int] = {}
     params = dict(temperature=1.0, top_k=50)

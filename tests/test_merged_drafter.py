@@ -71,7 +71,7 @@ def test_head_with_memory_sampling_keeps_the_target_distribution(fresh_target):
     t = fresh_target
     prompt = t.chat_prompt([{"role": "user", "content": "Name a colour and say why you like it."}])
     drafter = make_drafter("head+memory", target=t)
-    n_runs = 250
+    n_runs = 150
     # Every answer is remembered, so memory drafts from earlier samples too.
     plain, spec, n_proposed = second_token_counts(t, prompt, drafter, n_runs)
     assert n_proposed > n_runs

@@ -46,7 +46,7 @@ def test_invalid_penalties_are_refused(bad):
 
 @pytest.fixture(scope="module")
 def rows_and_plain(target, dev_prompts):
-    rows = pick_per_category(dev_prompts, 1)  # 13 prompts, one per category
+    rows = pick_per_category(dev_prompts, 1)[::2]  # every other category: 7 prompts
     plain = {}
     for row in rows:
         target.reset()

@@ -83,7 +83,7 @@ class GreedyOracleDrafter(Drafter):
         self.n += len(new_tokens)
 
 
-def _second_token_counts(t, prompt, drafter, n_runs: int = 300):  # noqa: ANN001, ANN202
+def _second_token_counts(t, prompt, drafter, n_runs: int = 200):  # noqa: ANN001, ANN202
     """Second sampled token counts, plain and with ``drafter`` (other seeds), and how
     many draft tokens the drafter had verified."""
     plain = np.zeros(t.n_vocab)
