@@ -64,7 +64,7 @@ def test_torch_and_llama_cpp_run_the_same_head(model_path: Path, target, tmp_pat
         features = target.prefill(tokens, None).features
         n = len(tokens) - 1
         # Every entry's output at once: (token j+1, fused features of token j) at j.
-        ours, _ = drafter._entries(features, 0)
+        ours, _ = drafter._entries(0, features)
         batch = drafter._fresh_batch()
         for j in range(n):
             batch.add_token(tokens[j + 1], ours[j], j, output=True)
