@@ -26,8 +26,6 @@ from engine.runtime.native import NativeContext, NativeExtBatch, NativeModel
 if TYPE_CHECKING:
     from engine.runtime.target import Target
 
-Eagle3Config = HeadChainConfig  # the chain's settings are the same for every native head
-
 
 def check_eagle3_head(head: NativeModel, target: NativeModel,
                       shape: tuple[int, int] | None = None) -> tuple[int, ...]:

@@ -32,17 +32,24 @@ if TYPE_CHECKING:
 MTP_ARCHITECTURES = frozenset({"qwen35", "qwen35moe"})
 
 
-def why_no_mtp(model: NativeModel, arch: str) -> str | None:
-    """Why this loaded model cannot draft with its MTP block, None when it can."""
-    if not model.n_layer_nextn:
+def why_no_mtp_block(arch: str, n_blocks: int) -> str | None:
+    """Why a file of ``arch`` with ``n_blocks`` next-token blocks (its header says both)
+    cannot draft with them, None when it can."""
+    if not n_blocks:
         return "the GGUF has no next-token (MTP) layers"
     if arch not in MTP_ARCHITECTURES:
-        return f"MTP drafting is not supported for {arch} yet"
-    if model.n_layer_nextn != 1:
-        return f"{model.n_layer_nextn} MTP blocks (one is supported)"
-    if not model.mtp_loaded:
-        return "the model was loaded without its MTP layers"
+        return f"{n_blocks} MTP block(s), but MTP drafting is not supported for {arch} yet"
+    if n_blocks != 1:
+        return f"{n_blocks} MTP blocks (one is supported)"
     return None
+
+
+def why_no_mtp(model: NativeModel, arch: str) -> str | None:
+    """Why this loaded model cannot draft with its MTP block, None when it can."""
+    why = why_no_mtp_block(arch, model.n_layer_nextn)
+    if why is None and not model.mtp_loaded:
+        return "the model was loaded without its MTP layers"
+    return why
 
 
 class MtpDrafter(NativeHeadDrafter):

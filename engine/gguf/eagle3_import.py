@@ -108,14 +108,14 @@ def head_shape(config: dict, target: Path) -> Eagle3Shape:
     default for the target's depth) and the target's width from its GGUF."""
     from dataclasses import replace
 
-    base = shape_for_target(target)
-    layers = config.get("eagle_aux_hidden_state_layer_ids") or base.target_layers
+    layers = config.get("eagle_aux_hidden_state_layer_ids")
+    # llama.cpp's default layers for the target's depth, unless the config names them.
+    base = shape_for_target(target, tuple(int(i) for i in layers) if layers else None)  # type: ignore[arg-type]
     hidden = int(config["hidden_size"])
     draft_vocab = int(config.get("draft_vocab_size") or 0)
     vocab = int(config.get("vocab_size") or 0)
     return replace(
-        shape_for_target(target, tuple(int(i) for i in layers)),  # type: ignore[arg-type]
-        hidden=hidden, n_heads=int(config["num_attention_heads"]),
+        base, hidden=hidden, n_heads=int(config["num_attention_heads"]),
         n_kv_heads=int(config.get("num_key_value_heads", config["num_attention_heads"])),
         ffn=int(config["intermediate_size"]),
         target_hidden=int(config.get("target_hidden_size") or base.target_hidden),

@@ -13,7 +13,7 @@ from pathlib import Path
 from engine.drafters import DEFAULT_EAGLE3_HEAD, DEFAULT_HEAD_DIR
 from engine.drafters.eagle3 import check_eagle3_head
 from engine.drafters.head import check_head_fits
-from engine.drafters.mtp import MTP_ARCHITECTURES
+from engine.drafters.mtp import why_no_mtp_block
 from engine.errors import TandemError
 from engine.gguf.header import GGUFFacts
 from engine.hub.draft_pairing import compatible_local_drafts
@@ -129,15 +129,6 @@ def _eagle3_option(info: ModelInfo, heads: Sequence[Path]) -> DrafterOption:
 
 def mtp_option(header: GGUFFacts) -> DrafterOption:
     """From the header alone (``nextn_predict_layers``): a file not downloaded yet too."""
-    label = "MTP block (in the model)"
-    arch = header.architecture or "unknown"
-    n = header.mtp_layers
-    if not n:
-        return DrafterOption("mtp", label, False, "the GGUF has no next-token (MTP) layers")
-    if arch not in MTP_ARCHITECTURES:
-        return DrafterOption("mtp", label, False,
-                             f"{n} MTP block(s), but MTP drafting is not supported for "
-                             f"{arch} yet")
-    if n != 1:
-        return DrafterOption("mtp", label, False, f"{n} MTP blocks (one is supported)")
-    return DrafterOption("mtp", label, True, "its own next-token block, no download")
+    why = why_no_mtp_block(header.architecture or "unknown", header.mtp_layers)
+    return DrafterOption("mtp", "MTP block (in the model)", why is None,
+                         why or "its own next-token block, no download")
