@@ -12,12 +12,16 @@ STAMP  := $(VENV)/.installed
 # differed from plain decoding's (by ~0.15 in the bundled model as F32) and greedy output
 # drifted where two tokens nearly tie. ggml's own kernel gives every batch size the same
 # sums (Q4_0 and K-quants never took that path).
+#
+# With ggml's RPC backend (libggml-rpc): `tandem worker` serves this machine's devices and
+# `--workers` places a target's layers on other machines (docs/workers.md).
 HAS_AMX := $(shell grep -qs amx_tile /proc/cpuinfo && echo yes)
 ifeq ($(HAS_AMX),yes)
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON \
-	-DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_LLAMAFILE=OFF
+	-DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_LLAMAFILE=OFF \
+	-DGGML_RPC=ON
 else
-LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF
+LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF -DGGML_RPC=ON
 endif
 
 .PHONY: run test lint bench stress install clean

@@ -140,3 +140,20 @@ class DownloadCancelledError(DownloadError):
         what = "partial files kept for a resume" if kept_partial else "partial files removed"
         super().__init__(f"download cancelled ({what})")
         self.kept_partial = kept_partial
+
+
+class WorkerError(TandemError):
+    """A worker (another machine's llama.cpp RPC server, ``tandem worker``) cannot be
+    used: unreachable, another protocol version, or lost mid-answer. ``endpoint`` is its
+    HOST:PORT."""
+
+    def __init__(self, endpoint: str, why: str) -> None:
+        super().__init__(f"worker {endpoint}: {why}")
+        self.endpoint = endpoint
+        self.why = why
+
+
+class WorkerLostError(WorkerError):
+    """A worker stopped answering while the target ran through it. The answer in
+    progress ends; the engine that used it is gone (llama.cpp aborts the process that
+    loses a worker, which is why that engine runs in a child process)."""

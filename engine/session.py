@@ -42,7 +42,7 @@ from engine.drafters.memory import MemoryDrafter
 from engine.drafters.merged import MergedDrafter
 from engine.drafters.mtp import MtpDrafter
 from engine.drafters.suffix_index import SuffixIndex, open_memory
-from engine.errors import InvalidSettingError, ModelLoadError, TandemError
+from engine.errors import InvalidSettingError, ModelLoadError, TandemError, WorkerError
 from engine.gguf.draft_compat import check_draft_model
 from engine.hub.model_store import data_dir, default_model_path, default_model_ready
 from engine.planning.calibration import (
@@ -76,6 +76,8 @@ from engine.runtime.hardware import HardwareProfile, check_device, default_threa
 from engine.runtime.kv_cache import KV_MODES, KV_TRADE_OFF
 from engine.runtime.model_info import ModelInfo, read_model_info, read_vocab_facts
 from engine.runtime.target import Target, TargetConfig
+from engine.workers.endpoints import parse_endpoint
+from engine.workers.handshake import WorkerInfo, probe_worker
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,10 @@ class EngineConfig:
     memory_dir: Path | None = None  # drafts' memory per model; None: the data directory's
     kv_cache: str = "exact"  # "exact" or "fast" (engine.runtime.kv_cache.KV_TRADE_OFF says how)
     draft_model: Path | None = None  # the GGUF the "draft" drafter runs
+    # Workers (HOST:PORT, `tandem worker`) for the target's layers and KV cache; open such
+    # an engine with engine.workers.engine_process.open_engine (a child process).
+    workers: tuple[str, ...] = ()
+    worker_layers: int | None = None  # None: as many as the workers' free memory holds
 
     def __post_init__(self) -> None:
         """Every setting checked before anything loads; the message names the value and
@@ -123,6 +129,11 @@ class EngineConfig:
         if self.n_threads is not None and not 1 <= self.n_threads <= n_cores:
             raise InvalidSettingError("n_threads", f"must be between 1 and {n_cores} (this "
                                       "machine's logical cores)", self.n_threads)
+        for endpoint in self.workers:
+            parse_endpoint(endpoint)
+        if self.worker_layers is not None and self.worker_layers < -1:
+            raise InvalidSettingError("worker_layers", "must be -1 (all) or a layer count",
+                                      self.worker_layers)
         if self.overrides.depth is not None and not 1 <= self.overrides.depth <= MAX_DRAFT_LIMIT:
             raise InvalidSettingError("depth", f"must be between 1 and {MAX_DRAFT_LIMIT}",
                                       self.overrides.depth)
@@ -166,6 +177,12 @@ class Engine:
                                      type_k=type_k, type_v=type_v,
                                      # No drafts to take back: no state snapshots to pay.
                                      state_snapshots=config.drafter != "none")
+        # Asked before llama.cpp connects: it aborts the process on a failed handshake.
+        self.workers: tuple[WorkerInfo, ...] = tuple(probe_worker(w) for w in config.workers)
+        if self.workers:
+            target_config = replace(target_config, workers=config.workers,
+                                    worker_layers=self._worker_layers(target_config))
+            self.notes.append(self._placement_text(target_config))
         # Plain decoding runs on the kernels speculation would use, so an answer does not
         # depend on the drafter: exact kernels cost one-token decoding nothing (same-
         # process A/B on Q4_K_M at a 1B shape: 33.6 ms against 33.2 repacked), only
@@ -240,6 +257,34 @@ class Engine:
             self._log_plan(self._start_why)
 
     # --- building, in order ------------------------------------------------------------
+    def _worker_layers(self, target_config: TargetConfig) -> int:
+        """Every layer on the workers (-1) where their free memory holds the weights and
+        the KV cache, else the share that fits (the first layers stay here): the user
+        named workers to use their memory and compute. ``worker_layers`` overrides."""
+        if self.config.worker_layers is not None:
+            return self.config.worker_layers
+        model = self.model
+        need = model.size_bytes * GPU_FIT_MARGIN + model.kv_bytes(
+            target_config.n_ctx, target_config.type_k, target_config.type_v)
+        free = sum(w.free_bytes for w in self.workers)
+        if need <= free:
+            return -1
+        layers = int(model.n_layer * free / need)
+        if layers < 1:
+            raise WorkerError(", ".join(self.config.workers),
+                              f"{free / 2**30:.1f} GiB free, too little for one layer of "
+                              f"{model.path.name}")
+        return layers
+
+    def _placement_text(self, target_config: TargetConfig) -> str:
+        layers = target_config.worker_layers
+        n = self.model.n_layer
+        share = (f"all {n} layers and the output" if layers < 0 or layers > n else
+                 f"the last {layers} of {n} layers (the rest here)")
+        rtt = ", ".join(f"{w.endpoint} ({w.round_trip_s * 1e3:.2f} ms round trip)"
+                        for w in self.workers)
+        return f"the target runs {share} on worker {rtt}; drafts are made here"
+
     def _context_length(self) -> int:
         """The context asked for, checked against what the model was trained for (more
         would give garbage past it); unasked, DEFAULT_CTX or the trained length if less."""
@@ -310,6 +355,9 @@ class Engine:
         hw, model = self.hardware, self.model
         head_dir, draft = self._head_dir, self._draft_path
         placements = ("cpu", "gpu") if self._gpu_can_hold_target(target_config) else ("cpu",)
+        if target_config.workers:  # measured through them, where the plan keeps it
+            placements = ("workers=" + ",".join(target_config.workers)
+                          + f":{target_config.worker_layers}",)
         head_devices = ("cpu", *(g.device for g in hw.gpus)) if head_dir else ()
         cache = CalibrationCache(self._cache_dir())
         self._cache_key = key = cache_key(hw.fingerprint(), model.path, head_dir,
@@ -355,8 +403,11 @@ class Engine:
         draft_facts = self._draft_facts(draft, target_config.n_ctx) if draft else None
         overrides = self.config.overrides
 
+        workers = ",".join(target_config.workers)
+
         def price(c: CostProfile) -> Plan:
-            return choose_plan(hw, c, facts, head, overrides, draft_facts, self._mtp)
+            plan = choose_plan(hw, c, facts, head, overrides, draft_facts, self._mtp)
+            return replace(plan, target_workers=workers) if workers else plan
 
         self._price = price
         self.plan = price(costs)
@@ -396,6 +447,8 @@ class Engine:
         return choice.exact
 
     def _gpu_can_hold_target(self, target_config: TargetConfig) -> bool:
+        if target_config.workers:
+            return False
         gpu = self.hardware.best_gpu
         need = self.model.size_bytes * GPU_FIT_MARGIN + self.model.kv_bytes(
             target_config.n_ctx, target_config.type_k, target_config.type_v)
@@ -663,6 +716,8 @@ class Engine:
         """One line: model, threads, and what drafts."""
         how = self.plan.layout_text() if self.plan is not None else \
             f"drafter: {self.drafter_name}"
+        if self.workers:
+            how += "; target on " + ", ".join(w.endpoint for w in self.workers)
         return f"{self.model.path.name} ({self.n_threads} threads; {how})"
 
     # --- lifecycle ---------------------------------------------------------------------

@@ -6,16 +6,17 @@ import argparse
 import logging
 import sys
 
-from app.cli import bench, chat, generate, models, plan, profile, serve, synth, train
+from app.cli import bench, chat, generate, models, plan, profile, serve, synth, train, worker
 from engine.errors import InvalidSettingError, TandemError
 
-COMMANDS = (chat, generate, serve, plan, bench, train, models, profile, synth)
+COMMANDS = (chat, generate, serve, plan, bench, train, models, profile, synth, worker)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tandem", description="Tandem: local chat, lossless speculative decoding on "
-        "llama.cpp (chat, generate, serve, plan, bench, models, profile, synth, train-draft).")
+        "llama.cpp (chat, generate, serve, plan, bench, models, profile, synth, train-draft, "
+        "worker).")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:

@@ -14,6 +14,8 @@ from engine.decoding.sampling import CHAT_DEFAULTS, SamplingParams
 from engine.decoding.stats import GenerationStats
 from engine.planning.planner import LAYOUTS, Overrides
 from engine.session import ENGINE_DRAFTERS, Engine, EngineConfig
+from engine.workers.endpoints import parse_workers
+from engine.workers.engine_process import open_engine as open_engine_for
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -23,6 +25,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=None,
                    help="context length in tokens (default: 4096, or the model's trained "
                         "context if less)")
+    p.add_argument("--workers", default=None, metavar="HOST:PORT[,...]",
+                   help="put the target's layers and KV cache on workers (`tandem worker` on "
+                        "another machine; loopback or an SSH tunnel: the protocol has no "
+                        "authentication); drafts are made here")
+    p.add_argument("--worker-layers", type=int, default=None,
+                   help="how many of the target's layers go to the workers (-1: all; "
+                        "default: as many as their free memory holds)")
     p.add_argument("--kv-cache", choices=("exact", "fast"), default="exact",
                    help="exact: output identical to plain decoding (Q8_0 K); fast: F16 "
                         "K/V, a faster first token on long prompts (tandem plan says more)")
@@ -61,7 +70,9 @@ def engine_config(args: argparse.Namespace, drafter: str | None = None) -> Engin
                         overrides=overrides_from(args), n_ctx=args.ctx, n_threads=args.threads,
                         recalibrate=getattr(args, "recalibrate", False),
                         kv_cache=args.kv_cache,
-                        draft_model=getattr(args, "draft_model", None))
+                        draft_model=getattr(args, "draft_model", None),
+                        workers=parse_workers(getattr(args, "workers", None)),
+                        worker_layers=getattr(args, "worker_layers", None))
 
 
 def open_engine(args: argparse.Namespace, drafter: str | None = None) -> Engine:
@@ -69,7 +80,7 @@ def open_engine(args: argparse.Namespace, drafter: str | None = None) -> Engine:
     def progress(what: str) -> None:
         print(f"tandem: {what}...", file=sys.stderr, flush=True)
 
-    engine = Engine(engine_config(args, drafter), progress=progress)
+    engine = open_engine_for(engine_config(args, drafter), progress=progress)
     if engine.plan is not None and args.verbose:
         print(engine.plan.describe(), file=sys.stderr)
     for note in engine.notes:

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QMessageBox,
     QPushButton,
     QVBoxLayout,
@@ -28,6 +29,7 @@ from PySide6.QtWidgets import (
 
 from app.conversation_store import ConversationStore
 from app.gui.engine_worker import EngineChoice, EngineReady
+from engine.errors import InvalidSettingError
 from engine.hub.draft_pairing import (
     BUNDLED_DRAFT_FILE,
     LocalDraft,
@@ -38,6 +40,7 @@ from engine.hub.fit import human_bytes
 from engine.hub.local_models import ModelRegistry
 from engine.planning.drafter_options import DrafterOption, drafter_options
 from engine.runtime.model_info import read_model_info
+from engine.workers.endpoints import parse_workers
 
 log = logging.getLogger(__name__)
 
@@ -124,10 +127,20 @@ class EnginePanel(QGroupBox):
         head_row = QHBoxLayout()
         head_row.addWidget(self.head_box, 1)
         head_row.addWidget(add_head)
+        # Another machine's memory and compute for the target (`tandem worker` there).
+        self.workers_edit = QLineEdit(self.store.get_setting("workers", ""))
+        self.workers_edit.setPlaceholderText("none: this machine (or HOST:PORT of a "
+                                             "`tandem worker`)")
+        self.workers_edit.setToolTip(
+            "The target's layers and KV cache run on these workers; drafts are made here. "
+            "The protocol has no authentication: use a worker on this machine or one "
+            "reached through an SSH tunnel.")
+        self.workers_edit.editingFinished.connect(self._workers_edited)
         form = QFormLayout()
         form.addRow("Model", model_row)
         form.addRow("Drafter", self.drafter_box)
         form.addRow("Drafts with", head_row)
+        form.addRow("Workers", self.workers_edit)
         self.state = QLabel("Starting…")
         self.state.setWordWrap(True)
         self.note = QLabel()
@@ -220,7 +233,27 @@ class EnginePanel(QGroupBox):
         elif draft is None and drafter == "draft":
             drafter = "head"
         return EngineChoice(model_path=Path(model) if model else None, drafter=drafter,
-                            head_dir=Path(head) if head else None, draft_model=draft)
+                            head_dir=Path(head) if head else None, draft_model=draft,
+                            workers=self._workers())
+
+    def _workers(self) -> tuple[str, ...]:
+        try:
+            return parse_workers(self.workers_edit.text())
+        except InvalidSettingError:
+            return ()  # _workers_edited said why
+
+    def _workers_edited(self) -> None:
+        text = self.workers_edit.text().strip()
+        if text == self.store.get_setting("workers", ""):
+            return
+        try:
+            parse_workers(text)
+        except InvalidSettingError as exc:
+            self.note.setText(f"Workers: {exc.named('Workers')}")
+            self.note.show()
+            return
+        self.store.set_setting("workers", text)
+        self.choice_changed.emit(self.choice())
 
     def _changed(self, *_: object) -> None:
         model = self.model_box.currentData() or ""

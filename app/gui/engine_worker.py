@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -24,11 +24,12 @@ from engine.decoding.budget import MAX_DRAFT
 from engine.decoding.generation import GenerationConfig, GenerationResult
 from engine.decoding.sampling import SamplingParams
 from engine.decoding.stats import GenerationStats, StepStats
-from engine.errors import ContextFullError, InvalidSamplingError, TandemError
+from engine.errors import ContextFullError, InvalidSamplingError, TandemError, WorkerLostError
 from engine.planning.planner import Overrides
 from engine.runtime.context_fit import DEFAULT_POLICY
 from engine.runtime.target import Target
 from engine.session import Engine, EngineConfig
+from engine.workers.engine_process import EngineProcess, open_engine
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -50,6 +51,7 @@ class EngineChoice:
     n_threads: int | None = None
     kv_cache: str = "exact"  # or "fast" (engine.runtime.kv_cache.KV_TRADE_OFF)
     draft_model: Path | None = None
+    workers: tuple[str, ...] = ()  # HOST:PORT of `tandem worker`s for the target's layers
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,9 @@ class EngineWorker(QObject):
 
     def __init__(self) -> None:
         super().__init__()
-        self._engine: Engine | None = None
+        self._engine: Engine | EngineProcess | None = None
+        self._choice: EngineChoice | None = None  # what was loaded, to reopen it locally
+        self._lost_note = ""  # said while a model runs here because its worker was lost
         self._requested = "auto"  # the drafter the user chose for the loaded engine
         # Held while the engine loads, generates or closes: the local API server
         # (app.server) runs its requests under it too, so they take turns with the chat.
@@ -217,13 +221,15 @@ class EngineWorker(QObject):
                 self.status.emit("Measuring this machine (first start with this model only)…")
             overrides = Overrides(max_draft=choice.max_draft)
             draft = choice.draft_model if choice.drafter in ("auto", "draft") else None
-            engine = Engine(EngineConfig(model_path=choice.model_path, drafter=choice.drafter,
-                                         head_dir=choice.head_dir, overrides=overrides,
-                                         n_ctx=choice.n_ctx, n_threads=choice.n_threads,
-                                         kv_cache=choice.kv_cache, draft_model=draft),
-                            progress=lambda what: self.status.emit(what[:1].upper() + what[1:]
-                                                                   + "…"))
-            self._engine, self._requested = engine, choice.drafter
+            if choice.workers:
+                self._lost_note = ""
+                self.status.emit(f"Connecting to {', '.join(choice.workers)}…")
+            engine = open_engine(EngineConfig(
+                model_path=choice.model_path, drafter=choice.drafter, head_dir=choice.head_dir,
+                overrides=overrides, n_ctx=choice.n_ctx, n_threads=choice.n_threads,
+                kv_cache=choice.kv_cache, draft_model=draft, workers=choice.workers),
+                progress=lambda what: self.status.emit(what[:1].upper() + what[1:] + "…"))
+            self._engine, self._requested, self._choice = engine, choice.drafter, choice
             self.ready.emit(self._ready_info(engine))
         except (TandemError, OSError, ValueError) as exc:
             self._close_engine()
@@ -239,6 +245,10 @@ class EngineWorker(QObject):
         plan_changed when the planner checked its plan against the answer)."""
         try:
             outcome = self._run(request, plain=False, stream=True)
+        except WorkerLostError as exc:
+            self.failed.emit(_failure(request.request_id, exc))
+            self._reopen_locally()
+            return
         except Exception as exc:
             self.failed.emit(_failure(request.request_id, exc))
             return
@@ -246,6 +256,20 @@ class EngineWorker(QObject):
             self._forget(request.request_id)
         self.finished.emit(outcome)
         self._plan_moved()
+
+    def _reopen_locally(self) -> None:
+        """After a lost worker: the same model and drafter on this machine where it fits
+        (ready, with a note), else failed with why; the conversation stays as it was."""
+        choice = self._choice
+        with self.engine_lock:
+            self._close_engine()
+            if choice is None:
+                return
+            self.status.emit("The worker was lost: opening the model on this machine…")
+            self._lost_note = ("The worker was lost: the model now runs on this machine "
+                               "until it is loaded again.")
+            self._load(replace(choice, workers=()))
+            self._choice = choice  # the user's setting keeps its workers for next time
 
     @Slot()
     def remeasure(self) -> None:
@@ -289,7 +313,8 @@ class EngineWorker(QObject):
     def _ready_info(self, engine: Engine) -> EngineReady:
         target = engine.target
         gpu = engine.hardware.best_gpu
-        note = " ".join(n[:1].upper() + n[1:] + "." for n in engine.notes)
+        note = " ".join([self._lost_note] * bool(self._lost_note)
+                        + [n[:1].upper() + n[1:] + "." for n in engine.notes])
         return EngineReady(str(target.path), engine.drafter_name, self._requested, note,
                            target.n_ctx, target.n_threads, engine.max_draft,
                            gpu.name if gpu else None,
@@ -360,6 +385,9 @@ def _failure(request_id: int, exc: Exception) -> EngineFailure:
         return EngineFailure(request_id, "context", str(exc))
     if isinstance(exc, InvalidSamplingError):
         return EngineFailure(request_id, "sampling", str(exc))
+    if isinstance(exc, WorkerLostError):
+        return EngineFailure(request_id, "worker", f"{exc}. The answer stopped here; the "
+                             "model reopens on this machine if it fits")
     if isinstance(exc, TandemError):
         return EngineFailure(request_id, "engine", str(exc))
     log.exception("generation failed")

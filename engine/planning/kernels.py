@@ -74,6 +74,8 @@ def exactness_key(model_path: Path, config: TargetConfig, n_threads: int,
              "ops=cpu"]
     if n_gpu_layers:  # the CPU's verdicts keep their keys
         parts.append(f"gpu_layers={n_gpu_layers}")
+    if config.workers:  # the workers' kernels, probed through them
+        parts.append(f"workers={','.join(config.workers)}:{config.worker_layers}")
     return "exactness-" + hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
@@ -93,13 +95,13 @@ def choose_kernels(model_path: Path, config: TargetConfig, n_threads: int,
         except (KeyError, TypeError, ValueError):
             pass  # an older format: probe again
     if progress is not None:
-        where = " on the GPU" if n_gpu_layers else ""
+        where = " on the GPU" if n_gpu_layers else " on the workers" if config.workers else ""
         progress(f"checking that verified batches match one-token decoding{where}")
     tried: dict[bool, ExactnessProbe] = {}
     probe_config = replace(config, n_ctx=min(config.n_ctx, PROBE_CTX), n_threads=n_threads,
                            f16_prefill=False, n_gpu_layers=n_gpu_layers)
-    # Repacking is a CPU matter: a GPU placement is probed once.
-    for repack in (True,) if n_gpu_layers else (True, False):
+    # Repacking is a local CPU matter: a GPU or workers' placement is probed once.
+    for repack in (True,) if n_gpu_layers or config.workers else (True, False):
         with Target(model_path, replace(probe_config, repack=repack)) as target:
             tried[repack] = probe_exactness(target)
         if tried[repack].exact:

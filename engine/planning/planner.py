@@ -156,6 +156,9 @@ class Plan:
     reason: str
     hardware: str
     candidates: tuple[Candidate, ...] = field(default_factory=tuple)
+    # Where the target's layers run when workers hold them (HOST:PORT, comma-separated):
+    # its costs were measured through them, so the layout's arithmetic is the same.
+    target_workers: str = ""
 
     @property
     def runs(self) -> str:
@@ -173,6 +176,8 @@ class Plan:
         target = ("target on the CPU" if self.target_gpu_layers == 0 else
                   "target on the GPU" if self.target_gpu_layers < 0 else
                   f"target on the CPU with {self.target_gpu_layers} layers on the GPU")
+        if self.target_workers:
+            target = f"target on workers {self.target_workers}"
         if self.drafter == "head":
             return f"{self.layout}: {target}, draft head on {self.head_device}"
         if self.drafter == "draft":

@@ -1,4 +1,5 @@
-"""Owners of llama.cpp's native handles. The only module of Tandem that touches ctypes.
+"""Owners of llama.cpp's native handles. With engine.runtime.native_rpc (ggml's device and
+RPC functions), the only modules of Tandem that touch ctypes.
 
 Above this layer everything is ``list[int]``, numpy arrays and plain Python values.
 Each owner has an idempotent ``close()`` and works as a context manager.
@@ -64,7 +65,7 @@ def _on_native_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None
         log.debug("llama.cpp: %s", line.rstrip())
 
 
-def _ensure_backend() -> None:
+def ensure_backend() -> None:
     global _backend_ready
     with _backend_lock:
         if not _backend_ready:
@@ -133,7 +134,7 @@ def utf8_bytes(text: str) -> bytes:
 
 def supports_gpu_offload() -> bool:
     """Whether this llama.cpp build can put layers on a GPU."""
-    _ensure_backend()
+    ensure_backend()
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
@@ -170,21 +171,25 @@ class NativeModel:
     """A loaded GGUF: weights and vocabulary."""
 
     def __init__(self, path: str | os.PathLike[str], n_gpu_layers: int = 0,
-                 vocab_only: bool = False, repack: bool = True, load_mtp: bool = False
-                 ) -> None:
+                 vocab_only: bool = False, repack: bool = True, load_mtp: bool = False,
+                 devices: ctypes.Array[ctypes.c_void_p] | None = None) -> None:
         """Raises ModelLoadError for a missing, non-GGUF, truncated or unsupported file.
         ``vocab_only`` reads the header and vocabulary, no weights (fast). ``repack``:
         llama.cpp's CPU "extra" buffers (weights repacked for SIMD; for some types a
         batch of 4+ rows then sums in another order than one row). ``load_mtp``: load
-        the file's next-token (MTP) blocks too, which only an MTP context runs."""
+        the file's next-token (MTP) blocks too, which only an MTP context runs.
+        ``devices``: the NULL-terminated devices offloaded layers go to (workers' RPC
+        devices, engine.runtime.native_rpc), instead of llama.cpp's default GPUs."""
         self.path = Path(path)
         check_gguf_magic(self.path)
-        _ensure_backend()
+        ensure_backend()
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.vocab_only = vocab_only
         params.use_extra_bufts = repack
         params.load_mtp = load_mtp
+        if devices is not None:
+            params.devices = ctypes.cast(devices, ctypes.c_void_p).value
         self.repack = repack
         mark = _log_mark()
         handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
@@ -466,7 +471,7 @@ class NativeContext:
         embedding and LM head from (it must outlive this one). ``mtp``: a context that
         runs the model's next-token block instead of its trunk (the model must be loaded
         with ``load_mtp``; its KV holds that block's layer only)."""
-        _ensure_backend()
+        ensure_backend()
         if mtp and not model.mtp_loaded:
             # llama.cpp would make the context, then abort on its first decode.
             why = ("it has no next-token (MTP) blocks" if not model.n_layer_nextn
@@ -761,7 +766,7 @@ def quantize(src: Path, dst: Path, ftype: int, n_threads: int,
     IQ1/IQ2/IQ3_XXS types cannot be made without. ``vocab_type``: a ggml type for the
     token embedding and output matrices instead of the file type's choice. Raises
     NativeError."""
-    _ensure_backend()
+    ensure_backend()
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     params.nthread = n_threads

@@ -29,6 +29,7 @@ from engine.runtime.hardware import default_threads
 from engine.runtime.kv_cache import TYPE_K, TYPE_V
 from engine.runtime.kv_transfer import StateFormatError, f16_to_q8_0_keys, llama_rotates_quantized_k
 from engine.runtime.native import NativeBatch, NativeContext, NativeModel
+from engine.runtime.native_rpc import device_array, worker_devices
 from engine.runtime.reasoning import for_template
 from engine.runtime.sequences import common_prefix_length, find_cut
 from engine.runtime.template_choice import choose_template
@@ -86,6 +87,11 @@ class TargetConfig:
     # The GGUF's next-token (MTP) layers, for the MTP drafter: loaded where the file has
     # them (one block of weights more; the target's own decoding never runs it).
     load_mtp: bool = True
+    # Workers (HOST:PORT, engine.workers) whose devices take the target's layers, and how
+    # many layers go there (-1: all, the output layer included). Open such a target in a
+    # child process (engine.workers.engine_process): a lost worker aborts the process.
+    workers: tuple[str, ...] = ()
+    worker_layers: int = -1
 
 
 @dataclass
@@ -110,6 +116,8 @@ class Target:
     """A llama.cpp model and context with Tandem's bookkeeping of sequence 0."""
 
     def _op_offload(self) -> bool:
+        if self.config.workers:  # it would send local weights over the network per batch
+            return False
         if self.config.op_offload is not None:
             return self.config.op_offload
         return self.n_gpu_layers != 0
@@ -121,8 +129,14 @@ class Target:
         self.path = Path(model_path)
         self.n_threads = self.config.n_threads or default_threads()
         self.n_gpu_layers = self.config.n_gpu_layers
-        self.model = NativeModel(self.path, n_gpu_layers=self.n_gpu_layers,
-                                 repack=self.config.repack, load_mtp=self.config.load_mtp)
+        self._worker_devices = None
+        offloaded = self.n_gpu_layers
+        if self.config.workers:
+            devices = [d for endpoint in self.config.workers for d in worker_devices(endpoint)]
+            self._worker_devices = device_array(devices)  # alive while the model loads
+            offloaded = self.config.worker_layers
+        self.model = NativeModel(self.path, n_gpu_layers=offloaded, repack=self.config.repack,
+                                 load_mtp=self.config.load_mtp, devices=self._worker_devices)
         try:
             self.arch = self.model.architecture()
             n_ctx = min(self.config.n_ctx, self.model.n_ctx_train or self.config.n_ctx)
@@ -470,6 +484,8 @@ class Target:
             return "needs flash attention and one KV stream"
         if self.n_gpu_layers:
             return "layers run on a GPU"
+        if c.workers:
+            return "layers run on workers (the cell move would cross the network twice)"
         return None
 
     def _prefill_in_f16(self, tokens: list[int], n_features: int
