@@ -106,7 +106,7 @@ class EngineConfig:
     kv_cache: str = "exact"  # "exact" or "fast" (engine.runtime.kv_cache.KV_TRADE_OFF says how)
     draft_model: Path | None = None  # the GGUF the "draft" drafter runs
     # Workers (HOST:PORT, `tandem worker`) for the target's layers and KV cache; open such
-    # an engine with engine.workers.engine_process.open_engine (a child process).
+    # an engine with engine.session_process.open_engine (a child process).
     workers: tuple[str, ...] = ()
     worker_layers: int | None = None  # None: as many as the workers' free memory holds
 

@@ -9,15 +9,18 @@ import time
 from pathlib import Path
 
 from app.cli.common import (
+    ServedEngine,
     add_model_args,
     add_sampling_args,
+    engine_config,
     generation_config,
     open_engine,
     stats_line,
 )
 from app.conversation_export import read_import, write_export
 from app.conversation_store import Conversation, Message
-from engine.errors import TandemError
+from engine.decoding.generation import GenerationConfig, GenerationResult
+from engine.errors import TandemError, WorkerLostError
 from engine.runtime.context_fit import CONTEXT_POLICIES, DEFAULT_POLICY
 
 HELP = "/reset clears, /export FILE.md|FILE.json saves, /quit or Ctrl-D leaves."
@@ -65,50 +68,77 @@ def cmd_chat(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"tandem: {exc}", file=sys.stderr)
             return 2
-    with open_engine(args) as engine:
-        print(f"Tandem chat on {engine.describe()}. {HELP}")
-        if chat.turns:
-            print(f"(continuing “{chat.title}”: {len(chat.turns)} messages)")
-        while True:
-            try:
-                user = input("\nyou> ").strip()
-            except (EOFError, KeyboardInterrupt):
-                print()
-                return 0
-            if not user:
-                continue
-            if user in ("/quit", "/exit"):
-                return 0
-            if user == "/reset":
-                chat.turns.clear()
-                print("(conversation cleared)")
-                continue
-            if user.startswith("/export"):
-                _export(chat, user.removeprefix("/export").strip())
-                continue
-            chat.add("user", user)
-            print("tandem> ", end="", flush=True)
-            try:
-                fitted = engine.fit_chat(chat.messages(), config.max_tokens,
-                                         args.context_policy)
-                if fitted.n_dropped:
-                    print(f"(the {fitted.n_dropped} oldest messages are left out to fit "
-                          "the context) ", end="")
-                result = engine.generate(fitted.tokens, config,
-                                         on_text=lambda s: print(s, end="", flush=True))
-            except KeyboardInterrupt:
-                print("\n(stopped)")
-                chat.turns.pop()
-                continue
-            except TandemError as exc:
-                print(f"\n(error: {exc})")
-                chat.turns.pop()
-                continue
-            summary = stats_line(result.stats)
-            chat.add("assistant", result.text, {"summary": summary,
-                                                "finish_reason": result.finish_reason,
-                                                "stats": result.stats.summary()})
-            print("\n" + summary)
+    served = ServedEngine(open_engine(args), engine_config(args))
+    try:
+        return _chat_loop(served, chat, config, args)
+    finally:
+        served.close()
+
+
+def _chat_loop(served: ServedEngine, chat: TerminalChat, config: GenerationConfig,
+               args: argparse.Namespace) -> int:
+    engine = served()
+    assert engine is not None
+    print(f"Tandem chat on {engine.describe()}. {HELP}")
+    if chat.turns:
+        print(f"(continuing “{chat.title}”: {len(chat.turns)} messages)")
+    while True:
+        try:
+            user = input("\nyou> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        if not user:
+            continue
+        if user in ("/quit", "/exit"):
+            return 0
+        if user == "/reset":
+            chat.turns.clear()
+            print("(conversation cleared)")
+            continue
+        if user.startswith("/export"):
+            _export(chat, user.removeprefix("/export").strip())
+            continue
+        chat.add("user", user)
+        print("tandem> ", end="", flush=True)
+        result = _answer(served, chat, config, args)
+        if result is None:
+            chat.turns.pop()
+            if served.engine is None:
+                return 1
+            continue
+        summary = stats_line(result.stats)
+        chat.add("assistant", result.text, {"summary": summary,
+                                            "finish_reason": result.finish_reason,
+                                            "stats": result.stats.summary()})
+        print("\n" + summary)
+
+
+def _answer(served: ServedEngine, chat: TerminalChat, config: GenerationConfig,
+            args: argparse.Namespace) -> GenerationResult | None:
+    """The answer to the conversation so far, None when there is none (what went wrong is
+    printed). A lost worker: the question is asked again of the model opened here."""
+    for _attempt in range(2):
+        engine = served()
+        if engine is None:
+            print("(no model is loaded: the worker was lost and the model does not fit here)")
+            return None
+        try:
+            fitted = engine.fit_chat(chat.messages(), config.max_tokens, args.context_policy)
+            if fitted.n_dropped:
+                print(f"(the {fitted.n_dropped} oldest messages are left out to fit the "
+                      "context) ", end="")
+            return engine.generate(fitted.tokens, config,
+                                   on_text=lambda s: print(s, end="", flush=True))
+        except KeyboardInterrupt:
+            print("\n(stopped)")
+            return None
+        except WorkerLostError as exc:
+            print(f"\n(error: {exc}; answering on this machine)\ntandem> ", end="", flush=True)
+        except TandemError as exc:
+            print(f"\n(error: {exc})")
+            return None
+    return None
 
 
 def _export(chat: TerminalChat, name: str) -> None:

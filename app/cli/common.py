@@ -12,10 +12,12 @@ from typing import Any
 from engine.decoding.generation import GenerationConfig
 from engine.decoding.sampling import CHAT_DEFAULTS, SamplingParams
 from engine.decoding.stats import GenerationStats
+from engine.errors import TandemError
 from engine.planning.planner import LAYOUTS, Overrides
 from engine.session import ENGINE_DRAFTERS, Engine, EngineConfig
+from engine.session_process import EngineProcess, reopen_locally
+from engine.session_process import open_engine as open_engine_for
 from engine.workers.endpoints import parse_workers
-from engine.workers.engine_process import open_engine as open_engine_for
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -86,6 +88,30 @@ def open_engine(args: argparse.Namespace, drafter: str | None = None) -> Engine:
     for note in engine.notes:
         print(f"tandem: {note}", file=sys.stderr)
     return engine
+
+
+class ServedEngine:
+    """The engine a long-running command uses (chat, serve). One whose worker was lost (its
+    answer ended with the error naming the worker) is replaced, when next asked for, by
+    the same model opened on this machine where it fits."""
+
+    def __init__(self, engine: Any, config: EngineConfig) -> None:
+        self.engine, self.config = engine, config
+
+    def __call__(self) -> Any:
+        if isinstance(self.engine, EngineProcess) and not self.engine.alive:
+            self.engine.close()
+            self.engine = None
+            try:
+                self.engine, note = reopen_locally(self.config)
+                print(f"tandem: {note}", file=sys.stderr, flush=True)
+            except TandemError as exc:
+                print(f"tandem: {exc}", file=sys.stderr, flush=True)
+        return self.engine
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

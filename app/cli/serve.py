@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from app.cli.common import add_head_args, add_model_args, add_plan_args, open_engine
+from app.cli.common import (
+    ServedEngine,
+    add_head_args,
+    add_model_args,
+    add_plan_args,
+    engine_config,
+    open_engine,
+)
 from engine.session import ENGINE_DRAFTERS
 
 
@@ -16,12 +23,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_binding(args.host, args.port, args.api_key)  # before the model loads
     if args.queue < 1 or args.max_tokens < 1:
         raise ValueError("--queue and --max-tokens must be at least 1")
-    with open_engine(args) as engine:
-        server = ApiServer(lambda: engine, threading.Lock(), args.host, args.port,
+    served = ServedEngine(open_engine(args), engine_config(args))
+    try:
+        engine = served()
+        assert engine is not None
+        server = ApiServer(served, threading.Lock(), args.host, args.port,
                            args.api_key, args.queue, min(args.max_tokens, engine.target.n_ctx))
         print(f"Tandem serving {engine.describe()} at {server.url} "
               f"(OpenAI API; Ctrl-C stops)", flush=True)
         server.run()
+    finally:
+        served.close()
     return 0
 
 

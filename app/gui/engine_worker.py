@@ -29,7 +29,7 @@ from engine.planning.planner import Overrides
 from engine.runtime.context_fit import DEFAULT_POLICY
 from engine.runtime.target import Target
 from engine.session import Engine, EngineConfig
-from engine.workers.engine_process import EngineProcess, open_engine
+from engine.session_process import EngineProcess, open_engine
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -206,6 +206,7 @@ class EngineWorker(QObject):
     def load(self, choice: EngineChoice) -> None:
         """Open the model and drafter (closing what was open); emits ready or failed."""
         with self.engine_lock:
+            self._lost_note = ""
             self._load(choice)
 
     def _load(self, choice: EngineChoice) -> None:
@@ -222,7 +223,6 @@ class EngineWorker(QObject):
             overrides = Overrides(max_draft=choice.max_draft)
             draft = choice.draft_model if choice.drafter in ("auto", "draft") else None
             if choice.workers:
-                self._lost_note = ""
                 self.status.emit(f"Connecting to {', '.join(choice.workers)}…")
             engine = open_engine(EngineConfig(
                 model_path=choice.model_path, drafter=choice.drafter, head_dir=choice.head_dir,

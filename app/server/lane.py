@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from app.server.schema import ApiError, CompletionRequest
 from engine.decoding.generation import GenerationConfig, GenerationResult
-from engine.errors import ContextFullError, TandemError
+from engine.errors import ContextFullError, TandemError, WorkerError
 from engine.session import Engine
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,8 @@ def _api_error(exc: Exception) -> ApiError:
         return exc
     if isinstance(exc, ContextFullError):
         return ApiError(400, str(exc), code="context_length_exceeded")
+    if isinstance(exc, WorkerError):  # the next request runs on this machine if it can
+        return ApiError(503, str(exc), kind="server_error")
     if isinstance(exc, TandemError):
         return ApiError(500, str(exc), kind="server_error")
     log.exception("generation failed")

@@ -4,7 +4,7 @@ Makefile's build is).
 
 Every call that connects to a worker aborts the process on failure inside llama.cpp, so
 callers probe the worker first (engine.workers.handshake) and run the target of a remote
-layout in a child process (engine.workers.engine_process).
+layout in a child process (engine.session_process).
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ class TargetConfig:
     load_mtp: bool = True
     # Workers (HOST:PORT, engine.workers) whose devices take the target's layers, and how
     # many layers go there (-1: all, the output layer included). Open such a target in a
-    # child process (engine.workers.engine_process): a lost worker aborts the process.
+    # child process (engine.session_process): a lost worker aborts the process.
     workers: tuple[str, ...] = ()
     worker_layers: int = -1
 

@@ -4,6 +4,7 @@
 - ``handshake``: a worker's version and memory asked from Python, before llama.cpp
   connects (llama.cpp aborts the process on a failed connect or handshake);
 - ``serve``: ``tandem worker``, this machine's devices served to others;
-- ``engine_process``: an engine whose target uses workers runs in a child process, so a
-  worker that dies takes that process, not the app.
+- ``engine.session_process`` (above the session, as it runs one): an engine whose target
+  uses workers runs in a child process, so a worker that dies takes that process, not
+  the app.
 """

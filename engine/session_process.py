@@ -201,7 +201,7 @@ class EngineProcess:
         ours, theirs = socket.socketpair()
         self._log = tempfile.NamedTemporaryFile(prefix="tandem-engine-", suffix=".log")  # noqa: SIM115 - lives with the child
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "engine.workers.engine_process", str(theirs.fileno())],
+            [sys.executable, "-m", "engine.session_process", str(theirs.fileno())],
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=self._log, cwd=_PROJECT_ROOT)
         theirs.close()
@@ -350,7 +350,7 @@ def reopen_locally(config: Any, progress: Callable[[str], None] | None = None
     return engine, "the worker was lost: the model now runs on this machine"
 
 
-if __name__ == "__main__":  # the child: python -m engine.workers.engine_process FD
+if __name__ == "__main__":  # the child: python -m engine.session_process FD
     _child_main(Connection(int(sys.argv[1])))
 
 
