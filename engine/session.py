@@ -181,7 +181,9 @@ class Engine:
         self.workers: tuple[WorkerInfo, ...] = tuple(probe_worker(w) for w in config.workers)
         if self.workers:
             target_config = replace(target_config, workers=config.workers,
-                                    worker_layers=self._worker_layers(target_config))
+                                    worker_layers=self._worker_layers(target_config),
+                                    # An EAGLE-3 head uses the target's LM head.
+                                    output_here=config.drafter == "eagle3")
             self.notes.append(self._placement_text(target_config))
         # Plain decoding runs on the kernels speculation would use, so an answer does not
         # depend on the drafter: exact kernels cost one-token decoding nothing (same-
@@ -279,8 +281,9 @@ class Engine:
     def _placement_text(self, target_config: TargetConfig) -> str:
         layers = target_config.worker_layers
         n = self.model.n_layer
-        share = (f"all {n} layers and the output" if layers < 0 or layers > n else
+        share = (f"all {n} layers" if layers < 0 or layers > n else
                  f"the last {layers} of {n} layers (the rest here)")
+        share += " (the output layer here)" if target_config.output_here else " and the output"
         rtt = ", ".join(f"{w.endpoint} ({w.round_trip_s * 1e3:.2f} ms round trip)"
                         for w in self.workers)
         return f"the target runs {share} on worker {rtt}; drafts are made here"
@@ -357,7 +360,7 @@ class Engine:
         placements = ("cpu", "gpu") if self._gpu_can_hold_target(target_config) else ("cpu",)
         if target_config.workers:  # measured through them, where the plan keeps it
             placements = ("workers=" + ",".join(target_config.workers)
-                          + f":{target_config.worker_layers}",)
+                          + f":{target_config.worker_layers}:{target_config.output_here}",)
         head_devices = ("cpu", *(g.device for g in hw.gpus)) if head_dir else ()
         cache = CalibrationCache(self._cache_dir())
         self._cache_key = key = cache_key(hw.fingerprint(), model.path, head_dir,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import re
 import socket
 import subprocess
 import sys
@@ -284,11 +285,11 @@ class EngineProcess:
                 message = self._conn.recv() if ready else None
             except (EOFError, OSError):
                 raise self._lose() from None
+            if should_stop is not None and not self._stop_sent and should_stop():
+                with contextlib.suppress(OSError, ValueError):
+                    self._conn.send(("stop",))
+                self._stop_sent = True
             if message is None:
-                if should_stop is not None and not self._stop_sent and should_stop():
-                    with contextlib.suppress(OSError, ValueError):
-                        self._conn.send(("stop",))
-                    self._stop_sent = True
                 if self._process.poll() is not None and not self._conn.poll(0):
                     raise self._lose()
                 continue
@@ -316,8 +317,9 @@ class EngineProcess:
         workers = tuple(getattr(self.config, "workers", ()))
         endpoint = ", ".join(workers) or "(none)"
         why = "stopped answering while the target ran there; the engine that used it ended"
-        if last:
-            why += f" (llama.cpp: {last.strip()[:200]})"
+        if last:  # without the build's source path
+            last = re.sub(r"^\S*/(?=[^/\s]+:\d+: )", "", last.strip())
+            why += f" (llama.cpp: {last[:200]})"
         self._lost = WorkerLostError(endpoint, why)
         return self._lost
 

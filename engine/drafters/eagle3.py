@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.drafters.native_head import HEAD_BATCH, HeadChainConfig, NativeHeadDrafter
-from engine.errors import IncompatibleDraftError
+from engine.errors import DrafterUnavailableError, IncompatibleDraftError
 from engine.gguf.draft_compat import mismatches
 from engine.gguf.header import read_tensor_infos
 from engine.runtime.native import NativeContext, NativeExtBatch, NativeModel
@@ -82,6 +82,12 @@ class Eagle3Drafter(NativeHeadDrafter):
                  n_gpu_layers: int = 0) -> None:
         """Raises ModelLoadError (the file cannot load) or IncompatibleDraftError (it is
         not a head for this target), before any decode; the target is left as it was."""
+        if target.output_on_workers:
+            # llama.cpp aborts building the head's graph over a tensor in an RPC buffer.
+            raise DrafterUnavailableError(
+                target.path.name, "an EAGLE-3 head", "the head shares the target's "
+                "embeddings and LM head, which run on the workers (a target opened for it "
+                "keeps its output here)")
         super().__init__(target, config)
         self.path = Path(path)
         self.model = NativeModel(self.path, n_gpu_layers=n_gpu_layers)

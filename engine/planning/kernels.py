@@ -75,7 +75,8 @@ def exactness_key(model_path: Path, config: TargetConfig, n_threads: int,
     if n_gpu_layers:  # the CPU's verdicts keep their keys
         parts.append(f"gpu_layers={n_gpu_layers}")
     if config.workers:  # the workers' kernels, probed through them
-        parts.append(f"workers={','.join(config.workers)}:{config.worker_layers}")
+        parts.append(f"workers={','.join(config.workers)}:{config.worker_layers}:"
+                     f"{config.output_here}")
     return "exactness-" + hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
@@ -100,8 +101,9 @@ def choose_kernels(model_path: Path, config: TargetConfig, n_threads: int,
     tried: dict[bool, ExactnessProbe] = {}
     probe_config = replace(config, n_ctx=min(config.n_ctx, PROBE_CTX), n_threads=n_threads,
                            f16_prefill=False, n_gpu_layers=n_gpu_layers)
-    # Repacking is a local CPU matter: a GPU or workers' placement is probed once.
-    for repack in (True,) if n_gpu_layers or config.workers else (True, False):
+    # Repacking is a local CPU matter: a GPU placement is probed once (a workers' one
+    # may keep layers or the output here).
+    for repack in (True,) if n_gpu_layers else (True, False):
         with Target(model_path, replace(probe_config, repack=repack)) as target:
             tried[repack] = probe_exactness(target)
         if tried[repack].exact:

@@ -172,14 +172,16 @@ class NativeModel:
 
     def __init__(self, path: str | os.PathLike[str], n_gpu_layers: int = 0,
                  vocab_only: bool = False, repack: bool = True, load_mtp: bool = False,
-                 devices: ctypes.Array[ctypes.c_void_p] | None = None) -> None:
+                 devices: ctypes.Array[ctypes.c_void_p] | None = None,
+                 overrides: ctypes.Array | None = None) -> None:
         """Raises ModelLoadError for a missing, non-GGUF, truncated or unsupported file.
         ``vocab_only`` reads the header and vocabulary, no weights (fast). ``repack``:
         llama.cpp's CPU "extra" buffers (weights repacked for SIMD; for some types a
         batch of 4+ rows then sums in another order than one row). ``load_mtp``: load
         the file's next-token (MTP) blocks too, which only an MTP context runs.
         ``devices``: the NULL-terminated devices offloaded layers go to (workers' RPC
-        devices, engine.runtime.native_rpc), instead of llama.cpp's default GPUs."""
+        devices, engine.runtime.native_rpc), instead of llama.cpp's default GPUs;
+        ``overrides``: tensors pinned to a buffer type (native_rpc.cpu_overrides)."""
         self.path = Path(path)
         check_gguf_magic(self.path)
         ensure_backend()
@@ -190,6 +192,8 @@ class NativeModel:
         params.load_mtp = load_mtp
         if devices is not None:
             params.devices = ctypes.cast(devices, ctypes.c_void_p).value
+        if overrides is not None:
+            params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p).value
         self.repack = repack
         mark = _log_mark()
         handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)

@@ -130,6 +130,21 @@ def device_array(devices: list[Device]) -> ctypes.Array[ctypes.c_void_p]:
     return (ctypes.c_void_p * (len(devices) + 1))(*[d.handle for d in devices], None)
 
 
+class _BuftOverride(ctypes.Structure):
+    _fields_ = (("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p))
+
+
+def cpu_overrides(pattern: str) -> ctypes.Array[_BuftOverride]:
+    """A NULL-terminated ``llama_model_tensor_buft_override[]`` keeping the tensors whose
+    names match ``pattern`` (a regex) in this machine's memory (the caller keeps it
+    alive while the model loads)."""
+    cpu = _library("ggml-cpu") or llama_cpp.llama_cpp._lib
+    cpu.ggml_backend_cpu_buffer_type.argtypes = []
+    cpu.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
+    return (_BuftOverride * 2)(_BuftOverride(pattern.encode(), cpu.ggml_backend_cpu_buffer_type()),
+                               _BuftOverride(None, None))
+
+
 def serve_devices(endpoint: str, devices: list[Device], n_threads: int,
                   cache_dir: Path | None) -> None:
     """Serve ``devices`` at ``endpoint`` (llama.cpp's RPC server). Blocks for good: run it

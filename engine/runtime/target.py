@@ -29,7 +29,7 @@ from engine.runtime.hardware import default_threads
 from engine.runtime.kv_cache import TYPE_K, TYPE_V
 from engine.runtime.kv_transfer import StateFormatError, f16_to_q8_0_keys, llama_rotates_quantized_k
 from engine.runtime.native import NativeBatch, NativeContext, NativeModel
-from engine.runtime.native_rpc import device_array, worker_devices
+from engine.runtime.native_rpc import cpu_overrides, device_array, worker_devices
 from engine.runtime.reasoning import for_template
 from engine.runtime.sequences import common_prefix_length, find_cut
 from engine.runtime.template_choice import choose_template
@@ -92,6 +92,10 @@ class TargetConfig:
     # child process (engine.session_process): a lost worker aborts the process.
     workers: tuple[str, ...] = ()
     worker_layers: int = -1
+    # The output layer (the LM head, and the embeddings tied to it) kept here while the
+    # layers are on workers: an EAGLE-3 head's graph uses it, and llama.cpp aborts on a
+    # weight in a worker's buffer there. Hidden states then cross the network, not logits.
+    output_here: bool = False
 
 
 @dataclass
@@ -135,8 +139,11 @@ class Target:
             devices = [d for endpoint in self.config.workers for d in worker_devices(endpoint)]
             self._worker_devices = device_array(devices)  # alive while the model loads
             offloaded = self.config.worker_layers
+        overrides = (cpu_overrides(r"^(output|token_embd)\.weight$")
+                     if self.config.workers and self.config.output_here else None)
         self.model = NativeModel(self.path, n_gpu_layers=offloaded, repack=self.config.repack,
-                                 load_mtp=self.config.load_mtp, devices=self._worker_devices)
+                                 load_mtp=self.config.load_mtp, devices=self._worker_devices,
+                                 overrides=overrides)
         try:
             self.arch = self.model.architecture()
             n_ctx = min(self.config.n_ctx, self.model.n_ctx_train or self.config.n_ctx)
@@ -230,6 +237,13 @@ class Target:
         filled: a failed move evaluates the prompt through that batch."""
         if self._unmoved_from is not None:
             self._move_cells()
+
+    @property
+    def output_on_workers(self) -> bool:
+        """Whether the output layer (and, tied to it, the token embeddings) is on workers:
+        then only the target's own graphs can use them."""
+        c = self.config
+        return bool(c.workers) and c.worker_layers != 0 and not c.output_here
 
     @property
     def n_ctx(self) -> int:
