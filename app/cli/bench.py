@@ -38,6 +38,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.heal:
         return _heal(args)
+    if args.workers_trend:
+        return _workers_trend(args)
     if args.sweep:
         from engine.runtime.hardware import probe_hardware
 
@@ -145,6 +147,27 @@ def _heal(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workers_trend(args: argparse.Namespace) -> int:
+    """``--workers-trend``: plain and auto, here and through a worker (app.worker_bench)."""
+    from app.worker_bench import format_worker_table, run_worker_bench
+    from engine.workers.endpoints import parse_workers
+    from training.spec_bench import load_prompts
+
+    base = replace(engine_config(args, drafter="auto"), workers=())
+    rows = load_prompts(args.prompts, args.per_category)
+    prompts = [[{"role": "user", "content": r.turns[0]}] for r in rows]
+    if args.fresh and args.json and args.json.exists():
+        args.json.unlink()
+    workers = parse_workers(args.workers)
+    out = run_worker_bench(base, prompts, args.max_tokens, args.json,
+                           lambda what: print(f"tandem: {what}", file=sys.stderr, flush=True),
+                           worker=workers[0] if workers else None)
+    print(format_worker_table(out))
+    if args.json:
+        print(f"results written to {args.json}", file=sys.stderr)
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``bench`` to the ``tandem`` command's sub-parsers."""
     p = subparsers.add_parser("bench", help="drafters side by side on benchmark prompts")
@@ -187,4 +210,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "decodes on the same cores, then answers N prompts (one per "
                         "category) on the quiet machine; prints the plans and each "
                         "answer's speed")
+    p.add_argument("--workers-trend", action="store_true",
+                   help="the workers benchmark: plain and auto with the target here and on "
+                        "a worker (one started on loopback, or the first of --workers), "
+                        "also behind 1 ms and 5 ms of added round trip")
     p.set_defaults(func=cmd_bench)
