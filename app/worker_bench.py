@@ -55,6 +55,9 @@ def loopback_worker(threads: int) -> Iterator[str]:
                                 "--threads", str(threads)], cwd=REPO,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"127.0.0.1:{port}"
+    # Its busy cores are the target's work, not another program's (engine.planning.
+    # machine_load): the engines' child processes inherit this.
+    os.environ["TANDEM_HELPER_PIDS"] = str(process.pid)
     try:
         for _ in range(600):
             with contextlib.suppress(WorkerError):
@@ -65,6 +68,7 @@ def loopback_worker(threads: int) -> Iterator[str]:
             time.sleep(0.05)
         yield endpoint
     finally:
+        os.environ.pop("TANDEM_HELPER_PIDS", None)
         process.kill()
         process.wait(10)
 

@@ -57,7 +57,7 @@ from engine.planning.calibration import (
 from engine.planning.draft_record import DraftRecord, mtp_key, pair_key
 from engine.planning.drafter_options import mtp_option
 from engine.planning.kernels import KernelChoice, choose_kernels
-from engine.planning.machine_load import look_at_load
+from engine.planning.machine_load import count_as_own, look_at_load
 from engine.planning.plan_check import PlanChange, PlanCheck, same_choice
 from engine.planning.plan_log import PlanEvent, PlanLog
 from engine.planning.planner import (
@@ -76,7 +76,7 @@ from engine.runtime.hardware import HardwareProfile, check_device, default_threa
 from engine.runtime.kv_cache import KV_MODES, KV_TRADE_OFF
 from engine.runtime.model_info import ModelInfo, read_model_info, read_vocab_facts
 from engine.runtime.target import Target, TargetConfig
-from engine.workers.endpoints import parse_endpoint
+from engine.workers.endpoints import listener_pid, parse_endpoint
 from engine.workers.handshake import WorkerInfo, probe_worker
 
 log = logging.getLogger(__name__)
@@ -179,6 +179,10 @@ class Engine:
                                      state_snapshots=config.drafter != "none")
         # Asked before llama.cpp connects: it aborts the process on a failed handshake.
         self.workers: tuple[WorkerInfo, ...] = tuple(probe_worker(w) for w in config.workers)
+        for endpoint in config.workers:  # a worker on these cores computes for us
+            pid = listener_pid(endpoint)
+            if pid is not None:
+                count_as_own(pid)
         if self.workers:
             target_config = replace(target_config, workers=config.workers,
                                     worker_layers=self._worker_layers(target_config),

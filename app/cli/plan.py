@@ -73,6 +73,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         architecture = engine.architecture
         arch_text = engine.target.arch.describe()
         status = engine.plan_status()
+        workers = engine.workers
     if plan is None or costs is None:  # nothing to weigh: this model decodes plainly
         return _show_plain(args.json, notes, kernels, architecture, arch_text)
     if args.json:
@@ -80,7 +81,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                           "hardware": hardware.to_json(), "notes": notes,
                           "kv_cache": kv_text,
                           "exactness": kernels.to_json() if kernels else None,
-                          "architecture": architecture, "status": status},
+                          "architecture": architecture, "status": status,
+                          "workers": [w.describe() for w in workers]},
                          indent=1))
         return 0
     print(plan.describe())
@@ -88,6 +90,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if kernels is not None:
         print(f"Output:   {kernels.describe()}")
     print(f"Model:    {arch_text}")
+    for worker in workers:
+        print(f"Worker:   {worker.describe()}")
     cached = "measured now" if calibrated_now else "cached; --recalibrate measures again"
     t1 = costs.verify_s.get("cpu", {}).get(1)
     if status is not None and status["last_change"]:

@@ -61,6 +61,22 @@ def is_loopback(host: str) -> bool:
                                    for a in addresses)
 
 
+def listener_pid(endpoint: str) -> int | None:
+    """The process listening at a loopback ``endpoint`` on this machine (a worker sharing
+    its cores), None when it is elsewhere or cannot be seen."""
+    import psutil
+
+    host, port = parse_endpoint(endpoint)
+    if not is_loopback(host):
+        return None
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError):
+        return None
+    return next((c.pid for c in connections if c.status == psutil.CONN_LISTEN
+                 and c.laddr and c.laddr.port == port and c.pid), None)
+
+
 def check_bind(host: str, allow_network: bool) -> None:
     """Refuse a bind beyond loopback unless the user asked for it explicitly."""
     if not is_loopback(host) and not allow_network:
