@@ -279,3 +279,25 @@ def test_a_regenerate_gets_the_first_tokens_logits_again(target, long_prompts):
         warm = target.prefill(prompt)
         np.testing.assert_array_equal(warm.logits, cold.logits)
         assert target.ctx.state_seq_get(0) == cells
+
+
+def test_a_prompt_asked_again_with_its_answer_cached_answers_the_same(target, long_prompts):
+    """The same prompt again while the main cache still holds it and its answer (a
+    regenerate without a reset): the first token's logits are the F16 prefill's again,
+    not a decode of the last prompt token over the Q8_0 cells, which chose another first
+    token on one of 13 dev prompts. With a drafter too: drafted equals plain."""
+    from engine.decoding.generation import GenerationConfig, generate
+    from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
+
+    for prompt in long_prompts:
+        target.reset(cold=True)
+        first = target.prefill(prompt)
+        target.prefill(prompt + [int(np.argmax(first.logits))] * 3)  # an answer after it
+        again = target.prefill(prompt)
+        np.testing.assert_array_equal(again.logits, first.logits)
+        assert again.n_reused == len(prompt) and target.tokens == prompt
+        target.reset(cold=True)
+        plain = generate(target, prompt, None, GenerationConfig(16)).tokens
+        drafted = generate(target, prompt, PromptLookupDrafter(LookupConfig()),
+                           GenerationConfig(16)).tokens
+        assert drafted == plain == generate(target, prompt, None, GenerationConfig(16)).tokens

@@ -37,6 +37,7 @@ from app.gui.engine_worker import (
 from app.gui.resource_sampler import ResourceSampler
 from app.gui.settings_panel import SettingsPanel
 from app.gui.transcript_model import TranscriptModel
+from app.gui.worker_switch import WorkerSwitch
 
 IDLE_REMEASURE_MS = 30_000
 
@@ -75,6 +76,7 @@ class MainWindow(QMainWindow):
         self.engine_panel = EnginePanel(self.store)
         self.settings_panel = SettingsPanel()
         self.api_switch = ApiServerSwitch(self.worker, self.store)
+        self.worker_switch = WorkerSwitch(self.store)
         self.sampler = ResourceSampler(parent=self)
         self.dashboard = DashboardWidget(self.sampler)
 
@@ -85,6 +87,7 @@ class MainWindow(QMainWindow):
         left_layout.addWidget(self.engine_panel)
         left_layout.addWidget(self.settings_panel)
         left_layout.addWidget(self.api_switch)
+        left_layout.addWidget(self.worker_switch)
         splitter = QSplitter()
         splitter.addWidget(left)
         splitter.addWidget(self.chat)
@@ -350,6 +353,7 @@ class MainWindow(QMainWindow):
         self.sampler.stop()
         # The API server first: its requests use the engine the worker is about to close.
         self.api_switch.stop()
+        self.worker_switch.stop()
         self.worker.request_stop()
         self.shutdown_request.emit()
         self.thread_.wait(30_000)

@@ -176,6 +176,9 @@ class Target:
         # prompt's first token ~0.3 s.
         self._f16_ctx: NativeContext | None = None
         self._f16_tokens: list[int] = []
+        # The last prompt prefilled there: its tokens, and its last token's logits and
+        # features, for that prompt asked again (``_f16_answer_again``).
+        self._f16_last: tuple[tuple[int, ...], np.ndarray, np.ndarray | None] | None = None
         # The first position whose cells are still in the F16 context, None when all are
         # here: a prompt's cells are moved after its first token is out (``ctx``).
         self._unmoved_from: int | None = None
@@ -417,6 +420,9 @@ class Target:
         n_same = common_prefix_length(self.tokens, prompt)
         if n_same < len(self.tokens):
             n_same = self._keep_across_a_cut(prompt, n_same)
+        again = self._f16_answer_again(prompt, n_same, feature_tail)
+        if again is not None:
+            return again
         # Evaluate at least the last prompt token: its logits choose the first new token.
         n_keep = min(n_same, len(prompt) - 1)
         self.rollback(n_keep)
@@ -431,8 +437,9 @@ class Target:
         moved = self._prefill_in_f16(todo, n_features=tail if self._ctx.embeddings else 0)
         if moved is not None:
             logits, features = moved
-            return Prefill(logits=logits, features=features if self._ctx.embeddings else None,
-                           n_reused=n_keep)
+            features = features if self._ctx.embeddings else None
+            self._f16_last = (tuple(prompt), logits, features)
+            return Prefill(logits=logits, features=features, n_reused=n_keep)
         feats: list[np.ndarray] = []
         if self.ctx.embeddings and tail < len(todo):
             self.ctx.set_embeddings(False)
@@ -445,6 +452,24 @@ class Target:
         feats += tail_feats
         features = np.concatenate(feats) if feats else None
         return Prefill(logits=logits, features=features, n_reused=n_keep)
+
+    def _f16_answer_again(self, prompt: list[int], n_same: int, feature_tail: int | None
+                          ) -> Prefill | None:
+        """The prefill of a prompt asked again whole (a regenerate) whose last token's
+        logits came from the F16 context: those logits again, not a decode of that token
+        here, which reads the Q8_0 cache and can pick another first token. None when it
+        does not apply."""
+        last = self._f16_last
+        if last is None or n_same < len(prompt) or last[0] != tuple(prompt):
+            return None
+        features = None
+        if self.ctx.embeddings:
+            want = 1 if feature_tail is None else max(1, feature_tail)
+            if last[2] is None or len(last[2]) < want:
+                return None
+            features = last[2][-want:]
+        self.rollback(len(prompt))
+        return Prefill(logits=last[1].copy(), features=features, n_reused=len(prompt))
 
     def _keep_across_a_cut(self, prompt: list[int], n_same: int) -> int:
         """A prompt that is the cached tokens with a span cut out after the common prefix
