@@ -17,10 +17,12 @@ from __future__ import annotations
 import contextlib
 import importlib
 import re
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import replace
@@ -39,6 +41,7 @@ _TARGET_SNAPSHOT = ("path", "n_ctx", "n_threads", "n_vocab", "template", "arch",
                     "n_gpu_layers", "f16_prefill_off")
 _CALLBACKS = ("on_text", "on_step", "progress")
 POLL_S = 0.05  # how often a waiting call looks at should_stop and the child's health
+SETTLE_S = 30.0  # how long an interrupted call may take to stop
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])  # where `-m engine...` imports from
 
 
@@ -68,6 +71,9 @@ def _child_main(conn: Connection) -> None:
     or the parent goes."""
     from engine.session import Engine
 
+    # Ctrl-C in a terminal reaches the whole process group: the parent stops the call
+    # (a "stop" message), this process must not die of it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     config = conn.recv()
     stop = _StopFlag(conn)
     try:
@@ -210,6 +216,7 @@ class EngineProcess:
         self._state: dict[str, Any] = {}
         self._lost: WorkerLostError | None = None
         self._stop_sent = False
+        self._replied = True
         self._conn.send(config)
         self.target = _TargetProxy(self)
         self._engine = _Remote(self, "engine")
@@ -275,7 +282,29 @@ class EngineProcess:
                              should_stop is not None))
         except (OSError, ValueError):
             raise self._lose() from None
-        return self._wait(callbacks, should_stop)
+        self._replied = False
+        try:
+            return self._wait(callbacks, should_stop)
+        except BaseException:
+            if not self._replied and self._lost is None:
+                # Interrupted here (Ctrl-C, a callback that raised) while the child is
+                # still in the call: stop it and read its reply away, so the next call
+                # gets its own.
+                self._settle_after_interrupt()
+            raise
+
+    def _settle_after_interrupt(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._conn.send(("stop",))
+        deadline = time.monotonic() + SETTLE_S
+        try:
+            while time.monotonic() < deadline:
+                if self._conn.poll(POLL_S) and self._conn.recv()[0] in ("ok", "err"):
+                    return
+        except (EOFError, OSError):
+            pass
+        self._process.kill()  # it did not finish: it cannot be trusted with another call
+        self._lose()
 
     def _wait(self, callbacks: dict[str, Callable], should_stop: Callable[[], bool] | None
               ) -> Any:
@@ -294,6 +323,7 @@ class EngineProcess:
                     raise self._lose()
                 continue
             kind = message[0]
+            self._replied = kind != "cb"
             if kind == "cb":
                 callback = callbacks.get(message[1])
                 if callback is not None:

@@ -261,6 +261,15 @@ def test_an_engine_through_a_worker_runs_in_a_child_and_answers_as_plain_decodin
                                   should_stop=lambda: len(seen) >= 3)
         assert stopped.finish_reason == "cancelled" and len(stopped.tokens) < 200
 
+        def interrupt(_text: str) -> None:  # Ctrl-C while the answer streams
+            raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            engine.generate(story, GenerationConfig(200), on_text=interrupt)
+        # The child stopped that answer and the next call gets its own reply.
+        assert engine.generate(prompt, GenerationConfig(MAX_TOKENS), plain=True).tokens \
+            == plain.tokens
+
 
 def test_a_worker_killed_mid_answer_ends_the_answer_and_the_model_reopens_here(
         engine_config: EngineConfig):
