@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from engine.decoding.acceptance import accept_coupled, accept_sampling
+from engine.decoding.budget import VerifyCostModel
 from engine.decoding.generation import GenerationConfig, generate
 from engine.decoding.sampling import SamplingParams, target_distribution
 from engine.drafters.base import Drafter
@@ -95,7 +96,9 @@ def _second_token_counts(t, prompt, drafter, n_runs: int = 200):  # noqa: ANN001
         out_p = generate(t, prompt, None, cfg).tokens
         cfg = GenerationConfig(max_tokens=3,
                                sampling=SamplingParams(seed=10_000 + seed, **params))
-        out_s = generate(t, prompt, drafter, cfg, remember=False)
+        # A fixed verification curve: what is drafted must not follow the machine's load.
+        out_s = generate(t, prompt, drafter, cfg, remember=False,
+                         cost=VerifyCostModel(slope=0.0, learn=False))
         n_drafted += sum(s.n_proposed for s in out_s.stats.steps)
         if len(out_p) > 1:
             plain[out_p[1]] += 1
