@@ -37,6 +37,7 @@ from engine.decoding.stats import StepStats
 from engine.drafters import DRAFTER_NAMES, DrafterSpec, open_drafter
 from engine.drafters.base import Drafter
 from engine.drafters.draft_model import DraftModelDrafter
+from engine.drafters.eagle3 import Eagle3Drafter
 from engine.drafters.head import check_head_fits, load_head_drafter
 from engine.drafters.memory import MemoryDrafter
 from engine.drafters.merged import MergedDrafter
@@ -55,15 +56,17 @@ from engine.planning.calibration import (
     spot_check,
 )
 from engine.planning.draft_record import DraftRecord, mtp_key, pair_key
-from engine.planning.drafter_options import mtp_option
+from engine.planning.drafter_options import mtp_option, shipped_acceptance, usable_eagle3_head
 from engine.planning.kernels import KernelChoice, choose_kernels
 from engine.planning.machine_load import count_as_own, look_at_load
 from engine.planning.plan_check import PlanChange, PlanCheck, same_choice
 from engine.planning.plan_log import PlanEvent, PlanLog
 from engine.planning.planner import (
     DRAFT_MODEL_ACCEPTANCE,
+    EAGLE3_ACCEPTANCE,
     MTP_ACCEPTANCE,
     DraftModelFacts,
+    Eagle3Facts,
     HeadFacts,
     MtpFacts,
     Overrides,
@@ -162,6 +165,7 @@ class Engine:
         self._head_dir: Path | None = None
         self._draft_path: Path | None = None
         self._mtp: MtpFacts | None = None
+        self._eagle3: tuple[Path, Eagle3Facts] | None = None  # a head auto may price
         self._cache_key = ""
         self._start_why = ""
         path = config.model_path
@@ -216,6 +220,7 @@ class Engine:
                 self._head_dir = self._usable_head()
                 self._draft_path = self._usable_draft_model()
                 self._mtp = self._usable_mtp()
+                self._eagle3 = self._usable_eagle3(target_config)
                 target = self._calibrate_and_plan(target_config, say)
                 assert self.plan is not None
                 target = self._open_target(target_config, self.plan.target_gpu_layers, target)
@@ -342,6 +347,22 @@ class Engine:
             mtp_key(self.model.path), MTP_ACCEPTANCE, "the prior for a model's MTP block")
         return MtpFacts(acceptance, source)
 
+    def _usable_eagle3(self, target_config: TargetConfig) -> tuple[Path, Eagle3Facts] | None:
+        """An EAGLE-3 head GGUF for this model (imported or bundled) with its acceptance:
+        this pair's record, else what the head ships, else the prior."""
+        if self.config.head_dir is not None or target_config.workers:
+            return None  # a torch head asked for; or workers hold the target's LM head
+        path = usable_eagle3_head(self.model)
+        if path is None:
+            return None
+        prior, prior_is = EAGLE3_ACCEPTANCE, "the prior for an EAGLE-3 head"
+        shipped = shipped_acceptance(path)
+        if shipped is not None:
+            prior, prior_is = shipped
+        acceptance, source = DraftRecord(self._cache_dir()).acceptance(
+            pair_key(self.model.path, path), prior, prior_is)
+        return path, Eagle3Facts(path.name, acceptance, source)
+
     def _cache_dir(self) -> Path:
         return Path(self.config.cache_dir or data_dir() / "cache")
 
@@ -369,7 +390,8 @@ class Engine:
         cache = CalibrationCache(self._cache_dir())
         self._cache_key = key = cache_key(hw.fingerprint(), model.path, head_dir,
                                           self.n_threads, placements, head_devices, draft,
-                                          mtp=self._mtp is not None)
+                                          mtp=self._mtp is not None,
+                                          eagle3=self._eagle3[0] if self._eagle3 else None)
         costs = None if self.config.recalibrate else cache.get(key)
         self._start_why = ("costs measured again, as asked" if self.config.recalibrate else
                            "costs measured for the first time")
@@ -412,8 +434,10 @@ class Engine:
 
         workers = ",".join(target_config.workers)
 
+        eagle3 = self._eagle3[1] if self._eagle3 else None
+
         def price(c: CostProfile) -> Plan:
-            plan = choose_plan(hw, c, facts, head, overrides, draft_facts, self._mtp)
+            plan = choose_plan(hw, c, facts, head, overrides, draft_facts, self._mtp, eagle3)
             return replace(plan, target_workers=workers) if workers else plan
 
         self._price = price
@@ -429,7 +453,8 @@ class Engine:
                           progress=say, fingerprint=self.model.fingerprint,
                           draft_model=self._draft_path,
                           draft_on_gpu=bool(hw.best_gpu and hw.llama_gpu_offload),
-                          mtp=self._mtp is not None)
+                          mtp=self._mtp is not None,
+                          eagle3=self._eagle3[0] if self._eagle3 else None)
         if self._gpu_can_hold_target(target_config):
             self._measure_gpu_target(costs, target_config, say)
         return costs
@@ -518,6 +543,9 @@ class Engine:
                 "draft_ahead": plan.layout == "duodecoding"}, draft_model=draft)
         if plan.drafter == "mtp":
             return DrafterSpec("mtp", head_options={"depth": plan.budget.depth})
+        if plan.drafter == "eagle3" and self._eagle3 is not None:
+            return DrafterSpec("eagle3", self._eagle3[0],
+                               head_options={"depth": plan.budget.depth})
         if plan.drafter == "head" and head_dir is not None:
             budget = plan.budget
             overlap = plan.layout == "duodecoding"
@@ -544,7 +572,8 @@ class Engine:
                             if isinstance(self.drafter, DraftModelDrafter)
                             and config.draft_model is not None else
                             mtp_key(self.model.path) if isinstance(self.drafter, MtpDrafter)
-                            else None)
+                            else pair_key(self.model.path, self.drafter.path)
+                            if isinstance(self.drafter, Eagle3Drafter) else None)
         # With auto every drafter is governed: a head or draft model whose drafts cost
         # time and are not accepted is paused and probed again. Drafts from memory cost
         # microseconds and their hits come in bursts: they are let off 5% of a token and

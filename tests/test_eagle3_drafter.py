@@ -6,6 +6,7 @@ not fit is refused before any decode with the reason (issue 35)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -166,3 +167,55 @@ def test_sampling_with_the_head_keeps_the_target_distribution(fresh_target):
     assert n_proposed > n_runs  # the head really drafted
     assert plain.sum() > 0.9 * n_runs and spec.sum() > 0.9 * n_runs
     assert two_sample_z(plain, spec) < 4.0
+
+
+def test_auto_measures_and_prices_the_bundled_eagle3_head(model_path: Path, tmp_path: Path):
+    """The planner measures the bundled EAGLE-3 head's level and update on this machine,
+    weighs it with the acceptance it ships (its training report), and a plan forced to it
+    drafts with it, losslessly; its answers then feed the pair's record (issue 35,
+    item 3)."""
+    from engine.drafters.eagle3 import Eagle3Drafter
+    from engine.planning.draft_record import DraftRecord, pair_key
+    from engine.planning.planner import Overrides
+    from engine.session import Engine, EngineConfig
+
+    config = EngineConfig(model_path=model_path, n_ctx=1024, n_threads=2, cache_dir=tmp_path,
+                          memory_dir=tmp_path / "memory")
+    with Engine(config) as engine:
+        costs = engine.costs
+        assert costs is not None and costs.eagle3_level_s["cpu"] > 0
+        assert costs.eagle3_update_s["cpu"] > 0
+        priced = [c for c in engine.plan.candidates if c.drafter == "eagle3"]
+        assert priced and priced[0].budget.depth >= 1
+    forced = replace(config, overrides=Overrides(layout="cpu", drafter="eagle3"))
+    with Engine(forced) as engine:
+        assert engine.plan.drafter == "eagle3" and isinstance(engine.drafter, Eagle3Drafter)
+        assert "EAGLE-3" in engine.plan.layout_text()
+        head = engine.drafter.path
+        prompt = engine.target.tokenize(REPEATING[0])
+        out = engine.generate(prompt, GenerationConfig(MAX_TOKENS))
+        assert out.tokens == engine.generate(prompt, GenerationConfig(MAX_TOKENS),
+                                             plain=True).tokens
+    _, source = DraftRecord(tmp_path).acceptance(pair_key(model_path, head), (0.5,))
+    assert source.startswith("measured over")
+
+
+def test_the_planner_picks_an_eagle3_head_that_pays():
+    """On costs where a level is cheap and verification nearly free per token, a head
+    that is often right wins, and the plan says which head and on what acceptance."""
+    from engine.planning.calibration import CostProfile
+    from engine.planning.planner import Eagle3Facts, choose_plan
+    from engine.runtime.hardware import HardwareProfile
+    from engine.runtime.model_info import ModelFacts
+
+    costs = CostProfile(verify_s={"cpu": {1: 0.010, 2: 0.011, 4: 0.012, 8: 0.014, 16: 0.02}},
+                        eagle3_level_s={"cpu": 0.0005}, eagle3_update_s={"cpu": 0.001})
+    hw = HardwareProfile(physical_cores=2, logical_cores=2, cpu_model="cpu", cpu_features=(),
+                         ram_total_bytes=8 << 30, ram_available_bytes=6 << 30, gpus=())
+    facts = ModelFacts(size_bytes=100 << 20, n_layers=30, kv_bytes=10 << 20)
+    plan = choose_plan(hw, costs, facts, None, eagle3=Eagle3Facts("head.gguf", (0.8,) * 8,
+                                                                  "measured"))
+    assert plan.drafter == "eagle3" and plan.predicted_speedup > 2
+    assert "the EAGLE-3 head head.gguf" in plan.reason and "measured" in plan.reason
+    weak = choose_plan(hw, costs, facts, None, eagle3=Eagle3Facts("head.gguf", (0.05,) * 8))
+    assert weak.drafter == "memory" and "EAGLE-3" in weak.reason

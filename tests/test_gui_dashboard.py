@@ -132,7 +132,7 @@ def test_provisional_costs_are_measured_again_when_the_app_is_idle(qtbot, db: Pa
                                                                    model_path: Path,
                                                                    monkeypatch) -> None:
     import engine.session as session
-    from engine.drafters import DEFAULT_HEAD_DIR
+    from engine.drafters import DEFAULT_EAGLE3_HEAD, DEFAULT_HEAD_DIR
     from engine.hub.model_store import data_dir
     from engine.planning.calibration import CalibrationCache, cache_key
     from engine.planning.machine_load import LoadReading
@@ -143,7 +143,7 @@ def test_provisional_costs_are_measured_again_when_the_app_is_idle(qtbot, db: Pa
     monkeypatch.setattr(session, "look_at_load", lambda _t: LoadReading(2.0, 0.3, 0))
     cache = CalibrationCache(data_dir() / "cache")
     key = cache_key(probe_hardware().fingerprint(), model_path, DEFAULT_HEAD_DIR, 2,
-                    ("cpu",), ("cpu",))
+                    ("cpu",), ("cpu",), eagle3=DEFAULT_EAGLE3_HEAD)
     saved = cache.get_entry(key)
     cache.put(key, _busy())
     try:

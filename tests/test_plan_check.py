@@ -12,7 +12,7 @@ import pytest
 
 from engine.decoding.generation import GenerationConfig, generate
 from engine.decoding.stats import StepStats
-from engine.drafters import DEFAULT_HEAD_DIR
+from engine.drafters import DEFAULT_EAGLE3_HEAD, DEFAULT_HEAD_DIR
 from engine.planning.calibration import CalibrationCache, CostProfile, cache_key, repeat_spread
 from engine.planning.machine_load import LoadMeter, LoadReading
 from engine.planning.plan_check import PlanCheck, reprice
@@ -188,7 +188,7 @@ def _seed(cache_dir: Path, costs: CostProfile, model_path: Path, monkeypatch,
     reading = LoadReading(2.0 if busy_now else 0.0, 0.3, 0)
     monkeypatch.setattr(session, "look_at_load", lambda _threads: reading)
     key = cache_key(probe_hardware().fingerprint(), model_path, DEFAULT_HEAD_DIR, 2,
-                    ("cpu",), ("cpu",))
+                    ("cpu",), ("cpu",), eagle3=DEFAULT_EAGLE3_HEAD)
     CalibrationCache(cache_dir).put(key, costs)
 
 

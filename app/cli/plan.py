@@ -107,6 +107,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for dev, tok in costs.draft_token_s.items():
         print(f"  draft model on the {dev.upper()}: {tok * 1000:.2f} ms per token, "
               f"{costs.draft_sync_s.get(dev, 0) * 1000:.2f} ms per step to catch up")
+    for dev, lvl in costs.eagle3_level_s.items():
+        print(f"  EAGLE-3 head on the {dev.upper()}: {lvl * 1000:.2f} ms per level"
+              + (f" ({lvl / t1:.2f} of a token)" if t1 else "") + ", "
+              f"{costs.eagle3_update_s.get(dev, 0) * 1000:.2f} ms per step to read accepted "
+              "tokens")
     for dev, lvl in costs.mtp_level_s.items():
         print(f"  the model's MTP block on the {dev.upper()}: {lvl * 1000:.2f} ms per level"
               + (f" ({lvl / t1:.2f} of a token)" if t1 else "") + ", "

@@ -33,6 +33,8 @@ def print_candidates(plan: Plan) -> None:
             what = f"draft model on {c.head_device}, {c.budget.describe()}"
         elif c.drafter == "mtp":
             what = f"the model's MTP block, {c.budget.describe()}"
+        elif c.drafter == "eagle3":
+            what = f"EAGLE-3 head (llama.cpp), {c.budget.describe()}"
         else:
             what = "plain decoding (+ drafts from memory)"
         est = " (estimated)" if c.estimated else ""

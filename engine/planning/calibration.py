@@ -30,6 +30,7 @@ from engine.decoding.generation import GenerationConfig, generate
 from engine.drafters import DrafterSpec, build_drafter, make_drafter
 from engine.drafters.head import HeadDrafter
 from engine.drafters.native_head import HeadChainConfig, NativeHeadDrafter
+from engine.errors import TandemError
 from engine.planning.machine_load import LoadMeter
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.target import Target, TargetConfig
@@ -70,6 +71,10 @@ class CostProfile:
     # update (the committed tokens through the block, the first draft token's scores).
     mtp_level_s: dict[str, float] = field(default_factory=dict)
     mtp_update_s: dict[str, float] = field(default_factory=dict)
+    # An EAGLE-3 head llama.cpp runs beside the target (where the target runs): the same
+    # two figures.
+    eagle3_level_s: dict[str, float] = field(default_factory=dict)
+    eagle3_update_s: dict[str, float] = field(default_factory=dict)
     lookup_step_s: float = 0.0002
     features_overhead: float = 0.0  # extra verify time with features on, relative
     measured_s: float = 0.0  # how long the calibration took
@@ -140,7 +145,7 @@ def file_key(path: Path | None) -> str:
 def cache_key(hardware_fingerprint: str, model_path: Path, head_dir: Path | None,
               n_threads: int, target_placements: tuple[str, ...] = ("cpu",),
               head_devices: tuple[str, ...] = (), draft_model: Path | None = None,
-              mtp: bool = False) -> str:
+              mtp: bool = False, eagle3: Path | None = None) -> str:
     """Changes when the machine, the model file (path, size, modification time), the
     head's files, the draft model's file, the thread count, where the target and head
     were measured, or whether the model's MTP block is priced change."""
@@ -152,6 +157,8 @@ def cache_key(hardware_fingerprint: str, model_path: Path, head_dir: Path | None
         parts.append(file_key(draft_model))
     if mtp:
         parts.append("mtp")
+    if eagle3 is not None:
+        parts.append("eagle3=" + file_key(eagle3))
     text = "\n".join(parts)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -410,11 +417,11 @@ def calibrate(target: Target, head_dir: Path | None, head_devices: list[str],
               context: int = 256, progress: Callable[[str], None] | None = None,
               fingerprint: TargetFingerprint | None = None,
               draft_model: Path | None = None, draft_on_gpu: bool = False,
-              mtp: bool = False) -> CostProfile:
+              mtp: bool = False, eagle3: Path | None = None) -> CostProfile:
     """Measure everything the planner needs for ``target`` as it is loaded (and for the
     draft model, on the CPU and, with ``draft_on_gpu``, offloaded; with ``mtp``, the
-    model's own MTP block), and the conditions of the measurement: how busy the machine
-    was, how stable the repeats."""
+    model's own MTP block; with ``eagle3``, that EAGLE-3 head), and the conditions of the
+    measurement: how busy the machine was, how stable the repeats."""
     t0 = time.perf_counter()
     profile = CostProfile(context=context, measured_at=time.time())
     with LoadMeter(target.n_threads) as meter:
@@ -424,6 +431,15 @@ def calibrate(target: Target, head_dir: Path | None, head_devices: list[str],
             device = "gpu" if getattr(target, "n_gpu_layers", 0) else "cpu"
             (progress or (lambda _m: None))("the model's MTP block")
             profile.mtp_level_s[device], profile.mtp_update_s[device] = measure_mtp(target)
+        if eagle3 is not None:
+            device = "gpu" if getattr(target, "n_gpu_layers", 0) else "cpu"
+            (progress or (lambda _m: None))("the EAGLE-3 head")
+            try:
+                level, update = measure_eagle3(target, eagle3)
+            except TandemError:  # a head this target cannot run is left out
+                pass
+            else:
+                profile.eagle3_level_s[device], profile.eagle3_update_s[device] = level, update
     assert meter.reading is not None
     profile.others_cores, profile.busy = meter.reading.others_cores, meter.reading.busy
     profile.measured_s = time.perf_counter() - t0

@@ -6,6 +6,7 @@ the weights are not loaded to say what would run (issue 35, item 5)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,14 +99,12 @@ def eagle3_heads_dir() -> Path:
     return data_dir() / "heads"
 
 
-def _eagle3_option(info: ModelInfo, heads: Sequence[Path]) -> DrafterOption:
-    label = "EAGLE-3 head (llama.cpp)"
-    arch = info.header.architecture or "unknown"
-    if arch not in LAYER_INPUT_ARCHITECTURES:
-        return DrafterOption("eagle3", label, False,
-                             f"llama.cpp's {arch} graph cannot export the layer inputs a "
-                             "head reads")
-    reasons = []
+def find_eagle3_head(info: ModelInfo, heads: Sequence[Path] = ()) -> tuple[Path | None,
+                                                                        list[str]]:
+    """The first EAGLE-3 head GGUF that fits the model: ``heads``, then the imported ones,
+    then the bundled one; None with the reasons each was refused. Reads headers and
+    vocabularies only."""
+    reasons: list[str] = []
     with NativeModel(info.path, vocab_only=True) as target:
         imported = sorted(eagle3_heads_dir().glob("*.gguf"))
         for path in [*heads, *imported, DEFAULT_EAGLE3_HEAD]:
@@ -118,13 +117,57 @@ def _eagle3_option(info: ModelInfo, heads: Sequence[Path]) -> DrafterOption:
             except TandemError as exc:
                 reasons.append(str(exc))
                 continue
-            where = str(path) if path != DEFAULT_EAGLE3_HEAD else \
-                f"{Path(path).parent.name}/{Path(path).name} (bundled)"
-            return DrafterOption("eagle3", label, True, where)
+            return Path(path), reasons
+    return None, reasons
+
+
+def _eagle3_option(info: ModelInfo, heads: Sequence[Path]) -> DrafterOption:
+    label = "EAGLE-3 head (llama.cpp)"
+    arch = info.header.architecture or "unknown"
+    if arch not in LAYER_INPUT_ARCHITECTURES:
+        return DrafterOption("eagle3", label, False,
+                             f"llama.cpp's {arch} graph cannot export the layer inputs a "
+                             "head reads")
+    path, reasons = find_eagle3_head(info, heads)
+    if path is not None:
+        where = str(path) if path != DEFAULT_EAGLE3_HEAD else \
+            f"{path.parent.name}/{path.name} (bundled)"
+        return DrafterOption("eagle3", label, True, where)
     why = (reasons[0] if heads and reasons else
            f"no EAGLE-3 head for it here (public heads exist for {PUBLIC_EAGLE3_FAMILIES}; "
            "tandem train-draft --fusion eagle3 trains one)")
     return DrafterOption("eagle3", label, False, why)
+
+
+def usable_eagle3_head(info: ModelInfo) -> Path | None:
+    """The EAGLE-3 head auto may price for this model (imported or bundled), or None."""
+    if (info.header.architecture or "") not in LAYER_INPUT_ARCHITECTURES:
+        return None
+    return find_eagle3_head(info)[0]
+
+
+def shipped_acceptance(head: Path) -> tuple[tuple[float, ...], str] | None:
+    """The acceptance by depth a head GGUF ships beside it: ``acceptance.json``
+    (``by_depth``, measured on chats) or its training report's held-out accuracy by
+    depth; None when it ships neither."""
+    folder = Path(head).parent
+    for name, keys, source in (
+            ("acceptance.json", ("by_depth",), "measured on chats when it was made"),
+            ("train_report.json", ("eval_teacher_forced", "accuracy_by_depth"),
+             "its training's held-out accuracy")):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            value: object = json.loads(path.read_text())
+            for key in keys:
+                value = value[key]  # type: ignore[index]
+            acceptance = tuple(float(a) for a in value)  # type: ignore[union-attr]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if acceptance and all(0.0 <= a <= 1.0 for a in acceptance):
+            return acceptance, source
+    return None
 
 
 def mtp_option(header: GGUFFacts) -> DrafterOption:

@@ -117,6 +117,8 @@ def _predicted_draft_s(costs: CostProfile, plan: Plan) -> float | None:
         return costs.draft_sync_s.get(key, 0.0) + depth * costs.draft_token_s[key]
     if plan.drafter == "mtp" and "cpu" in costs.mtp_level_s:
         return costs.mtp_update_s.get("cpu", 0.0) + depth * costs.mtp_level_s["cpu"]
+    if plan.drafter == "eagle3" and "cpu" in costs.eagle3_level_s:
+        return costs.eagle3_update_s.get("cpu", 0.0) + depth * costs.eagle3_level_s["cpu"]
     return None
 
 
@@ -219,6 +221,7 @@ def reprice(costs: CostProfile, factors: dict[int, float], draft_factor: float |
     head_running = plan.drafter == "head" and draft_factor is not None
     model_running = plan.drafter == "draft" and draft_factor is not None
     mtp_running = plan.drafter == "mtp" and draft_factor is not None
+    eagle3_running = plan.drafter == "eagle3" and draft_factor is not None
 
     def scaled(table: dict[str, float], running: bool) -> dict[str, float]:
         out = {}
@@ -234,6 +237,8 @@ def reprice(costs: CostProfile, factors: dict[int, float], draft_factor: float |
                    draft_sync_s=scaled(costs.draft_sync_s, model_running),
                    mtp_level_s=scaled(costs.mtp_level_s, mtp_running),
                    mtp_update_s=scaled(costs.mtp_update_s, mtp_running),
+                   eagle3_level_s=scaled(costs.eagle3_level_s, eagle3_running),
+                   eagle3_update_s=scaled(costs.eagle3_update_s, eagle3_running),
                    busy=False, spread=0.0, others_cores=0.0, measured_at=time.time())
 
 

@@ -57,6 +57,14 @@ DRAFT_VRAM_OVERHEAD = 1.2  # a draft model's weights plus its compute buffers
 # and DeepSeek report 0.8-0.9 for the first), but fed its own output deeper down it
 # drifts. A cautious prior; the model's record replaces it (engine.planning.draft_record).
 MTP_ACCEPTANCE = (0.7, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3, 0.3)
+# An EAGLE-3 head, before its answers are measured: public heads reach 3-4 tokens per
+# verification on chat (0.7-0.8 per token, drafts-for-real-models.md), fed their own
+# guesses they drift; a head that ships its measured acceptance uses that instead.
+EAGLE3_ACCEPTANCE = (0.6, 0.5, 0.45, 0.4, 0.35, 0.3, 0.3, 0.3)
+
+
+# Drafters that cost time to draft (memory drafts cost microseconds).
+SPECULATIVE = ("head", "draft", "mtp", "eagle3")
 
 
 @dataclass(frozen=True)
@@ -118,11 +126,21 @@ class MtpFacts:
 
 
 @dataclass(frozen=True)
+class Eagle3Facts:
+    """An EAGLE-3 head GGUF that fits the target: its name and acceptance by depth (what
+    it ships, the prior, or what this pair reached in earlier answers)."""
+
+    name: str
+    acceptance: tuple[float, ...] = EAGLE3_ACCEPTANCE
+    acceptance_source: str = "prior"
+
+
+@dataclass(frozen=True)
 class Overrides:
     layout: str | None = None
     max_draft: int | None = None
     depth: int | None = None
-    drafter: str | None = None  # "head", "draft", "mtp", "memory", "none"
+    drafter: str | None = None  # "head", "draft", "mtp", "eagle3", "memory", "none"
 
     def __post_init__(self) -> None:
         if self.layout is not None and self.layout not in LAYOUTS:
@@ -184,6 +202,8 @@ class Plan:
             return f"{self.layout}: {target}, draft model on {self.head_device}"
         if self.drafter == "mtp":
             return f"{self.layout}: {target}, drafting with its own MTP block"
+        if self.drafter == "eagle3":
+            return f"{self.layout}: {target}, EAGLE-3 head beside it (llama.cpp)"
         extra = " with drafts from memory" if self.drafter == "memory" else ""
         return f"{self.layout}: {target}{extra}"
 
@@ -354,33 +374,35 @@ def _draft_candidates(hw: HardwareProfile, costs: CostProfile, model: ModelFacts
     return out
 
 
-def _mtp_candidate(costs: CostProfile, mtp: MtpFacts, max_draft: int, depth_cap: int
-                   ) -> Candidate | None:
-    """The model's MTP block, where its target was measured (on the CPU): it takes turns
-    with the target, each step paying its update, its levels and a verification."""
-    if "cpu" not in costs.mtp_level_s or "cpu" not in costs.verify_s:
+def _native_chain_candidate(costs: CostProfile, drafter: str, level_s: dict[str, float],
+                            update_s: dict[str, float], acceptance: tuple[float, ...],
+                            max_draft: int, depth_cap: int) -> Candidate | None:
+    """A head llama.cpp runs beside the target, where the target was measured (on the
+    CPU): the model's MTP block or an EAGLE-3 head. It takes turns with the target, each
+    step paying its update, its levels and a verification with features exported."""
+    if "cpu" not in level_s or "cpu" not in costs.verify_s:
         return None
     overhead = 1 + costs.features_overhead  # the target exports its hidden states
 
     def verify(n: int) -> float:
         return costs.verify("cpu", n) * overhead
 
-    depth, rate = _best_chain(mtp.acceptance, costs.mtp_level_s["cpu"],
-                              costs.mtp_update_s.get("cpu", 0.0), verify, False,
-                              max_draft, depth_cap)
+    depth, rate = _best_chain(acceptance, level_s["cpu"], update_s.get("cpu", 0.0), verify,
+                              False, max_draft, depth_cap)
     if not depth:
         return None
-    return Candidate("cpu", "mtp", "cpu", 0,
+    return Candidate("cpu", drafter, "cpu", 0,
                      Budget(mode="chain", depth=depth, max_draft=min(max_draft, depth + 2)),
                      rate, False)
 
 
 def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
                 head: HeadFacts | None, overrides: Overrides | None = None,
-                draft: DraftModelFacts | None = None, mtp: MtpFacts | None = None) -> Plan:
+                draft: DraftModelFacts | None = None, mtp: MtpFacts | None = None,
+                eagle3: Eagle3Facts | None = None) -> Plan:
     """The fastest predicted layout and drafter (draft head, draft model, the model's own
-    MTP block, or plain decoding with drafts from memory) and its budget, honouring
-    ``overrides``."""
+    MTP block, an EAGLE-3 head, or plain decoding with drafts from memory) and its budget,
+    honouring ``overrides``."""
     ov = overrides or Overrides()
     max_draft = MAX_DRAFT if ov.max_draft is None else ov.max_draft
     if model.max_draft is not None:  # a hybrid's state takes back so many at most
@@ -429,7 +451,13 @@ def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
     if draft is not None and max_draft > 0 and ov.drafter in (None, "draft"):
         candidates += _draft_candidates(hw, costs, model, draft, max_draft, depth_cap)
     if mtp is not None and max_draft > 0 and ov.drafter in (None, "mtp"):
-        candidates += [c for c in [_mtp_candidate(costs, mtp, max_draft, depth_cap)] if c]
+        candidates += [c for c in [_native_chain_candidate(
+            costs, "mtp", costs.mtp_level_s, costs.mtp_update_s, mtp.acceptance, max_draft,
+            depth_cap)] if c]
+    if eagle3 is not None and max_draft > 0 and ov.drafter in (None, "eagle3"):
+        candidates += [c for c in [_native_chain_candidate(
+            costs, "eagle3", costs.eagle3_level_s, costs.eagle3_update_s, eagle3.acceptance,
+            max_draft, depth_cap)] if c]
     allowed = [c for c in candidates if ov.layout in (None, c.layout)]
     if ov.drafter == "none":
         allowed = [c for c in allowed if c.layout == "plain"]
@@ -437,11 +465,11 @@ def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
         raise ValueError(f"the layout {ov.layout!r} is not possible here: "
                          + _why_not(ov.layout, hw, head, draft))
     best = max(allowed, key=lambda c: c.tok_per_s)
-    speculative = [c for c in candidates if c.drafter in ("head", "draft", "mtp")]
+    speculative = [c for c in candidates if c.drafter in SPECULATIVE]
     if ov.layout is None and best.drafter != "memory" and (
             best.tok_per_s < (1 + MIN_GAIN) * plain_rate):
         best = candidates[0]
-    reason = _reason(best, plain_rate, speculative, ov, head, draft, mtp)
+    reason = _reason(best, plain_rate, speculative, ov, head, draft, mtp, eagle3)
     drafter = ov.drafter if ov.drafter in ("none", "memory") else best.drafter
     return Plan(layout=best.layout, drafter=drafter, head_device=best.head_device,
                 target_gpu_layers=best.target_gpu_layers,
@@ -463,29 +491,31 @@ def _why_not(layout: str | None, hw: HardwareProfile, head: HeadFacts | None,
 
 def _reason(best: Candidate, plain_rate: float, speculative: list[Candidate],
             ov: Overrides, head: HeadFacts | None, draft: DraftModelFacts | None,
-            mtp: MtpFacts | None = None) -> str:
+            mtp: MtpFacts | None = None, eagle3: Eagle3Facts | None = None) -> str:
     if ov.layout or ov.drafter:
         chosen = ", ".join(f"{k}={v}" for k, v in asdict(ov).items() if v is not None)
         return f"as you asked ({chosen})."
     est = " (GPU costs estimated: not measurable here)" if best.estimated else ""
-    if best.drafter in ("head", "draft", "mtp"):
+    if best.drafter in SPECULATIVE:
         what = {"head": "the draft head", "mtp": "the model's MTP block",
+                "eagle3": f"the EAGLE-3 head {eagle3.name if eagle3 else ''}",
                 "draft": f"the draft model {draft.name if draft else ''}"}[best.drafter]
         assumed = ""
-        told = draft if best.drafter == "draft" else mtp if best.drafter == "mtp" else None
+        told = {"draft": draft, "mtp": mtp, "eagle3": eagle3}.get(best.drafter)
         if told is not None:
             assumed = (f"; acceptance {told.acceptance[0]:.2f} at the first token, "
                        f"{told.acceptance_source}")
         return (f"{best.layout} with {what} is predicted {best.tok_per_s / plain_rate:.2f}x "
                 f"plain decoding with a chain of depth {best.budget.depth}, the best of "
                 f"{len(speculative)} option(s){assumed}{est}.")
-    if head is None and draft is None and mtp is None:
+    if head is None and draft is None and mtp is None and eagle3 is None:
         return "no draft head or draft model matches this model: plain decoding with " \
                "drafts from memory."
     if not speculative:
         return "the draft cannot run on any device here: plain decoding."
     top = max(speculative, key=lambda c: c.tok_per_s)
-    what = {"head": "draft-head", "draft": "draft-model", "mtp": "MTP"}[top.drafter]
+    what = {"head": "draft-head", "draft": "draft-model", "mtp": "MTP",
+            "eagle3": "EAGLE-3"}[top.drafter]
     return (f"the best {what} layout ({top.layout}, depth {top.budget.depth}) is "
             f"predicted {top.tok_per_s / plain_rate:.2f}x plain decoding, under the "
             f"{1 + MIN_GAIN:.2f}x it takes to pay: drafting costs more than it saves on "
