@@ -589,7 +589,11 @@ class Engine:
         options: dict[str, object] = {}
         if config.overrides.depth:
             options["depth"] = config.overrides.depth
-        return DrafterSpec(config.drafter, config.head_dir, config.head_device, options,
+        head_dir = config.head_dir
+        if config.drafter == "eagle3" and head_dir is None:
+            # An imported head that fits this model, else the bundled model's.
+            head_dir = usable_eagle3_head(self.model)
+        return DrafterSpec(config.drafter, head_dir, config.head_device, options,
                            config.draft_model)
 
     # --- plans that stay right ----------------------------------------------------------

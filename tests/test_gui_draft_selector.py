@@ -150,3 +150,37 @@ def test_drafters_the_model_cannot_use_are_greyed_with_the_reason(
     _pick_model(qtbot, panel, str(qwen))
     assert panel.drafter_box.model().item(mtp).isEnabled()
     assert not panel.drafter_box.model().item(panel.drafter_box.findData("eagle3")).isEnabled()
+
+
+def test_an_added_eagle3_head_loads_the_eagle3_drafter(qtbot, home: Path, model_path: Path,
+                                                       tmp_path: Path) -> None:
+    """"Add head…" takes an EAGLE-3 GGUF as well as a torch head's folder: the head box
+    lists it, the choice drafts with it, and the engine runs it (the drafter box's
+    EAGLE-3 and MTP entries load, where they used to fail as unknown drafters)."""
+    from app.gui.engine_panel import is_eagle3_gguf
+    from app.gui.engine_worker import EngineWorker
+    from engine.drafters.eagle3 import Eagle3Drafter
+    from tests.test_eagle3_drafter import copying_head
+
+    head = copying_head(tmp_path / "copying.gguf", model_path)
+    assert is_eagle3_gguf(head) and not is_eagle3_gguf(model_path)
+    store = ConversationStore(tmp_path / "chat.sqlite3")
+    panel = EnginePanel(store)
+    qtbot.addWidget(panel)
+    with qtbot.waitSignal(panel.choice_changed) as blocker:
+        panel.add_head(head)
+    choice = blocker.args[0]
+    assert (choice.drafter, choice.head_dir) == ("eagle3", head)
+    assert panel.head_box.currentText() == "copying.gguf (EAGLE-3)"
+    worker = EngineWorker()
+    ready, failed = [], []
+    worker.ready.connect(ready.append)
+    worker.failed.connect(failed.append)
+    worker.load(replace(choice, model_path=model_path, n_ctx=512, n_threads=2))
+    try:
+        assert not failed, failed
+        assert ready[0].drafter == "eagle3"
+        assert isinstance(worker.current_engine().drafter, Eagle3Drafter)
+    finally:
+        worker.shutdown()
+        store.close()

@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 from app.conversation_store import ConversationStore
 from app.gui.engine_worker import EngineChoice, EngineReady
 from engine.errors import InvalidSettingError
+from engine.gguf.header import read_file_facts
 from engine.hub.draft_pairing import (
     BUNDLED_DRAFT_FILE,
     LocalDraft,
@@ -102,6 +103,14 @@ def _drafter_options(model: str, extra: list[str], heads: list[str]
 
 def is_head_dir(path: Path) -> bool:
     return (path / "head.json").is_file() and (path / "head.safetensors").is_file()
+
+
+def is_eagle3_gguf(path: Path) -> bool:
+    """An EAGLE-3 head as llama.cpp loads it (a GGUF of architecture ``eagle3``)."""
+    try:
+        return read_file_facts(path).architecture == "eagle3"
+    except (OSError, ValueError):
+        return False
 
 
 class EnginePanel(QGroupBox):
@@ -183,7 +192,8 @@ class EnginePanel(QGroupBox):
         self.head_box.clear()
         self.head_box.addItem("Bundled head (SmolLM2)", "")
         for p in heads:
-            self.head_box.addItem(Path(p).name, p)
+            self.head_box.addItem(Path(p).name + (" (EAGLE-3)" if p.endswith(".gguf") else ""),
+                                  p)
         model = self.model_box.currentData() or ""
         for d in _compatible_drafts(model, list(self.store.get_setting("models", []))):
             self.head_box.addItem(f"{d.name} (draft model, {human_bytes(d.n_bytes)})",
@@ -228,10 +238,17 @@ class EnginePanel(QGroupBox):
         drafter = self.drafter_box.currentData() or "auto"
         draft = self._selected_draft()
         head = None if draft else (self.head_box.currentData() or None)
+        eagle3_head = bool(head) and str(head).endswith(".gguf")
         if draft is not None and drafter == "head":
             drafter = "draft"
         elif draft is None and drafter == "draft":
             drafter = "head"
+        elif eagle3_head and drafter == "head":
+            drafter = "eagle3"  # an EAGLE-3 head selected drafts as one
+        if drafter == "eagle3" and not eagle3_head:
+            head = None  # the engine finds one that fits (imported, or the bundled one)
+        elif drafter == "head" and eagle3_head:
+            head = None
         return EngineChoice(model_path=Path(model) if model else None, drafter=drafter,
                             head_dir=Path(head) if head else None, draft_model=draft,
                             workers=self._workers())
@@ -269,6 +286,9 @@ class EnginePanel(QGroupBox):
         elif self.sender() is self.head_box and self._selected_draft() is not None:
             # Choosing a draft model means drafting with it.
             self._select(self.drafter_box, "draft")
+        elif self.sender() is self.head_box and str(self.head_box.currentData()).endswith(
+                ".gguf"):
+            self._select(self.drafter_box, "eagle3")  # and an EAGLE-3 head, with it
         elif (self.sender() is self.drafter_box and self.drafter_box.currentData() == "draft"
               and self._selected_draft() is None):
             # "Draft model" asked for: the first one listed (none listed: a head drafts).
@@ -305,13 +325,17 @@ class EnginePanel(QGroupBox):
         self._changed()
 
     def add_head(self, path: Path) -> None:
-        """Offer a head folder (head.json + head.safetensors) and draft with it."""
+        """Offer a head (a folder with head.json + head.safetensors, or an EAGLE-3 GGUF)
+        and draft with it."""
         self._remember("heads", str(path))
         self.store.set_setting("head", str(path))
         self.store.set_setting("draft_model", "")
         drafter = self.drafter_box.currentData() or "auto"
-        self.store.set_setting("drafter", "head" if drafter in ("none", "lookup", "draft")
-                               else drafter)
+        if path.suffix == ".gguf":
+            drafter = "eagle3"
+        elif drafter in ("none", "lookup", "draft", "eagle3", "mtp"):
+            drafter = "head"
+        self.store.set_setting("drafter", drafter)
         self._fill()
         self._changed()
 
@@ -322,15 +346,28 @@ class EnginePanel(QGroupBox):
             self.add_model(Path(path))
 
     def _add_head(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Add a draft head folder",
-                                                str(Path.home()))
+        """A torch head (its head.json picks the folder) or an EAGLE-3 GGUF (converted
+        with `tandem models import-eagle3`, or written by train-draft)."""
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Add a draft head: its head.json, or an EAGLE-3 .gguf", str(Path.home()),
+            "Draft heads (head.json *.gguf)")
         if not path:
             return
-        if not is_head_dir(Path(path)):
-            QMessageBox.warning(self, "Not a draft head",
-                                f"{path} has no head.json and head.safetensors.")
+        chosen = Path(path)
+        if chosen.suffix == ".gguf":
+            if not is_eagle3_gguf(chosen):
+                QMessageBox.warning(self, "Not an EAGLE-3 head",
+                                    f"{chosen.name} is not an EAGLE-3 head GGUF (architecture "
+                                    "eagle3). A public head's safetensors folder converts with "
+                                    "`tandem models import-eagle3 FOLDER --model MODEL`.")
+                return
+            self.add_head(chosen)
             return
-        self.add_head(Path(path))
+        if not is_head_dir(chosen.parent):
+            QMessageBox.warning(self, "Not a draft head",
+                                f"{chosen.parent} has no head.json and head.safetensors.")
+            return
+        self.add_head(chosen.parent)
 
     # --- engine state ----------------------------------------------------------------
     def show_loading(self, text: str) -> None:

@@ -34,7 +34,7 @@ from engine.session_process import EngineProcess, open_engine
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-DRAFTER_CHOICES = ("auto", "head", "draft", "lookup", "none")
+DRAFTER_CHOICES = ("auto", "head", "draft", "eagle3", "mtp", "lookup", "none")
 
 
 @dataclass(frozen=True)
