@@ -16,6 +16,7 @@ from engine.hub.catalog import HeadChoice, load_catalog, matching_heads
 from engine.hub.download import DownloadControl, Downloader, DownloadProgress
 from engine.hub.draft_catalog import DraftPair, load_draft_catalog
 from engine.hub.draft_pairing import DraftOffer, draft_limit, offers_for, remote_drafts
+from engine.hub.eagle3_catalog import load_eagle3_catalog
 from engine.hub.fit import human_bytes, machine_memory
 from engine.hub.install import find_choice, install
 from engine.hub.local_models import ModelRegistry, default_registry_path, import_gguf
@@ -50,7 +51,7 @@ def _heads(repo_id: str, facts, args: argparse.Namespace) -> list[HeadChoice]:  
 def _pairing(repo_id: str, args: argparse.Namespace) -> RepoPairing:
     return pair_repo(repo_id, args.ctx, machine_memory(), head_catalog=load_catalog(_data_dir()),
                      draft_catalog=load_draft_catalog(_data_dir()), registry=_registry(),
-                     endpoint=args.endpoint)
+                     endpoint=args.endpoint, eagle3_catalog=load_eagle3_catalog(_data_dir()))
 
 
 def _draft_cell(offer: DraftOffer | None) -> str:
@@ -87,10 +88,13 @@ def cmd_search(args: argparse.Namespace) -> int:
                             for h in pairing.heads]))
     else:
         print("\nno draft head matches; the model runs with drafts from memory")
+    from engine.hub.eagle3_catalog import eagle3_summary
+
+    print("\n" + eagle3_summary(list(pairing.eagle3)))
     if pairing.facts is not None:  # read from the file's header, before any download
         from engine.planning.drafter_options import mtp_option
 
-        print("\n" + mtp_option(pairing.facts).line())
+        print(mtp_option(pairing.facts).line())
     _print_drafts(pairing)
     return 0
 
@@ -239,6 +243,36 @@ def cmd_import_eagle3(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_get_eagle3(args: argparse.Namespace) -> int:
+    """A catalog's (or any) EAGLE-3 head repository, checked against a local model,
+    downloaded and written as the eagle3 GGUF llama.cpp runs beside it."""
+    from engine.gguf.header import read_file_facts
+    from engine.hub.draft_catalog import DraftPair
+    from engine.hub.eagle3_catalog import Eagle3Offer, fetch_eagle3_head, offer_for
+    from engine.planning.drafter_options import eagle3_heads_dir
+
+    target = _local_model_path(args.model)
+    offer: Eagle3Offer = offer_for(DraftPair("", "", args.repo), read_file_facts(target),
+                                args.endpoint)
+    if not offer.fits:
+        raise ValueError(f"{args.repo} does not fit {target.name}: {offer.verdict}")
+    from tqdm import tqdm
+
+    out = args.out or eagle3_heads_dir() / f"{args.repo.replace('/', '--')}.eagle3.gguf"
+    with tqdm(total=offer.n_bytes, unit="B", unit_scale=True, unit_divisor=1024,
+              desc=args.repo, file=sys.stderr) as bar:
+
+        def progress(p: DownloadProgress) -> None:
+            bar.n = p.n_done
+            bar.refresh()
+
+        path = fetch_eagle3_head(offer, target, out, Downloader(args.cache_dir, args.endpoint),
+                                 progress, matrices=args.type)
+    print(f"{path} ({path.stat().st_size / 1e6:.1f} MB), {args.repo} for {target.name}: "
+          f"tandem chat --model {target} --drafter eagle3 (auto weighs it too)")
+    return 0
+
+
 def _local_model_path(name: str | None) -> Path:
     """A GGUF file, a local model's name, or (None) the bundled model."""
     from engine.hub.model_store import default_model_path
@@ -369,6 +403,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--type", choices=("q8_0", "f16", "f32"), default="q8_0",
                    help="weight matrices' type (default q8_0: a level costs a third of F32's)")
     s.set_defaults(func=cmd_import_eagle3)
+
+    s = sub.add_parser("get-eagle3", parents=[common],
+                       help="download a public EAGLE-3 head for a local model (checked "
+                            "first) and write it as the GGUF llama.cpp runs")
+    s.add_argument("repo", help="the head's repository, e.g. AngelSlim/Qwen3-8B_eagle3 "
+                                "(tandem models search --repo MODEL_REPO lists them)")
+    s.add_argument("--model", default=None,
+                   help="the model it drafts for: a local model's name or a GGUF file")
+    s.add_argument("--out", type=Path, default=None,
+                   help="the GGUF to write (default: <data dir>/heads/, where auto finds it)")
+    s.add_argument("--type", choices=("q8_0", "f16", "f32"), default="q8_0")
+    s.set_defaults(func=cmd_get_eagle3)
 
     s = sub.add_parser("remove", parents=[common], help="forget a local model")
     s.add_argument("name")

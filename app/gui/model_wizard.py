@@ -396,13 +396,17 @@ def _draft_tip(offer: DraftOffer | None) -> str:
 
 
 def _not_offered(details: RepoDetails) -> str:
-    """The paired drafts left out, and why: a vocabulary that differs; and, read from the
-    file's header before any download, whether it drafts with its own MTP block."""
+    """The paired drafts left out, and why: a vocabulary that differs; the catalog's
+    EAGLE-3 heads, checked against the header; and, read from the file's header before
+    any download, whether it drafts with its own MTP block."""
     from engine.planning.drafter_options import mtp_option
 
     bad = [f"{r.pair.draft_repo} ({r.check.verdict})" for r in details.remote
            if not r.check.compatible]
-    lines = [("Not offered: " + "; ".join(bad)) if bad else ""]
+    from engine.hub.eagle3_catalog import eagle3_summary
+
+    lines = [("Not offered: " + "; ".join(bad)) if bad else "",
+             eagle3_summary(list(details.eagle3))]
     if details.facts is not None and details.facts.mtp_layers:
         lines.append(mtp_option(details.facts).line())
     return "\n".join(line for line in lines if line)

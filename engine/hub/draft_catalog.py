@@ -84,7 +84,7 @@ KNOWN_DRAFTS: tuple[DraftPair, ...] = (
 )
 
 
-def _pair_from_json(entry: dict) -> DraftPair:
+def pair_from_json(entry: dict) -> DraftPair:
     return DraftPair(str(entry.get("family", "user")), str(entry["target_pattern"]),
                      str(entry["draft_repo"]), tuple(entry.get("architectures", ())),
                      str(entry.get("name_regex", "")),
@@ -102,7 +102,7 @@ def load_draft_catalog(data_dir: Path | None = None) -> tuple[DraftPair, ...]:
     path = data_dir / DRAFT_CATALOG_FILE if data_dir else None
     if path is not None and path.is_file():
         try:
-            pairs = [_pair_from_json(e) for e in json.loads(path.read_text())]
+            pairs = [pair_from_json(e) for e in json.loads(path.read_text())]
         except (ValueError, KeyError, TypeError, AttributeError, re.error) as exc:
             log.warning("ignoring %s: %s", path, exc)
             pairs = []

@@ -19,6 +19,7 @@ from engine.hub.draft_pairing import (
     offers_for,
     remote_drafts,
 )
+from engine.hub.eagle3_catalog import KNOWN_EAGLE3_HEADS, Eagle3Offer, eagle3_offers
 from engine.hub.fit import FitEstimate, MachineMemory, estimate_fit
 from engine.hub.local_models import ModelRegistry
 from engine.hub.remote_header import MAX_HEADER_BYTES, RemoteHeader, read_remote_header
@@ -47,6 +48,7 @@ class RepoPairing:
     local: tuple[LocalDraft, ...]  # this machine's GGUFs, checked (any size)
     header: RemoteHeader | None  # the target's
     memory: MachineMemory
+    eagle3: tuple[Eagle3Offer, ...] = ()  # the catalog's EAGLE-3 heads, checked
 
     @property
     def facts(self) -> GGUFFacts | None:
@@ -69,10 +71,12 @@ def pair_repo(repo_id: str, n_ctx: int, memory: MachineMemory, *,
               head_catalog: tuple[HeadPair, ...] = KNOWN_HEADS,
               draft_catalog: tuple[DraftPair, ...] = KNOWN_DRAFTS,
               registry: ModelRegistry | None = None, endpoint: str | None = None,
-              max_header_bytes: int = MAX_HEADER_BYTES) -> RepoPairing:
+              max_header_bytes: int = MAX_HEADER_BYTES,
+              eagle3_catalog: tuple[DraftPair, ...] = KNOWN_EAGLE3_HEADS) -> RepoPairing:
     """List ``repo_id``, read its header (shape and vocabulary), find its draft heads,
-    its catalog drafts on the Hub and the compatible GGUFs on this machine (from
-    ``registry``), and fit each quantization with its default draft and first head.
+    its catalog drafts on the Hub, the compatible GGUFs on this machine (from
+    ``registry``) and the catalog's EAGLE-3 heads (their configs checked against the
+    header), and fit each quantization with its default draft and first head.
     Raises NetworkUnavailableError or HubServerError when the repository cannot be
     listed; a draft that cannot be read is only left out."""
     choices = list_repo(repo_id, endpoint=endpoint).gguf_choices()
@@ -91,4 +95,6 @@ def pair_repo(repo_id: str, n_ctx: int, memory: MachineMemory, *,
         offers = tuple(offers_for(c.n_bytes, local, remote))
         rows.append(TargetRow(c, fit_with(c, head, best_offer(offers), n_ctx, facts, memory),
                               offers))
-    return RepoPairing(repo_id, n_ctx, tuple(rows), heads, remote, local, header, memory)
+    eagle3 = tuple(eagle3_offers(repo_id, facts, catalog=eagle3_catalog, endpoint=endpoint))
+    return RepoPairing(repo_id, n_ctx, tuple(rows), heads, remote, local, header, memory,
+                       eagle3)
