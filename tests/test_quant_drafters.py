@@ -106,3 +106,29 @@ def test_long_prompts_are_prefilled_by_a_repacked_copy_and_answers_stay_plain(
         assert len(t._f16_tokens) > 400  # the prompt went through the F16 context
     assert outs[1].tokens == outs[0].tokens
     assert _accepted(outs[1:]) > 0
+
+
+def test_short_prompts_take_the_repacked_copy_and_a_regenerate_answers_the_same(
+        k_quant_target, dev_prompts):
+    """Short prompts (16+ tokens) are prefilled by the repacked copy too (its first token
+    sooner); the same prompt asked again with its answer cached (a regenerate) and a
+    drafted answer both give plain decoding's first answer, and a second turn that reuses
+    the cache equals its plain twin."""
+    t = k_quant_target
+    rows = [r for r in dev_prompts if r["category"] in ("coding", "math_reasoning")][:2]
+    for row in rows:
+        prompt = t.chat_prompt([{"role": "user", "content": row["turns"][0]}])
+        assert 16 <= len(prompt) < 128
+        t.reset(cold=True)
+        first = generate(t, prompt, None, GenerationConfig(MAX_TOKENS))
+        assert t._f16_tokens[:len(prompt)] == prompt  # the copy prefilled it
+        again = generate(t, prompt, None, GenerationConfig(MAX_TOKENS))  # cache kept
+        drafted = generate(t, prompt, PromptLookupDrafter(LookupConfig()),
+                           GenerationConfig(MAX_TOKENS),
+                           cost=VerifyCostModel(slope=0.0, learn=False))
+        assert again.tokens == first.tokens == drafted.tokens, row["question_id"]
+        follow = prompt + first.tokens + t.tokenize(" Explain more.", special=False)
+        turns = [generate(t, follow, d, GenerationConfig(MAX_TOKENS),
+                          cost=VerifyCostModel(slope=0.0, learn=False)).tokens
+                 for d in (None, PromptLookupDrafter(LookupConfig()))]
+        assert turns[0] == turns[1]

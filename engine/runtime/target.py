@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 # attention kernel needs 64 queries in a batch, and below ~100 tokens attention is too
 # small a share of the prefill to repay moving the cells (~8 us per token here).
 F16_PREFILL_MIN_TOKENS = 128
+# With a repacked copy of the weights (repacking off here, for exactness) the F16 context
+# is where the fast kernels are: a 53-token prompt at a 1.7B Q4_K_M shape took 1.06 s
+# there against 1.91 s here. Below this few tokens the cell move is not repaid.
+F16_COPY_MIN_TOKENS = 16
 # At most 1/F16_MAX_REDO_SHARE of a prompt's new tokens may be tokens this cache holds
 # but the F16 context would evaluate again; past that, prefilling here is sooner.
 F16_MAX_REDO_SHARE = 4
@@ -534,11 +538,11 @@ class Target:
         the last ``n_features`` tokens ([0, n_embd] when none are asked), or None (nothing
         changed) when it does not apply or fails; a failure turns it off for this target,
         with a warning."""
-        # Not lower with a repacked copy, though a 53-token prompt at a 1.7B Q4_K_M shape
-        # took 1.06 s there against 1.91 s: the first token's logits come from the F16
-        # context, and a prompt asked again (its last token evaluated here, the rest
-        # cached) then met a near-tie the other way; short prompts are prefilled here.
-        if self.f16_prefill_off or len(tokens) < F16_PREFILL_MIN_TOKENS:
+        # The first token's logits come from the F16 context; a prompt asked again whole
+        # gets them again (_f16_answer_again), not a decode of its last token here.
+        shortest = (F16_COPY_MIN_TOKENS if self._prefill_model is not None
+                    else F16_PREFILL_MIN_TOKENS)
+        if self.f16_prefill_off or len(tokens) < shortest:
             return None
         # The F16 context holds the prompts it prefilled, not the answers decoded here:
         # a chat's next turn would evaluate the last answer there again (a 150-token
