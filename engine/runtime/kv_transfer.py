@@ -75,7 +75,7 @@ def _quantize_q8_0(x: np.ndarray) -> np.ndarray:
 
 
 class _Reader:
-    def __init__(self, blob: bytes) -> None:
+    def __init__(self, blob: bytes | np.ndarray) -> None:
         self.blob = blob
         self.at = 0
 
@@ -109,28 +109,49 @@ def _threadpools() -> ThreadpoolController:
     return ThreadpoolController()
 
 
-def f16_to_q8_0_keys(blob: bytes, n_head_kv: int, rotate: bool) -> bytes:
-    """``_f16_to_q8_0_keys`` with numpy's BLAS on one thread: its idle threads spin for a
-    while after a call and slowed llama.cpp's next decode by up to ~100 ms on 2 cores."""
+def f16_to_q8_0_keys(blob: bytes | np.ndarray, n_head_kv: int, rotate: bool) -> bytes:
+    """``f16_to_q8_0_keys_array`` as bytes."""
+    return f16_to_q8_0_keys_array(blob, n_head_kv, rotate).tobytes()
+
+
+def f16_to_q8_0_keys_array(blob: bytes | np.ndarray, n_head_kv: int, rotate: bool
+                           ) -> np.ndarray:
+    """``_f16_to_q8_0_keys`` with numpy's BLAS on one thread (its idle threads spin for a
+    while after a call and slowed llama.cpp's next decode by up to ~100 ms on 2 cores),
+    written into one uint8 array (never larger than the blob: Q8_0 K is smaller)."""
+    out = _Writer(np.empty(len(blob), dtype=np.uint8))
     with _threadpools().limit(limits=1, user_api="blas"):
-        return _f16_to_q8_0_keys(blob, n_head_kv, rotate)
+        _f16_to_q8_0_keys(blob, n_head_kv, rotate, out)
+    return out.buffer[:out.at]
 
 
-def _f16_to_q8_0_keys(blob: bytes, n_head_kv: int, rotate: bool) -> bytes:
+class _Writer:
+    """Appends bytes and arrays to a preallocated uint8 array."""
+
+    def __init__(self, buffer: np.ndarray) -> None:
+        self.buffer, self.at = buffer, 0
+
+    def put(self, data: bytes | np.ndarray) -> None:
+        raw = np.frombuffer(data, dtype=np.uint8) if isinstance(data, bytes) \
+            else data.reshape(-1).view(np.uint8)
+        self.buffer[self.at:self.at + raw.size] = raw
+        self.at += raw.size
+
+
+def _f16_to_q8_0_keys(blob: bytes | np.ndarray, n_head_kv: int, rotate: bool,
+                      out: _Writer) -> None:
     """Rewrite a sequence-state blob of an F16/F16 cache for a Q8_0-K/F16-V cache.
 
     ``rotate``: llama.cpp's rotation of quantized K is on (``llama_rotates_quantized_k``);
     it applies to heads whose size is a multiple of 64, a K row being ``n_head_kv``
     heads."""
     read = _Reader(blob)
-    read.take("<Ii")
-    out = [blob[:8]]
+    out.put(struct.pack("<Ii", *read.take("<Ii")))
     while read.at < len(blob):
-        out += _one_cache(read, n_head_kv, rotate)
-    return b"".join(out)
+        _one_cache(read, n_head_kv, rotate, out)
 
 
-def _one_cache(read: _Reader, n_head_kv: int, rotate: bool) -> list[bytes]:
+def _one_cache(read: _Reader, n_head_kv: int, rotate: bool, out: _Writer) -> None:
     """One cache's part of the blob, K rewritten."""
     n_stream, n_cells = read.take("<II")
     if n_stream != 1:
@@ -141,7 +162,8 @@ def _one_cache(read: _Reader, n_head_kv: int, rotate: bool) -> list[bytes]:
     v_trans, n_layer = read.take("<II")
     if v_trans:
         raise StateFormatError("a transposed V cache (flash attention off)")
-    out = [struct.pack("<II", 1, n_cells), meta.tobytes(), struct.pack("<II", 0, n_layer)]
+    for part in (struct.pack("<II", 1, n_cells), meta, struct.pack("<II", 0, n_layer)):
+        out.put(part)
     for _ in range(n_layer):
         k_type, row_bytes = read.take("<iQ")
         if k_type != _F16:
@@ -154,8 +176,9 @@ def _one_cache(read: _Reader, n_head_kv: int, rotate: bool) -> list[bytes]:
         if block:
             keys = (keys.reshape(-1, block) @ hadamard(block)).reshape(keys.shape)
         packed = _quantize_q8_0(keys)
-        out += [struct.pack("<iQ", _Q8_0, packed.shape[1]), packed.tobytes()]
+        out.put(struct.pack("<iQ", _Q8_0, packed.shape[1]))
+        out.put(packed)
     for _ in range(n_layer):
         v_type, row_bytes = read.take("<iQ")
-        out += [struct.pack("<iQ", v_type, row_bytes), read.rows(n_cells, row_bytes).tobytes()]
-    return out
+        out.put(struct.pack("<iQ", v_type, row_bytes))
+        out.put(read.rows(n_cells, row_bytes))

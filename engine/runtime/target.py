@@ -27,7 +27,11 @@ from engine.runtime.chat_template import check_messages
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.hardware import default_threads
 from engine.runtime.kv_cache import TYPE_K, TYPE_V
-from engine.runtime.kv_transfer import StateFormatError, f16_to_q8_0_keys, llama_rotates_quantized_k
+from engine.runtime.kv_transfer import (
+    StateFormatError,
+    f16_to_q8_0_keys_array,
+    llama_rotates_quantized_k,
+)
 from engine.runtime.native import NativeBatch, NativeContext, NativeModel
 from engine.runtime.native_rpc import cpu_overrides, device_array, worker_devices
 from engine.runtime.reasoning import for_template
@@ -623,10 +627,11 @@ class Target:
             # Sequence 1 is free outside a verification: the cells travel through it.
             f16.kv_copy(0, 1, start, -1)
             try:
-                blob = f16.state_seq_get(1)
+                blob = f16.state_seq_array(1)
             finally:
                 f16.kv_remove(1, -1, -1)
-            moved = f16_to_q8_0_keys(blob, self.model.n_head_kv, llama_rotates_quantized_k())
+            moved = f16_to_q8_0_keys_array(blob, self.model.n_head_kv,
+                                           llama_rotates_quantized_k())
             self._ctx.state_seq_set(1, moved)
             self._ctx.kv_copy(1, 0, -1, -1)
             self._ctx.kv_remove(1, -1, -1)
