@@ -4,19 +4,16 @@ take turns with the chat under the worker's engine lock."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QGroupBox,
-    QHBoxLayout,
-    QLabel,
-    QSpinBox,
-    QVBoxLayout,
     QWidget,
 )
 
 from app.conversation_store import ConversationStore
 from app.gui.engine_worker import EngineWorker
+from app.gui.switch_box import lay_out_switch, port_box
 from app.server.serve import DEFAULT_PORT, ApiServer
 
 PORT_SETTING = "api_server_port"
@@ -34,21 +31,9 @@ class ApiServerSwitch(QGroupBox):
         self.worker, self.store = worker, store
         self.server: ApiServer | None = None
         self.enabled = QCheckBox("OpenAI-compatible API on this computer")
-        self.port = QSpinBox()
-        self.port.setRange(0, 65535)
+        self.port = port_box(store, PORT_SETTING, DEFAULT_PORT, 0)
         self.port.setSpecialValueText("any free port")
-        port = store.get_setting(PORT_SETTING, DEFAULT_PORT)
-        self.port.setValue(port if isinstance(port, int) else DEFAULT_PORT)
-        self.address = QLabel("Off")
-        self.address.setWordWrap(True)
-        self.address.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        row = QHBoxLayout()
-        row.addWidget(self.enabled, 1)
-        row.addWidget(QLabel("Port"))
-        row.addWidget(self.port)
-        layout = QVBoxLayout(self)
-        layout.addLayout(row)
-        layout.addWidget(self.address)
+        self.address = lay_out_switch(self, self.enabled, self.port)
         self.enabled.toggled.connect(self._toggled)
 
     def _toggled(self, on: bool) -> None:

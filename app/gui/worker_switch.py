@@ -8,18 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QGroupBox,
-    QHBoxLayout,
-    QLabel,
-    QSpinBox,
-    QVBoxLayout,
     QWidget,
 )
 
 from app.conversation_store import ConversationStore
+from app.gui.switch_box import lay_out_switch, port_box
 from engine.errors import WorkerError
 from engine.workers.endpoints import DEFAULT_PORT
 from engine.workers.handshake import probe_worker
@@ -45,20 +42,8 @@ class WorkerSwitch(QGroupBox):
             "Other Tandem apps put their model's layers here with --workers. Loopback only: "
             "the protocol has no authentication; reach it from another machine through an "
             "SSH tunnel.")
-        self.port = QSpinBox()
-        self.port.setRange(1024, 65535)
-        port = store.get_setting(PORT_SETTING, DEFAULT_PORT)
-        self.port.setValue(port if isinstance(port, int) else DEFAULT_PORT)
-        self.state = QLabel("Off")
-        self.state.setWordWrap(True)
-        self.state.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        row = QHBoxLayout()
-        row.addWidget(self.enabled, 1)
-        row.addWidget(QLabel("Port"))
-        row.addWidget(self.port)
-        layout = QVBoxLayout(self)
-        layout.addLayout(row)
-        layout.addWidget(self.state)
+        self.port = port_box(store, PORT_SETTING, DEFAULT_PORT, 1024)
+        self.state = lay_out_switch(self, self.enabled, self.port)
         self._poll = QTimer(self)
         self._poll.setInterval(READY_POLL_MS)
         self._poll.timeout.connect(self._check)
