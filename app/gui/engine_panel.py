@@ -138,8 +138,7 @@ class EnginePanel(QGroupBox):
         head_row.addWidget(add_head)
         # Another machine's memory and compute for the target (`tandem worker` there).
         self.workers_edit = QLineEdit(self.store.get_setting("workers", ""))
-        self.workers_edit.setPlaceholderText("none: this machine (or HOST:PORT of a "
-                                             "`tandem worker`)")
+        self.workers_edit.setPlaceholderText("none (this computer), or HOST:PORT")
         self.workers_edit.setToolTip(
             "The target's layers and KV cache run on these workers; drafts are made here. "
             "The protocol has no authentication: use a worker on this machine or one "
