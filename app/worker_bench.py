@@ -23,54 +23,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from app.latency_proxy import LatencyProxy
+from app.loopback_worker import loopback_worker
 from engine.decoding.generation import GenerationConfig
-from engine.errors import WorkerError
 from engine.session import EngineConfig
 from engine.session_process import open_engine
 from engine.workers.handshake import probe_worker
 
 ADDED_ROUND_TRIPS_S = (0.0, 0.001, 0.005)
-REPO = Path(__file__).resolve().parents[1]
-
-
-@contextlib.contextmanager
-def loopback_worker(threads: int) -> Iterator[str]:
-    """A `tandem worker` of this checkout on a free loopback port, until the block ends."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--port", str(port),
-                                "--threads", str(threads)], cwd=REPO,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"127.0.0.1:{port}"
-    # Its busy cores are the target's work, not another program's (engine.planning.
-    # machine_load): the engines' child processes inherit this.
-    os.environ["TANDEM_HELPER_PIDS"] = str(process.pid)
-    try:
-        for _ in range(600):
-            with contextlib.suppress(WorkerError):
-                probe_worker(endpoint)
-                break
-            if process.poll() is not None:
-                raise WorkerError(endpoint, "the loopback worker did not start")
-            time.sleep(0.05)
-        yield endpoint
-    finally:
-        os.environ.pop("TANDEM_HELPER_PIDS", None)
-        process.kill()
-        process.wait(10)
 
 
 def _placement(engine: Any, prompts: list[list[dict[str, str]]], max_tokens: int,
@@ -141,7 +108,7 @@ def run_worker_bench(base: EngineConfig, prompts: list[list[dict[str, str]]], ma
                                                                  say)}
         save()
     with contextlib.ExitStack() as stack:
-        endpoint = worker or stack.enter_context(loopback_worker(threads))
+        endpoint = worker or stack.enter_context(loopback_worker(threads))[0]
         for added in added_round_trips_s:
             name = f"worker +{added * 1e3:g} ms" if added else "worker"
             if name in done:

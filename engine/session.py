@@ -288,14 +288,15 @@ class Engine:
         return layers
 
     def _placement_text(self, target_config: TargetConfig) -> str:
-        layers = target_config.worker_layers
-        n = self.model.n_layer
-        share = (f"all {n} layers" if layers < 0 or layers > n else
-                 f"the last {layers} of {n} layers (the rest here)")
-        share += " (the output layer here)" if target_config.output_here else " and the output"
+        # llama.cpp counts the output layer as the first of the layers it offloads.
+        layers, n = target_config.worker_layers, self.model.n_layer
+        blocks = (f"all {n} layers" if layers < 0 or layers > n else
+                  f"the last {layers - 1} of {n} layers (the rest here)")
+        output = ("the output layer here" if target_config.output_here
+                  else "the output there")
         rtt = ", ".join(f"{w.endpoint} ({w.round_trip_s * 1e3:.2f} ms round trip)"
                         for w in self.workers)
-        return f"the target runs {share} on worker {rtt}; drafts are made here"
+        return f"the target runs {blocks} on worker {rtt}, {output}; drafts are made here"
 
     def _context_length(self) -> int:
         """The context asked for, checked against what the model was trained for (more
@@ -431,9 +432,7 @@ class Engine:
             facts = replace(facts, exact_on_gpu=self._exact_on_gpu(target_config, say, layers))
         draft_facts = self._draft_facts(draft, target_config.n_ctx) if draft else None
         overrides = self.config.overrides
-
         workers = ",".join(target_config.workers)
-
         eagle3 = self._eagle3[1] if self._eagle3 else None
 
         def price(c: CostProfile) -> Plan:
@@ -756,7 +755,7 @@ class Engine:
         """One line: model, threads, and what drafts."""
         how = self.plan.layout_text() if self.plan is not None else \
             f"drafter: {self.drafter_name}"
-        if self.workers:
+        if self.workers and self.plan is None:  # a plan's layout names them already
             how += "; target on " + ", ".join(w.endpoint for w in self.workers)
         return f"{self.model.path.name} ({self.n_threads} threads; {how})"
 

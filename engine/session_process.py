@@ -39,7 +39,6 @@ _SNAPSHOT = ("notes", "plan", "costs", "hardware", "model", "kernels", "n_thread
              "drafter_name", "guarantee", "architecture", "kv_cache_text", "workers")
 _TARGET_SNAPSHOT = ("path", "n_ctx", "n_threads", "n_vocab", "template", "arch",
                     "n_gpu_layers", "f16_prefill_off")
-_CALLBACKS = ("on_text", "on_step", "progress")
 POLL_S = 0.05  # how often a waiting call looks at should_stop and the child's health
 SETTLE_S = 30.0  # how long an interrupted call may take to stop
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])  # where `-m engine...` imports from
@@ -137,7 +136,10 @@ def _serve_call(conn: Connection, stop: _StopFlag, engine: Any, where: str, name
     except BaseException as exc:  # noqa: BLE001
         conn.send(("err", _pack_error(exc), traceback.format_exc()))
         return
-    conn.send(("ok", result, _snapshot(engine)))
+    # Only the engine's own methods change what the snapshot holds (a plan that switched
+    # after an answer, costs measured again); reads and the target's calls send none.
+    changed = where == "engine" and args is not None
+    conn.send(("ok", result, _snapshot(engine) if changed else None))
 
 
 # --- the parent --------------------------------------------------------------------------
@@ -329,7 +331,8 @@ class EngineProcess:
                 if callback is not None:
                     callback(*message[2])
             elif kind == "ok":
-                self._state = message[2]
+                if message[2] is not None:
+                    self._state = message[2]
                 return message[1]
             else:
                 raise _unpack_error(message[1])

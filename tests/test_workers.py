@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from app.loopback_worker import free_port, loopback_worker
 from engine.decoding.budget import VerifyCostModel
 from engine.decoding.generation import GenerationConfig, generate
 from engine.drafters import DrafterSpec, build_drafter
@@ -46,31 +47,10 @@ CHAT = "List the numbers from 1 to 12, one per line."
 REPEATING = "0 0 0 0 0 0 0 0 0 0 0 0 0 0"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def running_worker(*extra: str) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`tandem worker` in a second process, until the block ends."""
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--port", str(port),
-                                "--threads", "2", *extra], cwd=REPO,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    endpoint = f"127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            with contextlib.suppress(WorkerError):
-                probe_worker(endpoint)
-                break
-            assert process.poll() is None, process.stdout.read() if process.stdout else ""
-            time.sleep(0.05)
-        yield endpoint, process
-    finally:
-        process.kill()
-        process.wait(10)
+def running_worker(*extra: str):  # noqa: ANN201
+    """`tandem worker` in a second process (2 threads, its output readable), until the
+    block ends."""
+    return loopback_worker(2, *extra, capture=True)
 
 
 @pytest.fixture(scope="module")

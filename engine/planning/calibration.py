@@ -424,16 +424,17 @@ def calibrate(target: Target, head_dir: Path | None, head_devices: list[str],
     measurement: how busy the machine was, how stable the repeats."""
     t0 = time.perf_counter()
     profile = CostProfile(context=context, measured_at=time.time())
+    note = progress or (lambda _m: None)
     with LoadMeter(target.n_threads) as meter:
-        _measure_all(profile, target, head_dir, head_devices, progress or (lambda _m: None),
-                     fingerprint, draft_model, draft_on_gpu)
+        _measure_all(profile, target, head_dir, head_devices, note, fingerprint, draft_model,
+                     draft_on_gpu)
+        # Heads llama.cpp runs beside the target are timed where the target runs.
+        device = "gpu" if getattr(target, "n_gpu_layers", 0) else "cpu"
         if mtp:
-            device = "gpu" if getattr(target, "n_gpu_layers", 0) else "cpu"
-            (progress or (lambda _m: None))("the model's MTP block")
+            note("the model's MTP block")
             profile.mtp_level_s[device], profile.mtp_update_s[device] = measure_mtp(target)
         if eagle3 is not None:
-            device = "gpu" if getattr(target, "n_gpu_layers", 0) else "cpu"
-            (progress or (lambda _m: None))("the EAGLE-3 head")
+            note("the EAGLE-3 head")
             try:
                 level, update = measure_eagle3(target, eagle3)
             except TandemError:  # a head this target cannot run is left out

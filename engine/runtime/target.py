@@ -507,7 +507,7 @@ class Target:
             self.batch.fill([kept[-1]], [len(kept)], [(1,)], [False])
             ctx.decode(self.batch)
             ctx.kv_remove(1, -1, -1)
-            blob = ctx.state_seq_get(0)
+            blob = ctx.state_seq_array(0)  # a copy: kv_clear leaves it as it was
             ctx.kv_clear()
             ctx.state_seq_set(0, blob)
         except NativeError as exc:
