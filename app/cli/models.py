@@ -148,8 +148,6 @@ def _pick_draft(args: argparse.Namespace, choice: GGUFChoice) -> DraftOffer | No
 
 
 def cmd_download(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     try:
         choice = find_choice(args.repo, args.file, revision=args.revision,
                              endpoint=args.endpoint)
@@ -171,14 +169,7 @@ def cmd_download(args: argparse.Namespace) -> int:
         (f" + draft {draft.label}" if draft else "")
     total = choice.n_bytes + (head.n_bytes if head else 0) + \
         (draft.download_bytes if draft else 0)
-    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=what,
-               file=sys.stderr)
-
-    def progress(p: DownloadProgress) -> None:
-        bar.n = p.n_done
-        bar.set_postfix_str(p.phase if p.phase != "download" else "")
-        bar.refresh()
-
+    bar, progress = _byte_bar(total, what)
     control = DownloadControl()
     try:
         model, result = install(choice, head, downloader, _registry(),
@@ -247,30 +238,36 @@ def cmd_get_eagle3(args: argparse.Namespace) -> int:
     """A catalog's (or any) EAGLE-3 head repository, checked against a local model,
     downloaded and written as the eagle3 GGUF llama.cpp runs beside it."""
     from engine.gguf.header import read_file_facts
-    from engine.hub.draft_catalog import DraftPair
     from engine.hub.eagle3_catalog import Eagle3Offer, fetch_eagle3_head, offer_for
     from engine.planning.drafter_options import eagle3_heads_dir
 
     target = _local_model_path(args.model)
-    offer: Eagle3Offer = offer_for(DraftPair("", "", args.repo), read_file_facts(target),
-                                args.endpoint)
+    offer: Eagle3Offer = offer_for(args.repo, read_file_facts(target), args.endpoint)
     if not offer.fits:
         raise ValueError(f"{args.repo} does not fit {target.name}: {offer.verdict}")
-    from tqdm import tqdm
-
     out = args.out or eagle3_heads_dir() / f"{args.repo.replace('/', '--')}.eagle3.gguf"
-    with tqdm(total=offer.n_bytes, unit="B", unit_scale=True, unit_divisor=1024,
-              desc=args.repo, file=sys.stderr) as bar:
-
-        def progress(p: DownloadProgress) -> None:
-            bar.n = p.n_done
-            bar.refresh()
-
+    bar, progress = _byte_bar(offer.n_bytes, args.repo)
+    with bar:
         path = fetch_eagle3_head(offer, target, out, Downloader(args.cache_dir, args.endpoint),
                                  progress, matrices=args.type)
     print(f"{path} ({path.stat().st_size / 1e6:.1f} MB), {args.repo} for {target.name}: "
           f"tandem chat --model {target} --drafter eagle3 (auto weighs it too)")
     return 0
+
+
+def _byte_bar(total: int, what: str):  # noqa: ANN202 - (tqdm, its DownloadProgress callback)
+    """A progress bar in bytes on stderr, and the download callback that moves it."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=what,
+               file=sys.stderr)
+
+    def progress(p: DownloadProgress) -> None:
+        bar.n = p.n_done
+        bar.set_postfix_str(p.phase if p.phase != "download" else "")
+        bar.refresh()
+
+    return bar, progress
 
 
 def _local_model_path(name: str | None) -> Path:

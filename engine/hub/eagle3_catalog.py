@@ -115,20 +115,22 @@ def config_fit(config: dict, facts: GGUFFacts | None) -> tuple[bool, str]:
                   + (f", drafts from {draft_vocab} tokens" if draft_vocab else ""))
 
 
-def offer_for(pair: DraftPair, facts: GGUFFacts | None, endpoint: str | None) -> Eagle3Offer:
+def offer_for(repo_id: str, facts: GGUFFacts | None, endpoint: str | None,
+              family: str = "") -> Eagle3Offer:
+    """The head in ``repo_id``, its config checked against ``facts`` (nothing else is
+    fetched)."""
     try:
-        listing = list_repo(pair.draft_repo, endpoint=endpoint)
-        config = json.loads(fetch_prefix(resolve_url(pair.draft_repo, "config.json",
-                                                     listing.commit, endpoint), 1 << 20))
+        listing = list_repo(repo_id, endpoint=endpoint)
+        config = json.loads(fetch_prefix(resolve_url(repo_id, "config.json", listing.commit,
+                                                     endpoint), 1 << 20))
     except Exception as exc:  # noqa: BLE001 - one unreachable head must not end the listing
-        return Eagle3Offer(pair.draft_repo, pair.family, None,
-                           f"its config could not be read ({exc})")
+        return Eagle3Offer(repo_id, family, None, f"its config could not be read ({exc})")
     files = tuple(f for f in listing.files
                   if f.filename == "config.json" or f.filename.endswith(".safetensors"))
     fits, verdict = config_fit(config, facts)
     if fits and not any(f.filename.endswith(".safetensors") for f in files):
         fits, verdict = False, "it has no safetensors weights (Tandem does not load pickles)"
-    return Eagle3Offer(pair.draft_repo, pair.family, fits, verdict, listing.commit, files)
+    return Eagle3Offer(repo_id, family, fits, verdict, listing.commit, files)
 
 
 def eagle3_offers(target_repo: str, facts: GGUFFacts | None, *,
@@ -136,7 +138,8 @@ def eagle3_offers(target_repo: str, facts: GGUFFacts | None, *,
                   endpoint: str | None = None) -> list[Eagle3Offer]:
     """The catalog's heads for ``target_repo``, each checked against ``facts``; fitting
     ones first."""
-    offers = [offer_for(p, facts, endpoint) for p in matching_pairs(target_repo, facts, catalog)]
+    offers = [offer_for(p.draft_repo, facts, endpoint, p.family)
+              for p in matching_pairs(target_repo, facts, catalog)]
     return sorted(offers, key=lambda o: o.fits is not True)
 
 
