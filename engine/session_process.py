@@ -366,21 +366,28 @@ def open_engine(config: Any, progress: Callable[[str], None] | None = None) -> A
     return Engine(config, progress=progress)
 
 
-def reopen_locally(config: Any, progress: Callable[[str], None] | None = None
-                   ) -> tuple[Any, str]:
-    """After a worker is lost: the same engine on this machine, and a note saying so.
-    Raises ModelLoadError where the model does not fit this machine's memory."""
+def check_fits_here(model_path: Path | None) -> None:
+    """Raise ModelLoadError when the model's weights do not fit this machine's free memory
+    (after a worker that held them is lost)."""
+    import psutil
+
     from engine.hub.model_store import default_model_path
-    from engine.runtime.hardware import probe_hardware
     from engine.runtime.model_info import read_model_info
 
-    path = config.model_path or default_model_path()
+    path = model_path or default_model_path()
     need = read_model_info(path).size_bytes
-    free = probe_hardware().ram_available_bytes
+    free = psutil.virtual_memory().available
     if need > free:
         raise ModelLoadError(
             f"{Path(path).name} needs {need / 2**30:.1f} GiB and this machine has "
             f"{free / 2**30:.1f} GiB free: it cannot run here without the worker")
+
+
+def reopen_locally(config: Any, progress: Callable[[str], None] | None = None
+                   ) -> tuple[Any, str]:
+    """After a worker is lost: the same engine on this machine, and a note saying so.
+    Raises ModelLoadError where the model does not fit this machine's memory."""
+    check_fits_here(config.model_path)
     engine = open_engine(replace(config, workers=()), progress)
     return engine, "the worker was lost: the model now runs on this machine"
 
@@ -389,5 +396,5 @@ if __name__ == "__main__":  # the child: python -m engine.session_process FD
     _child_main(Connection(int(sys.argv[1])))
 
 
-__all__ = ["EngineProcess", "WorkerError", "WorkerLostError", "open_engine",
-           "reopen_locally"]
+__all__ = ["EngineProcess", "WorkerError", "WorkerLostError", "check_fits_here",
+           "open_engine", "reopen_locally"]

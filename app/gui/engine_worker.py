@@ -29,7 +29,7 @@ from engine.planning.planner import Overrides
 from engine.runtime.context_fit import DEFAULT_POLICY
 from engine.runtime.target import Target
 from engine.session import Engine, EngineConfig
-from engine.session_process import EngineProcess, open_engine
+from engine.session_process import EngineProcess, check_fits_here, open_engine
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -264,6 +264,11 @@ class EngineWorker(QObject):
         with self.engine_lock:
             self._close_engine()
             if choice is None:
+                return
+            try:
+                check_fits_here(choice.model_path)
+            except TandemError as exc:
+                self.failed.emit(EngineFailure(-1, "load", str(exc)))
                 return
             self.status.emit("The worker was lost: opening the model on this machine…")
             self._lost_note = ("The worker was lost: the model now runs on this machine "
