@@ -16,6 +16,7 @@ from pathlib import Path
 
 import llama_cpp
 
+from engine.errors import ModelLoadError
 from engine.runtime.native import ensure_backend
 
 DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
@@ -43,7 +44,7 @@ class _Symbols:
                 func.argtypes, func.restype = args, res
                 setattr(self, name, func)
                 return
-        raise RuntimeError(f"this llama.cpp build lacks {name}")
+        raise ModelLoadError(f"this llama.cpp build lacks {name}")
 
 
 @functools.cache
@@ -78,10 +79,14 @@ def _rpc() -> ctypes.CDLL | None:
     return lib
 
 
-def rpc_available() -> bool:
-    """Whether this llama.cpp build has the RPC backend."""
+def require_rpc() -> ctypes.CDLL:
+    """The RPC library; raises ModelLoadError naming the build switch where it is missing."""
     ensure_backend()
-    return _rpc() is not None
+    lib = _rpc()
+    if lib is None:
+        raise ModelLoadError("this llama.cpp build has no RPC backend: rebuild with "
+                             "GGML_RPC=ON (the Makefile's build has it)")
+    return lib
 
 
 @dataclass(frozen=True)
@@ -114,9 +119,7 @@ def local_devices() -> list[Device]:
 def worker_devices(endpoint: str) -> list[Device]:
     """A worker's devices, for ``llama_model_params.devices``. Connects: probe the worker
     first (a failed connect aborts the process)."""
-    lib = _rpc()
-    if lib is None:
-        raise RuntimeError("this llama.cpp build has no RPC backend")
+    lib = require_rpc()
     reg = lib.ggml_backend_rpc_add_server(endpoint.encode())
     if not reg:
         return []
@@ -149,9 +152,7 @@ def serve_devices(endpoint: str, devices: list[Device], n_threads: int,
                   cache_dir: Path | None) -> None:
     """Serve ``devices`` at ``endpoint`` (llama.cpp's RPC server). Blocks for good: run it
     in a thread the process can leave."""
-    lib = _rpc()
-    if lib is None:
-        raise RuntimeError("this llama.cpp build has no RPC backend")
+    lib = require_rpc()
     array = device_array(devices)
     lib.ggml_backend_rpc_start_server(endpoint.encode(),
                                       str(cache_dir).encode() if cache_dir else None,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from engine.errors import InvalidSettingError
 from engine.runtime.hardware import default_threads
-from engine.runtime.native_rpc import Device, local_devices, rpc_available, serve_devices
+from engine.runtime.native_rpc import Device, local_devices, require_rpc, serve_devices
 from engine.workers.endpoints import DEFAULT_PORT, EXPOSED_WARNING, check_bind, is_loopback
 
 
@@ -48,11 +48,9 @@ class Worker:
                  allow_network: bool = False, cache_dir: Path | None = None,
                  say: Callable[[str], None] = print) -> None:
         """Raises InvalidSettingError (a bind beyond loopback not allowed, an unknown
-        device), RuntimeError (a build without RPC)."""
+        device), ModelLoadError (a build without RPC)."""
         check_bind(host, allow_network)
-        if not rpc_available():
-            raise RuntimeError("this llama.cpp build has no RPC backend: rebuild with "
-                               "GGML_RPC=ON (the Makefile's build has it)")
+        require_rpc()
         self.endpoint = f"{host}:{port}"
         self.devices = pick_devices(device)
         self.n_threads = n_threads or default_threads()
