@@ -84,7 +84,7 @@ KNOWN_DRAFTS: tuple[DraftPair, ...] = (
 )
 
 
-def pair_from_json(entry: dict) -> DraftPair:
+def _pair_from_json(entry: dict) -> DraftPair:
     return DraftPair(str(entry.get("family", "user")), str(entry["target_pattern"]),
                      str(entry["draft_repo"]), tuple(entry.get("architectures", ())),
                      str(entry.get("name_regex", "")),
@@ -98,15 +98,19 @@ def load_draft_catalog(data_dir: Path | None = None) -> tuple[DraftPair, ...]:
     [{"target_pattern": "*mistral-7b*", "draft_repo": "me/tiny-mistral-GGUF",
       "family": "Mistral", "architectures": ["llama"], "name_regex": "mistral",
       "quants": ["Q8_0"]}]"""
-    pairs: list[DraftPair] = []
-    path = data_dir / DRAFT_CATALOG_FILE if data_dir else None
-    if path is not None and path.is_file():
-        try:
-            pairs = [pair_from_json(e) for e in json.loads(path.read_text())]
-        except (ValueError, KeyError, TypeError, AttributeError, re.error) as exc:
-            log.warning("ignoring %s: %s", path, exc)
-            pairs = []
-    return tuple(pairs) + KNOWN_DRAFTS
+    return users_pairs(data_dir / DRAFT_CATALOG_FILE if data_dir else None) + KNOWN_DRAFTS
+
+
+def users_pairs(path: Path | None) -> tuple[DraftPair, ...]:
+    """The pairs of a user's catalog file (this format), none when there is no file; a
+    broken one is logged and skipped."""
+    if path is None or not path.is_file():
+        return ()
+    try:
+        return tuple(_pair_from_json(e) for e in json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError, AttributeError, re.error) as exc:
+        log.warning("ignoring %s: %s", path, exc)
+        return ()
 
 
 def matching_pairs(target_repo: str, facts: GGUFFacts | None,

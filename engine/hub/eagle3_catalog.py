@@ -13,17 +13,14 @@ and name, so a re-upload under another name still finds its head.
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.gguf.header import GGUFFacts
 from engine.hub.download import Downloader, DownloadItem, ProgressFn
-from engine.hub.draft_catalog import DraftPair, matching_pairs, pair_from_json
+from engine.hub.draft_catalog import DraftPair, matching_pairs, users_pairs
 from engine.hub.remote import fetch_prefix, resolve_url
 from engine.hub.search import RemoteFile, list_repo
-
-log = logging.getLogger(__name__)
 
 EAGLE3_CATALOG_FILE = "eagle3_catalog.json"  # in Tandem's data directory: user additions
 PUBLIC_FAMILIES = "Llama 3.1 8B, Llama 3.3 70B, Qwen3 1.7B-32B and 30B-A3B"
@@ -58,14 +55,8 @@ def load_eagle3_catalog(data_dir: Path | None = None) -> tuple[DraftPair, ...]:
     """The user's pairs from ``<data_dir>/eagle3_catalog.json`` first, then the built-in
     ones; a broken file is logged and skipped. Format as draft_catalog.json's, with the
     head's repository as ``draft_repo``."""
-    pairs: list[DraftPair] = []
-    path = data_dir / EAGLE3_CATALOG_FILE if data_dir else None
-    if path is not None and path.is_file():
-        try:
-            pairs = [pair_from_json(e) for e in json.loads(path.read_text())]
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.warning("ignoring %s: %s", path, exc)
-    return tuple(pairs) + KNOWN_EAGLE3_HEADS
+    return users_pairs(data_dir / EAGLE3_CATALOG_FILE if data_dir else None) + \
+        KNOWN_EAGLE3_HEADS
 
 
 @dataclass(frozen=True)
