@@ -202,8 +202,8 @@ def test_a_failed_move_falls_back_to_the_q8_0_prefill(model_path, long_prompts, 
         want_first = t.prefill(prompt).logits
         first = int(want_first.argmax())
         want_next = t.verify(first, DraftTree()).logits[0].copy()
-    real = kv_transfer.f16_to_q8_0_keys_array
-    monkeypatch.setattr("engine.runtime.target.f16_to_q8_0_keys_array",
+    real = kv_transfer.f16_to_q8_0_keys
+    monkeypatch.setattr("engine.runtime.target.f16_to_q8_0_keys",
                         lambda blob, *a, **k: real(blob, *a, **k)[:-1000])  # cut short
     with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2)) as t:
         with caplog.at_level(logging.WARNING, logger="engine.runtime.target"):

@@ -109,13 +109,7 @@ def _threadpools() -> ThreadpoolController:
     return ThreadpoolController()
 
 
-def f16_to_q8_0_keys(blob: bytes | np.ndarray, n_head_kv: int, rotate: bool) -> bytes:
-    """``f16_to_q8_0_keys_array`` as bytes."""
-    return f16_to_q8_0_keys_array(blob, n_head_kv, rotate).tobytes()
-
-
-def f16_to_q8_0_keys_array(blob: bytes | np.ndarray, n_head_kv: int, rotate: bool
-                           ) -> np.ndarray:
+def f16_to_q8_0_keys(blob: bytes | np.ndarray, n_head_kv: int, rotate: bool) -> np.ndarray:
     """``_f16_to_q8_0_keys`` with numpy's BLAS on one thread (its idle threads spin for a
     while after a call and slowed llama.cpp's next decode by up to ~100 ms on 2 cores),
     written into one uint8 array (never larger than the blob: Q8_0 K is smaller)."""

@@ -29,7 +29,7 @@ from engine.runtime.hardware import default_threads
 from engine.runtime.kv_cache import TYPE_K, TYPE_V
 from engine.runtime.kv_transfer import (
     StateFormatError,
-    f16_to_q8_0_keys_array,
+    f16_to_q8_0_keys,
     llama_rotates_quantized_k,
 )
 from engine.runtime.native import NativeBatch, NativeContext, NativeModel
@@ -630,7 +630,7 @@ class Target:
                 blob = f16.state_seq_array(1)
             finally:
                 f16.kv_remove(1, -1, -1)
-            moved = f16_to_q8_0_keys_array(blob, self.model.n_head_kv,
+            moved = f16_to_q8_0_keys(blob, self.model.n_head_kv,
                                            llama_rotates_quantized_k())
             self._ctx.state_seq_set(1, moved)
             self._ctx.kv_copy(1, 0, -1, -1)
