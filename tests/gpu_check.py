@@ -152,11 +152,15 @@ def main() -> int:
     p.add_argument("--steps", default="exactness,lossless,verify", help="which steps to run")
     p.add_argument("--no-hardware", action="store_true", help="skip the hardware probe")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/gpu-check"))
+    p.add_argument("--model", type=Path, default=None,
+                   help="the target (default: the bundled model's Q4_0); the synthetic "
+                        "shapes take its tokenizer")
     args = p.parse_args()
     from engine.hub.model_store import bundled_model_path, default_model_path
 
     args.out.mkdir(parents=True, exist_ok=True)
-    model = default_model_path()
+    model = args.model or default_model_path()
+    tokenizer_from = args.model or bundled_model_path()
     results: dict = {"model": str(model), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     cpu_and_gpu = [("gpu", 99, 8), ("cpu16", 0, 16)]
     curves = [("gpu", 99, 8), ("cpu16", 0, 16), ("cpu8", 0, 8), ("cpu4", 0, 4)]
@@ -172,7 +176,7 @@ def main() -> int:
         _step(args.out, results, "verify_default", lambda: verify_curves(model, curves))
     for name in filter(None, args.shapes.split(",")):
         _step(args.out, results, f"shape {name}",
-              lambda n=name: synthetic_shape_curves(n, args.workdir, bundled_model_path(),
+              lambda n=name: synthetic_shape_curves(n, args.workdir, tokenizer_from,
                                                     curves))
     return 0
 

@@ -15,17 +15,32 @@ HW_PROFILES = [p for p in PROFILES if "costs_" not in p.name and "measured_" not
 
 
 def test_probe_reads_this_machine():
-    import llama_cpp
+    from engine.runtime.native_rpc import local_devices
 
     hw = probe_hardware()
     assert hw.physical_cores >= 1 and hw.logical_cores >= hw.physical_cores
     assert 0 < hw.ram_available_bytes <= hw.ram_total_bytes
-    assert hw.llama_gpu_offload == bool(llama_cpp.llama_supports_gpu_offload())
+    # Offload means a GPU device of this machine, not a build that merely could offload.
+    assert hw.llama_gpu_offload == any(d.kind in ("gpu", "igpu") for d in local_devices())
     assert set(hw.cpu_features) <= {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx",
                                     "neon", "fma", "f16c"}
     text = hw.describe()
     assert f"{hw.physical_cores} physical cores" in text
     assert ("no GPU" in text) == (not hw.gpus)
+
+
+def test_a_build_with_rpc_alone_does_not_offload():
+    """llama_supports_gpu_offload() is true for the RPC backend; with no GPU device here
+    the planner must not put target layers "on the GPU" (they would stay on the CPU and
+    be priced as GPU layers)."""
+    import llama_cpp
+
+    from engine.runtime.native_rpc import local_devices
+
+    if any(d.kind in ("gpu", "igpu") for d in local_devices()):
+        pytest.skip("this machine has a GPU device")
+    assert llama_cpp.llama_supports_gpu_offload()  # the Makefile builds RPC in
+    assert not probe_hardware().llama_gpu_offload
 
 
 def test_fingerprint_ignores_free_memory_but_not_a_new_gpu():

@@ -45,12 +45,16 @@ def describe_profile(profile: MeasuredProfile) -> str:
     """The measured figures, as a few lines."""
     lines = [f"Profile: {profile.target_shape} ({profile.quant}, "
              f"{profile.size_bytes / 1e9:.2f} GB) measured with {profile.n_threads} threads"]
-    for ctx, curve in sorted(profile.verify_s.items()):
-        t1 = curve[1]
-        rel = ", ".join(f"{n}: {t / t1:.2f}x" for n, t in sorted(curve.items()) if n > 1)
-        first = profile.prefill_s.get(ctx)
-        wait = f"; a {ctx}-token prompt prefills in {first:.2f} s" if first else ""
-        lines.append(f"  context {ctx}: one token {t1 * 1000:.0f} ms; n tokens: {rel}{wait}")
+    for where, curves, prefills in (("", profile.verify_s, profile.prefill_s),
+                                    ("on the GPU, ", profile.gpu_verify_s,
+                                     profile.gpu_prefill_s)):
+        for ctx, curve in sorted(curves.items()):
+            t1 = curve[1]
+            rel = ", ".join(f"{n}: {t / t1:.2f}x" for n, t in sorted(curve.items()) if n > 1)
+            first = prefills.get(ctx)
+            wait = f"; a {ctx}-token prompt prefills in {first:.2f} s" if first else ""
+            lines.append(f"  {where}context {ctx}: one token {t1 * 1000:.1f} ms; "
+                         f"n tokens: {rel}{wait}")
     for d in profile.drafts:
         lines.append(f"  draft model {d.shape} ({d.size_bytes / 1e9:.2f} GB): "
                      f"{d.token_s * 1000:.1f} ms a token, {d.sync_s * 1000:.1f} ms a step "
@@ -97,15 +101,23 @@ def cmd_profile(args: argparse.Namespace) -> int:
                          f"{args.contexts!r}") from None
     if any(c < 16 for c in contexts):
         raise ValueError(f"--contexts must be at least 16 tokens each, got {args.contexts}")
-    steps = tqdm(total=len(contexts) + len(drafts) + 2, desc=target.name, file=sys.stderr)
+    head_devices = tuple(args.head_device or ["cpu"])
+    # Writing the file, each context (twice with --gpu), the EAGLE-3 level, drafts, heads.
+    total = 2 + len(contexts) * (2 if args.gpu else 1) + len(drafts) + len(head_devices)
+    steps = tqdm(total=total, desc=target.name, file=sys.stderr)
 
     def say(message: str) -> None:
         steps.set_postfix_str(message)
         steps.update(1)
 
+    hardware = probe_hardware()
+    if args.gpu and not hardware.llama_gpu_offload:
+        raise ValueError("--gpu: this build of llama.cpp cannot offload to a GPU "
+                         "(docs/gpu.md says how to build one that can)")
     profile = measure_profile(target, drafts, args.workdir, default_model_path(),
-                              probe_hardware(), args.threads or default_threads(), contexts,
-                              head=not args.no_head, say=say)
+                              hardware, args.threads or default_threads(), contexts,
+                              head=not args.no_head, say=say, gpu=args.gpu,
+                              head_devices=head_devices)
     steps.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     profile.save(args.out)
@@ -125,6 +137,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="context lengths for the verification curve (comma-separated)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-head", action="store_true", help="skip the draft head level")
+    p.add_argument("--head-device", action="append",
+                   help="where to time the draft head: cpu, cuda, ... (repeatable; "
+                        "default: cpu)")
+    p.add_argument("--gpu", action="store_true",
+                   help="time the target with every layer on the GPU too")
     p.add_argument("--workdir", type=Path, default=Path("profile-work"),
                    help="where the synthetic GGUFs are written (and removed)")
     p.add_argument("--out", type=Path, required=True, help="the profile JSON to write")

@@ -63,6 +63,9 @@ class MeasuredProfile:
     n_threads: int
     verify_s: dict[int, dict[int, float]] = field(default_factory=dict)  # ctx -> n -> s
     prefill_s: dict[int, float] = field(default_factory=dict)  # ctx -> s
+    # The same with every layer on the GPU (``tandem profile --gpu``), where one is.
+    gpu_verify_s: dict[int, dict[int, float]] = field(default_factory=dict)
+    gpu_prefill_s: dict[int, float] = field(default_factory=dict)
     drafts: list[DraftCost] = field(default_factory=list)
     heads: dict[str, HeadCost] = field(default_factory=dict)  # device -> cost
     # An EAGLE-3 head GGUF of the target's width run by llama.cpp on the CPU (random
@@ -75,6 +78,8 @@ class MeasuredProfile:
         """The calibration the planner would have on that machine, for the first draft."""
         ctx = min(self.verify_s, key=lambda c: abs(c - PLAN_CONTEXT))
         profile = CostProfile(context=ctx, verify_s={"cpu": dict(self.verify_s[ctx])})
+        if ctx in self.gpu_verify_s:
+            profile.verify_s["gpu"] = dict(self.gpu_verify_s[ctx])
         for device, head in self.heads.items():
             profile.head_level_s[device] = head.level_s
             profile.head_update_s[device] = head.update_s
@@ -106,9 +111,11 @@ class MeasuredProfile:
     # --- files ------------------------------------------------------------------------
     def to_json(self) -> dict:
         d = asdict(self)
-        d["verify_s"] = {str(c): {str(n): t for n, t in curve.items()}
-                         for c, curve in self.verify_s.items()}
-        d["prefill_s"] = {str(c): t for c, t in self.prefill_s.items()}
+        for name in ("verify_s", "gpu_verify_s"):
+            d[name] = {str(c): {str(n): t for n, t in curve.items()}
+                       for c, curve in getattr(self, name).items()}
+        for name in ("prefill_s", "gpu_prefill_s"):
+            d[name] = {str(c): t for c, t in getattr(self, name).items()}
         return d
 
     @classmethod
@@ -116,9 +123,11 @@ class MeasuredProfile:
         d = dict(d)
         if d.get("eagle3"):
             d["eagle3"] = HeadCost(**d["eagle3"])
-        d["verify_s"] = {int(c): {int(n): float(t) for n, t in curve.items()}
-                         for c, curve in d.get("verify_s", {}).items()}
-        d["prefill_s"] = {int(c): float(t) for c, t in d.get("prefill_s", {}).items()}
+        for name in ("verify_s", "gpu_verify_s"):
+            d[name] = {int(c): {int(n): float(t) for n, t in curve.items()}
+                       for c, curve in d.get(name, {}).items()}
+        for name in ("prefill_s", "gpu_prefill_s"):
+            d[name] = {int(c): float(t) for c, t in d.get(name, {}).items()}
         d["drafts"] = [DraftCost(**x) for x in d.get("drafts", [])]
         d["heads"] = {k: HeadCost(**v) for k, v in d.get("heads", {}).items()}
         return cls(**d)
@@ -139,11 +148,12 @@ def load_measured_profile(path: Path) -> MeasuredProfile:
 
 
 def measure_head_level(width: int, n_heads: int, n_kv_heads: int, ffn: int, vocab: int,
-                       context: int = PLAN_CONTEXT, repeats: int = 7) -> tuple[float, float]:
+                       context: int = PLAN_CONTEXT, repeats: int = 7,
+                       device: str = "cpu") -> tuple[float, float]:
     """(one drafting level: the head on one token with ``context`` cached entries, its
     LM head over ``vocab`` rows and the top 4; a step's update over 3 accepted tokens)
-    of an EAGLE-1 head of that width on the CPU, with the int8 weights the head drafter
-    uses there."""
+    of an EAGLE-1 head of that width on ``device``, with the weights the head drafter
+    uses there (int8 on a CPU that has the kernels, float32 elsewhere)."""
     import statistics
 
     import torch
@@ -157,19 +167,26 @@ def measure_head_level(width: int, n_heads: int, n_kv_heads: int, ffn: int, voca
                      intermediate_size=ffn, fusion="fc")
     embed = torch.randn(vocab, width) * 0.02
     head = DraftHead(cfg, embed, embed).eval()
-    if int8_available():  # as the head drafter runs on a CPU
+    if device == "cpu" and int8_available():  # as the head drafter runs on a CPU
         head.to_int8()
-    feats = torch.randn(1, context, width)
+    head = head.to(device)
+    on_cuda = device.startswith("cuda")
+    feats = torch.randn(1, context, width, device=device)
     cache = head.new_cache()
     with torch.inference_mode():
-        head(feats, torch.zeros(1, context, dtype=torch.long), torch.arange(context)[None],
-             cache)
+        head(feats, torch.zeros(1, context, dtype=torch.long, device=device),
+             torch.arange(context, device=device)[None], cache)
 
         def run(n: int) -> float:
+            # The features arrive from the target (host memory), as in the drafter.
+            step = torch.randn(1, n, width)
             t0 = time.perf_counter()
-            out, _ = head(torch.randn(1, n, width), torch.ones(1, n, dtype=torch.long),
-                          torch.arange(context, context + n)[None], cache)
-            torch.softmax(head.logits(out[0, -1:]), dim=-1).topk(4)
+            out, _ = head(step.to(device), torch.ones(1, n, dtype=torch.long, device=device),
+                          torch.arange(context, context + n, device=device)[None], cache)
+            top = torch.softmax(head.logits(out[0, -1:]), dim=-1).topk(4)
+            top.indices.cpu()  # the drafter reads the tokens back: the GPU has finished
+            if on_cuda:
+                torch.cuda.synchronize()
             took = time.perf_counter() - t0
             for buffer in cache:
                 buffer.truncate(context)
@@ -208,9 +225,11 @@ def _measure_eagle3_level(target: Target, target_path: Path, workdir: Path,
 def measure_profile(target: ModelShape, drafts: list[ModelShape], workdir: Path,
                     tokenizer_from: Path, hardware: HardwareProfile, n_threads: int,
                     contexts: tuple[int, ...] = (256, 1024), head: bool = True,
-                    say: Callable[[str], None] | None = None) -> MeasuredProfile:
+                    say: Callable[[str], None] | None = None, gpu: bool = False,
+                    head_devices: tuple[str, ...] = ("cpu",)) -> MeasuredProfile:
     """Write the shapes as synthetic GGUFs in ``workdir`` (removed afterwards) and
-    measure them on this machine."""
+    measure them on this machine: the target on the CPU, and with ``gpu`` wholly on the
+    GPU too; the draft head on each of ``head_devices``."""
     from engine.gguf.synthetic import write_synthetic_gguf
     from engine.runtime.model_info import read_model_info
     from engine.runtime.target import Target, TargetConfig
@@ -244,6 +263,16 @@ def measure_profile(target: ModelShape, drafts: list[ModelShape], workdir: Path,
             elif head:
                 profile.notes.append(f"no EAGLE-3 level: llama.cpp's {t.arch.name} graph "
                                      "cannot export layer inputs")
+        if gpu:
+            config = TargetConfig(n_ctx=max(contexts) + 64, n_threads=n_threads,
+                                  n_gpu_layers=-1)
+            with Target(path, config) as t:
+                for ctx in contexts:
+                    note(f"{target.name} on the GPU: verification at {ctx} tokens")
+                    timings = {}
+                    profile.gpu_verify_s[ctx] = measure_verify_curve(
+                        t, ctx, VERIFY_SIZES, repeats=3, timings=timings)
+                    profile.gpu_prefill_s[ctx] = timings["prefill_s"]
     finally:
         path.unlink(missing_ok=True)
     for shape in drafts:
@@ -255,12 +284,12 @@ def measure_profile(target: ModelShape, drafts: list[ModelShape], workdir: Path,
             profile.drafts.append(DraftCost(shape.name, dpath.stat().st_size, token_s, sync_s))
         finally:
             dpath.unlink(missing_ok=True)
-    if head:
-        note(f"a draft head of width {target.hidden_size}")
+    for device in head_devices if head else ():
+        note(f"a draft head of width {target.hidden_size} on {device}")
         level, update = measure_head_level(target.hidden_size, target.n_heads,
                                            target.n_kv_heads, target.ffn_size,
-                                           target.vocab_size)
-        profile.heads["cpu"] = HeadCost(target.hidden_size, target.vocab_size, level, update)
+                                           target.vocab_size, device=device)
+        profile.heads[device] = HeadCost(target.hidden_size, target.vocab_size, level, update)
     return profile
 
 

@@ -133,9 +133,12 @@ def utf8_bytes(text: str) -> bytes:
 
 
 def supports_gpu_offload() -> bool:
-    """Whether this llama.cpp build can put layers on a GPU."""
-    ensure_backend()
-    return bool(llama_cpp.llama_supports_gpu_offload())
+    """Whether llama.cpp can put layers on a GPU of this machine: a local GPU device.
+    (``llama_supports_gpu_offload`` is true in any build with the RPC backend, whose
+    devices are other machines', added by endpoint: a CPU build said it offloads.)"""
+    from engine.runtime.native_rpc import local_devices
+
+    return any(d.kind in ("gpu", "igpu") for d in local_devices())
 
 
 def _cxx_function(name: str, argtypes: list[object], restype: object) -> object | None:

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# On the GPU machine (call 1): unpack what prepare.sh made and start building
+# llama-cpp-python with CUDA into /tmp/dev/site, in the background (setsid: it outlives
+# the call while the machine stays warm). pip builds it as the Makefile does: a libllama
+# built with cmake alone crashed there once numpy was loaded (docs/gpu.md).
+set -u
+D=/tmp/dev
+mkdir -p $D/site
+cp .dev/model.1 .dev/model.sha256 .dev/prompts.jsonl $D/
+cp -r .dev/site/. $D/site/
+tar -I zstd -xf .dev/lcp.tar.zst -C $D
+# AMX CPUs: the Makefile's flags (a native build segfaults on decode there).
+if grep -qs amx_tile /proc/cpuinfo; then
+    CPU="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON \
+-DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+else
+    CPU=""
+fi
+export CMAKE_ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_NCCL=OFF \
+-DLLAVA_BUILD=OFF -DLLAMA_BUILD_MTMD=OFF -DGGML_LLAMAFILE=OFF -DGGML_RPC=ON $CPU"
+export CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
+cd $D/llama_cpp_python-*/ || exit 1
+setsid nohup bash -c "date +%s > $D/build.start; python3 -m pip install -v --no-build-isolation \
+--no-deps --no-index --no-cache-dir --target $D/site . > $D/build.log 2>&1; \
+echo \$? > $D/build.rc; date +%s > $D/build.end" > /dev/null 2>&1 < /dev/null &
+sleep 20
+nvidia-smi --query-gpu=name,memory.total,memory.free,driver_version --format=csv
+lscpu | grep -E "Model name|^CPU\(s\)|Thread|Socket"
+grep -o -E "avx512f|amx_tile" /proc/cpuinfo | sort | uniq -c
+python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0))"
+tail -5 $D/build.log

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Here (no GPU): make .dev/, what a GPU machine of the device tool needs beside the tree
+# (docs/gpu.md). The tool carries 64 MiB a call with the tree, so the bundled model
+# (Q4_0, 92 MB) goes in three parts, one per call, on the same warm machine:
+#   call 1 carries .dev/lcp.tar.zst .dev/site .dev/prompts.jsonl .dev/model.1 and runs
+#          packaging/device/build_cuda.sh (the build goes on in the background);
+#   call 2 carries .dev/model.2 and runs packaging/device/stash.sh;
+#   call 3 carries .dev/model.3 and runs packaging/device/checks.sh.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+grep -qs '^/.dev/$' .git/info/exclude || echo /.dev/ >> .git/info/exclude
+rm -rf .dev && mkdir -p .dev/site
+PY=.venv/bin/python
+SITE=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# Pure-Python packages the GPU image lacks (it has torch, numpy, jinja2, psutil, tqdm).
+for pkg in gguf platformdirs diskcache; do cp -r "$SITE/$pkg" .dev/site/; done
+find .dev/site -name __pycache__ -prune -exec rm -rf {} +
+# llama-cpp-python's sdist without what a CUDA+CPU build does not read.
+VERSION=$($PY -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')
+WORK=$(mktemp -d)
+$PY -m pip download -q "llama-cpp-python==$VERSION" --no-deps --no-binary :all: -d "$WORK"
+tar -xzf "$WORK"/llama_cpp_python-*.tar.gz -C "$WORK"
+SRC=$(echo "$WORK"/llama_cpp_python-*/)
+rm -rf "$SRC"/{.git,docs,examples,tests,docker}
+(cd "$SRC/vendor/llama.cpp" && rm -rf .git models docs examples tests benches gguf-py media \
+    scripts conversion tools/* \
+    ggml/src/ggml-{vulkan,sycl,metal,cann,musa,hip,opencl,webgpu,kompute,zdnn,blas})
+tar -C "$(dirname "$SRC")" -I 'zstd -19 -T0' -cf .dev/lcp.tar.zst "$(basename "$SRC")"
+rm -rf "$WORK"
+cp ../shared/data/spec_bench_dev.jsonl .dev/prompts.jsonl
+MODEL=$($PY -c 'from engine.hub.model_store import default_model_path; print(default_model_path())')
+dd if="$MODEL" of=.dev/model.1 bs=1M count=36 status=none
+dd if="$MODEL" of=.dev/model.2 bs=1M skip=36 count=40 status=none
+dd if="$MODEL" of=.dev/model.3 bs=1M skip=76 status=none
+sha256sum "$MODEL" | cut -d' ' -f1 > .dev/model.sha256
+du -sh .dev/*
