@@ -15,7 +15,9 @@ grep -E "^\[[0-9]+/[0-9]+\]" $D/build.log | tail -1
 ls -la $D/site/llama_cpp/lib | head -20
 export PYTHONPATH=$D/site:$PWD PYTHONUNBUFFERED=1
 # libllama before numpy (docs/gpu.md: the order once decided whether it loaded).
-tandem() { python3 -c 'import sys, llama_cpp; from app.cli import main; sys.exit(main())' "$@"; }
+printf '#!/bin/sh\nexec python3 -c "import sys, llama_cpp; from app.cli import main; sys.exit(main())" "$@"\n' > $D/tandem
+chmod +x $D/tandem
+export PATH=$D:$PATH
 step() { local cap=$1; shift; echo "=== $* ($(date +%T))"; timeout "$cap" "$@"; echo "=== rc=$?"; }
 step 150 python3 -m tests.gpu_check --out $OUT --model $M --prompts $D/prompts.jsonl \
     --steps exactness,lossless --gpu-layers 0 --shapes ""
