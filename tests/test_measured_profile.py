@@ -93,3 +93,52 @@ def test_plan_from_a_measured_profile(path, capsys):
     assert main(["plan", "--profile", str(path), "--acceptance", "0.05", "--json"]) == 0
     never = json.loads(capsys.readouterr().out)["plan"]
     assert never["drafter"] == "memory"
+
+
+def test_the_h100_profile_keeps_drafts_off_the_gpu_it_measured():
+    """Measured on an H100 (docs/gpu.md): CUDA's verified batches differed from one-token
+    decoding, so the 8B target decodes on the GPU with nothing drafted; were they exact,
+    memory drafts would be checked there."""
+    from dataclasses import replace
+
+    profile = load_measured_profile(PROFILES / "measured_llama-3.1-8b_h100_16core.json")
+    assert profile.gpu_exact is False and profile.gpu_verify_s
+    # The GPU's token beats the 16 CPU threads' by far: the target goes there.
+    assert profile.gpu_verify_s[256][1] * 5 < profile.verify_s[256][1]
+    plan = profile.plan()
+    assert plan.target_gpu_layers == -1 and plan.budget.max_draft == 0
+    assert "nothing drafted" in plan.layout_text() and "differ" in plan.reason
+    assert plan.plain_tok_per_s == pytest.approx(1 / profile.gpu_verify_s[256][1])
+    exact = replace(profile, gpu_exact=True).plan()
+    assert exact.target_gpu_layers == -1 and exact.budget.max_draft > 0
+    assert "drafts from memory" in exact.layout_text()
+
+
+def test_profile_gpu_is_refused_without_a_gpu_device(tmp_path, capsys):
+    from engine.runtime.hardware import probe_hardware
+
+    if probe_hardware().llama_gpu_offload:
+        pytest.skip("this machine has a GPU llama.cpp can use")
+    assert main(["profile", "--shape", "smollm2-135m", "--gpu",
+                 "--out", str(tmp_path / "p.json")]) == 2
+    assert "cannot offload to a GPU" in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_a_gpu_profile_round_trips_and_prices_the_gpu(tmp_path):
+    from dataclasses import replace
+
+    profile = load_measured_profile(PROFILES / "measured_llama-3.1-8b_h100_16core.json")
+    path = tmp_path / "p.json"
+    profile.save(path)
+    again = load_measured_profile(path)
+    assert again == profile
+    costs = again.costs()
+    assert costs.verify_s["gpu"] == profile.gpu_verify_s[256]
+    # A profile from before GPU curves were kept still loads, with none.
+    old = json.loads(path.read_text())
+    for key in ("gpu_verify_s", "gpu_prefill_s", "gpu_exact"):
+        del old[key]
+    path.write_text(json.dumps(old))
+    assert load_measured_profile(path) == replace(profile, gpu_verify_s={},
+                                                  gpu_prefill_s={}, gpu_exact=None)

@@ -202,3 +202,13 @@ def test_an_mtp_block_is_priced_from_its_measured_level_and_chosen_when_it_pays(
     # Not measured (costs from before the block was priced): not offered at all.
     plan = choose_plan(hw, base, model, None, mtp=MtpFacts())
     assert not any(c.drafter == "mtp" for c in plan.candidates)
+
+
+def test_a_sparse_verify_curve_is_read_between_its_points():
+    """A curve measured at 1, 2, 4, 8, 16 (a GPU session's) prices 3 between 2 and 4, not
+    on the line through 8 and 16; beyond the last size it goes on along the last two."""
+    costs = CostProfile(verify_s={"cpu": {1: 0.076, 2: 0.136, 4: 0.206, 8: 0.391, 16: 0.771}})
+    assert costs.verify("cpu", 3) == pytest.approx((0.136 + 0.206) / 2)
+    assert costs.verify("cpu", 12) == pytest.approx((0.391 + 0.771) / 2)
+    assert costs.verify("cpu", 20) == pytest.approx(0.771 + 4 * (0.771 - 0.391) / 8)
+    assert CostProfile(verify_s={"cpu": {1: 0.05}}).verify("cpu", 4) == 0.05

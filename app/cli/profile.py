@@ -102,8 +102,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if any(c < 16 for c in contexts):
         raise ValueError(f"--contexts must be at least 16 tokens each, got {args.contexts}")
     head_devices = tuple(args.head_device or ["cpu"])
-    # Writing the file, each context (twice with --gpu), the EAGLE-3 level, drafts, heads.
-    total = 2 + len(contexts) * (2 if args.gpu else 1) + len(drafts) + len(head_devices)
+    # Writing the file, each context (twice with --gpu), the GPU's exactness probe, the
+    # EAGLE-3 level, drafts, heads.
+    total = 2 + len(contexts) * (2 if args.gpu else 1) + args.gpu + len(drafts) + len(head_devices)
     steps = tqdm(total=total, desc=target.name, file=sys.stderr)
 
     def say(message: str) -> None:

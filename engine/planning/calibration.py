@@ -108,14 +108,25 @@ class CostProfile:
         return text
 
     def verify(self, device: str, n: int) -> float:
-        """Seconds to verify ``n`` tokens on ``device`` (linear beyond what was measured)."""
+        """Seconds to verify ``n`` tokens on ``device``: on the line through the measured
+        sizes around ``n`` (a sparse curve: 1, 2, 4, 8, 16), or through the last two
+        beyond them."""
         curve = self.verify_s[device]
         if n in curve:
             return curve[n]
         sizes = sorted(curve)
-        lo, hi = sizes[-2], sizes[-1]
+        if len(sizes) == 1:
+            return curve[sizes[0]]
+        above = [m for m in sizes if m > n]
+        below = [m for m in sizes if m < n]
+        if above and below:
+            lo, hi = below[-1], above[0]
+        elif above:
+            lo, hi = sizes[0], sizes[1]
+        else:
+            lo, hi = sizes[-2], sizes[-1]
         slope = (curve[hi] - curve[lo]) / (hi - lo)
-        return curve[hi] + slope * (n - hi)
+        return curve[lo] + slope * (n - lo)
 
     def to_json(self) -> dict:
         d = asdict(self)

@@ -66,6 +66,9 @@ class MeasuredProfile:
     # The same with every layer on the GPU (``tandem profile --gpu``), where one is.
     gpu_verify_s: dict[int, dict[int, float]] = field(default_factory=dict)
     gpu_prefill_s: dict[int, float] = field(default_factory=dict)
+    # Whether the GPU's verified batches gave one-token decoding's logits (the exactness
+    # probe); None: not probed. Where they did not, nothing is verified there.
+    gpu_exact: bool | None = None
     drafts: list[DraftCost] = field(default_factory=list)
     heads: dict[str, HeadCost] = field(default_factory=dict)  # device -> cost
     # An EAGLE-3 head GGUF of the target's width run by llama.cpp on the CPU (random
@@ -95,7 +98,8 @@ class MeasuredProfile:
         """The plan on the recorded machine with the first draft model (and a head of
         that width when one was measured and ``head_acceptance`` is given)."""
         hw = HardwareProfile.from_json(self.machine)
-        model = ModelFacts(self.size_bytes, self.n_layers, self.kv_bytes_per_token * n_ctx)
+        model = ModelFacts(self.size_bytes, self.n_layers, self.kv_bytes_per_token * n_ctx,
+                           exact_on_gpu=self.gpu_exact is not False)
         draft = None
         if self.drafts:
             d = self.drafts[0]
@@ -231,6 +235,7 @@ def measure_profile(target: ModelShape, drafts: list[ModelShape], workdir: Path,
     measure them on this machine: the target on the CPU, and with ``gpu`` wholly on the
     GPU too; the draft head on each of ``head_devices``."""
     from engine.gguf.synthetic import write_synthetic_gguf
+    from engine.runtime.exactness import probe_exactness
     from engine.runtime.model_info import read_model_info
     from engine.runtime.target import Target, TargetConfig
 
@@ -273,6 +278,10 @@ def measure_profile(target: ModelShape, drafts: list[ModelShape], workdir: Path,
                     profile.gpu_verify_s[ctx] = measure_verify_curve(
                         t, ctx, VERIFY_SIZES, repeats=3, timings=timings)
                     profile.gpu_prefill_s[ctx] = timings["prefill_s"]
+                note(f"{target.name} on the GPU: do verified batches match one token's?")
+                probe = probe_exactness(t)
+                profile.gpu_exact = probe.exact
+                profile.notes.append(f"on the GPU, {probe.describe()}")
     finally:
         path.unlink(missing_ok=True)
     for shape in drafts:

@@ -204,7 +204,9 @@ class Plan:
             return f"{self.layout}: {target}, drafting with its own MTP block"
         if self.drafter == "eagle3":
             return f"{self.layout}: {target}, EAGLE-3 head beside it (llama.cpp)"
-        extra = " with drafts from memory" if self.drafter == "memory" else ""
+        extra = ""
+        if self.drafter == "memory":
+            extra = " with drafts from memory" if self.budget.max_draft else ", nothing drafted"
         return f"{self.layout}: {target}{extra}"
 
     def to_json(self) -> dict:
@@ -469,7 +471,11 @@ def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
     if ov.layout is None and best.drafter != "memory" and (
             best.tok_per_s < (1 + MIN_GAIN) * plain_rate):
         best = candidates[0]
-    reason = _reason(best, plain_rate, speculative, ov, head, draft, mtp, eagle3)
+    plain_what = " with drafts from memory"
+    if memory_draft == 0 and plain_layers != 0:
+        plain_what = (", nothing drafted (on this GPU a verified batch's logits differ from "
+                      "one-token decoding's: drafts checked there could change the answer)")
+    reason = _reason(best, plain_rate, speculative, ov, head, draft, mtp, eagle3, plain_what)
     drafter = ov.drafter if ov.drafter in ("none", "memory") else best.drafter
     return Plan(layout=best.layout, drafter=drafter, head_device=best.head_device,
                 target_gpu_layers=best.target_gpu_layers,
@@ -491,7 +497,8 @@ def _why_not(layout: str | None, hw: HardwareProfile, head: HeadFacts | None,
 
 def _reason(best: Candidate, plain_rate: float, speculative: list[Candidate],
             ov: Overrides, head: HeadFacts | None, draft: DraftModelFacts | None,
-            mtp: MtpFacts | None = None, eagle3: Eagle3Facts | None = None) -> str:
+            mtp: MtpFacts | None = None, eagle3: Eagle3Facts | None = None,
+            plain_what: str = " with drafts from memory") -> str:
     if ov.layout or ov.drafter:
         chosen = ", ".join(f"{k}={v}" for k, v in asdict(ov).items() if v is not None)
         return f"as you asked ({chosen})."
@@ -509,8 +516,7 @@ def _reason(best: Candidate, plain_rate: float, speculative: list[Candidate],
                 f"plain decoding with a chain of depth {best.budget.depth}, the best of "
                 f"{len(speculative)} option(s){assumed}{est}.")
     if head is None and draft is None and mtp is None and eagle3 is None:
-        return "no draft head or draft model matches this model: plain decoding with " \
-               "drafts from memory."
+        return f"no draft head or draft model matches this model: plain decoding{plain_what}."
     if not speculative:
         return "the draft cannot run on any device here: plain decoding."
     top = max(speculative, key=lambda c: c.tok_per_s)
@@ -519,4 +525,4 @@ def _reason(best: Candidate, plain_rate: float, speculative: list[Candidate],
     return (f"the best {what} layout ({top.layout}, depth {top.budget.depth}) is "
             f"predicted {top.tok_per_s / plain_rate:.2f}x plain decoding, under the "
             f"{1 + MIN_GAIN:.2f}x it takes to pay: drafting costs more than it saves on "
-            f"this machine. Plain decoding, with drafts from memory{est}.")
+            f"this machine. Plain decoding{plain_what}{est}.")

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # On the GPU machine (call 1): unpack what prepare.sh made and start building
 # llama-cpp-python with CUDA into /tmp/dev/site, in the background (setsid: it outlives
-# the call while the machine stays warm). pip builds it as the Makefile does: a libllama
-# built with cmake alone crashed there once numpy was loaded (docs/gpu.md).
+# the call while the machine stays warm; about 6 minutes on 16 cores).
+#
+# The system's g++, not the image's default /opt/gcc/bin/g++: that one links libstdc++
+# statically (libllama then NEEDs no libstdc++.so), and with torch's libstdc++ in the same
+# process, whichever of torch and llama.cpp loaded second crashed (docs/gpu.md).
 set -u
 D=/tmp/dev
 mkdir -p $D/site
 cp .dev/model.1 .dev/model.sha256 .dev/prompts.jsonl $D/
 cp -r .dev/site/. $D/site/
-tar -I zstd -xf .dev/lcp.tar.zst -C $D
+tar -xzf .dev/lcp.tar.gz -C $D
 # AMX CPUs: the Makefile's flags (a native build segfaults on decode there).
 if grep -qs amx_tile /proc/cpuinfo; then
     CPU="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON \
@@ -16,7 +19,8 @@ if grep -qs amx_tile /proc/cpuinfo; then
 else
     CPU=""
 fi
-export CMAKE_ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_NCCL=OFF \
+export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
+export CMAKE_ARGS="-DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++ -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_NCCL=OFF \
 -DLLAVA_BUILD=OFF -DLLAMA_BUILD_MTMD=OFF -DGGML_LLAMAFILE=OFF -DGGML_RPC=ON $CPU"
 export CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
 cd $D/llama_cpp_python-*/ || exit 1

@@ -12,8 +12,13 @@ for _ in $(seq 1 400); do [ -f $D/build.rc ] && break; sleep 1; done
 echo "build rc=$(cat $D/build.rc 2>/dev/null) in $(( $(cat $D/build.end) - $(cat $D/build.start) )) s"
 grep -E "^\[[0-9]+/[0-9]+\]" $D/build.log | tail -1
 [ "$(cat $D/build.rc)" = 0 ] || { tail -40 $D/build.log; exit 1; }
-ls -la $D/site/llama_cpp/lib | head -20
+ls -la $D/site/llama_cpp/lib | grep -v "\.so\.0"
+readelf -d $D/site/llama_cpp/lib/libllama.so | grep -q "libstdc++" ||
+    echo "WARNING: libllama links libstdc++ statically: torch and llama.cpp will crash together"
 export PYTHONPATH=$D/site:$PWD PYTHONUNBUFFERED=1
+# Both libraries in one process, both orders (the head on the GPU needs it).
+python3 -c "import llama_cpp, torch; llama_cpp.llama_backend_init(); print('llama+torch ok')"
+python3 -c "import torch, llama_cpp; llama_cpp.llama_backend_init(); print('torch+llama ok')"
 # libllama before numpy (docs/gpu.md: the order once decided whether it loaded).
 printf '#!/bin/sh\nexec python3 -c "import sys, llama_cpp; from app.cli import main; sys.exit(main())" "$@"\n' > $D/tandem
 chmod +x $D/tandem

@@ -2,7 +2,8 @@
 # Here (no GPU): make .dev/, what a GPU machine of the device tool needs beside the tree
 # (docs/gpu.md). The tool carries 64 MiB a call with the tree, so the bundled model
 # (Q4_0, 92 MB) goes in three parts, one per call, on the same warm machine:
-#   call 1 carries .dev/lcp.tar.zst .dev/site .dev/prompts.jsonl .dev/model.1 and runs
+#   call 1 carries .dev/lcp.tar.gz .dev/site .dev/prompts.jsonl .dev/model.1
+#          .dev/model.sha256 and runs
 #          packaging/device/build_cuda.sh (the build goes on in the background);
 #   call 2 carries .dev/model.2 and runs packaging/device/stash.sh;
 #   call 3 carries .dev/model.3 and runs packaging/device/checks.sh.
@@ -25,7 +26,8 @@ rm -rf "$SRC"/{.git,docs,examples,tests,docker}
 (cd "$SRC/vendor/llama.cpp" && rm -rf .git models docs examples tests benches gguf-py media \
     scripts conversion tools/* \
     ggml/src/ggml-{vulkan,sycl,metal,cann,musa,hip,opencl,webgpu,kompute,zdnn,blas})
-tar -C "$(dirname "$SRC")" -I 'zstd -19 -T0' -cf .dev/lcp.tar.zst "$(basename "$SRC")"
+# gzip: the GPU image has no zstd.
+tar -C "$(dirname "$SRC")" -czf .dev/lcp.tar.gz "$(basename "$SRC")"
 rm -rf "$WORK"
 cp ../shared/data/spec_bench_dev.jsonl .dev/prompts.jsonl
 MODEL=$($PY -c 'from engine.hub.model_store import default_model_path; print(default_model_path())')
