@@ -201,7 +201,8 @@ class Engine:
         if self.model.why_plain is None:
             self.kernels = choose_kernels(path, target_config, self.n_threads,
                                           CalibrationCache(self._cache_dir()), say)
-            target_config = replace(target_config, repack=self.kernels.repack)
+            target_config = replace(target_config, repack=self.kernels.repack,
+                                    max_batch=self.kernels.max_batch)
         target: Target | None = None
         try:
             if self.model.why_plain is not None:  # known before any probe or measurement
@@ -241,7 +242,7 @@ class Engine:
             elif target.template.origin != OWN_TEMPLATE:
                 self.notes.append(f"{path.name} has no chat template: chat format "
                                   f"{target.template.origin}")
-            if target.max_draft is not None:  # recurrent state: as far as its snapshots go
+            if target.max_draft is not None:  # recurrent state's snapshots, exact kernels
                 self.max_draft = min(self.max_draft, target.max_draft)
             self.memory = self._open_memory() if spec.name not in ("none", "lookup") else None
             self.drafter: Drafter | None
@@ -392,7 +393,8 @@ class Engine:
         self._cache_key = key = cache_key(hw.fingerprint(), model.path, head_dir,
                                           self.n_threads, placements, head_devices, draft,
                                           mtp=self._mtp is not None,
-                                          eagle3=self._eagle3[0] if self._eagle3 else None)
+                                          eagle3=self._eagle3[0] if self._eagle3 else None,
+                                          kernels=_kernels_tag(target_config))
         costs = None if self.config.recalibrate else cache.get(key)
         self._start_why = ("costs measured again, as asked" if self.config.recalibrate else
                            "costs measured for the first time")
@@ -425,6 +427,10 @@ class Engine:
             head = HeadFacts.from_dir(head_dir, matrices)
         facts = model.planner_facts(target_config.n_ctx, target_config.type_k,
                                     target_config.type_v)
+        if target_config.max_batch is not None:  # the exact kernels' longest verification
+            cap = target_config.max_batch - 1
+            facts = replace(facts, max_draft=min(cap, facts.max_draft if facts.max_draft
+                                                 is not None else cap))
         if hw.best_gpu and hw.llama_gpu_offload:
             # Probed as the plan could place it: whole, or (Dovetail beside a head on a
             # small GPU) some layers; one layer there already runs on the GPU's kernels.
@@ -790,3 +796,11 @@ def check_first_forward(target: Target) -> None:
     if float(np.max(logits) - np.min(logits)) == 0.0:
         raise ModelLoadError(f"{target.path.name} gives every token the same score on its "
                              "first forward pass: its weights look zeroed or empty")
+
+
+def _kernels_tag(config: TargetConfig) -> str | None:
+    """The kernels' part of the calibration key: None for the default (repacked weights,
+    any batch), so those keys stay as they were."""
+    if config.repack and config.max_batch is None:
+        return None
+    return f"repack={config.repack},max_batch={config.max_batch}"

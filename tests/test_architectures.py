@@ -134,8 +134,9 @@ def test_a_long_prompts_cells_move_into_a_sliding_window_cache(arch: str,
 def test_q4_k_m_of_every_memory_kind_is_made_exact(arch: str, tiny_models: dict[str, Path],
                                                    tmp_path: Path) -> None:
     """The most downloaded quantization on experts, windows and recurrent layers: the
-    repacked K-quant kernels sum a batch in another order (the probe sees it), the chosen
-    kernels do not, and drafted decoding then gives plain decoding's tokens."""
+    repacked K-quant kernels sum a batch of 4+ in another order (the probe sees it), the
+    chosen kernels do not (repacking off, or repacked with short verifications), and
+    drafted decoding then gives plain decoding's tokens."""
     from engine.planning.kernels import choose_kernels
     from engine.runtime.native import ftype_named, quantize
 
@@ -143,8 +144,10 @@ def test_q4_k_m_of_every_memory_kind_is_made_exact(arch: str, tiny_models: dict[
     quantize(tiny_models[arch], path, ftype_named("q4_k_m"), 2)
     config = TargetConfig(n_ctx=512, n_threads=2)
     choice = choose_kernels(path, config, 2, None)
-    assert choice.exact and not choice.repack and not choice.tried[True].exact, arch
-    with Target(path, replace(config, repack=choice.repack)) as target:
+    assert choice.exact and not choice.tried[True].exact, arch
+    assert choice.repack == (choice.max_batch == 3), arch
+    with Target(path, replace(config, repack=choice.repack,
+                              max_batch=choice.max_batch)) as target:
         prompt = target.tokenize(PROMPTS[0], special=False)
         gen = GenerationConfig(N_NEW, max_draft=16)
         plain = generate(target, prompt, None, gen).tokens

@@ -9,6 +9,7 @@ real, so drafts are accepted."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,13 @@ from engine.gguf.model_shapes import ModelShape
 from engine.gguf.synthetic import write_synthetic_gguf
 from engine.hub.convert import quantize_as
 from engine.planning.calibration import CalibrationCache
-from engine.planning.kernels import ROUNDED, KernelChoice, choose_kernels, exactness_key
+from engine.planning.kernels import (
+    ROUNDED,
+    SHORT_CHAINS,
+    KernelChoice,
+    choose_kernels,
+    exactness_key,
+)
 from engine.runtime.exactness import PROBE_CHAINS, ExactnessProbe, probe_exactness
 from engine.runtime.native import ftype_named, quantize
 from engine.runtime.target import Target, TargetConfig
@@ -41,9 +48,13 @@ CONFIG = TargetConfig(n_ctx=512, n_threads=2)
 def test_the_chosen_kernels_make_every_weight_type_exact(quantized, name):
     choice = choose_kernels(quantized(name), CONFIG, 2, cache=None)
     assert choice.exact, f"{name}: {choice.describe()}"
-    assert choice.probe.positions >= 80 and max(choice.probe.chains) >= 33
-    # Repacking is only given up where it breaks exactness.
-    assert choice.repack == choice.tried[True].exact
+    if choice.max_batch is None:
+        assert choice.probe.positions >= 80 and max(choice.probe.chains) >= 33
+    else:  # repacked, verifying short batches only: probed with exactly those
+        assert choice.repack and max(choice.probe.chains) == choice.max_batch == 3
+        assert choice.probe is choice.short and choice.probe.positions >= 30
+    # Repacking is only given up where no repacked setting is exact.
+    assert choice.repack == (choice.tried[True].exact or choice.max_batch is not None)
 
 
 def test_the_probe_sees_repacked_k_quant_batches_differ(quantized):
@@ -55,7 +66,50 @@ def test_the_probe_sees_repacked_k_quant_batches_differ(quantized):
     assert not probe.exact and probe.differing > probe.positions // 2 and probe.max_abs_diff > 0
     assert "differed" in probe.describe()
     choice = choose_kernels(quantized("q4_k_m"), CONFIG, 2, cache=None)
-    assert not choice.repack and choice.tried[True].differing > 0
+    assert choice.exact and choice.tried[True].differing > 0
+    # Repacked only with short verifications, or not repacked: whichever was faster.
+    assert choice.max_batch == 3 if choice.repack else choice.max_batch is None
+    assert len(choice.rates) == 2 and all(r > 0 for r in choice.rates.values())
+    assert "expected" in choice.describe()
+
+
+def test_repacked_batches_of_up_to_three_tokens_are_exact(quantized):
+    """Repacked weights multiply up to 3 rows with the one-row kernel: on Q4_K_M such
+    batches give one-token decoding's logits bit for bit, after a short and a long
+    context."""
+    with Target(quantized("q4_k_m"), TargetConfig(n_ctx=1024, n_threads=2, repack=True,
+                                                  f16_prefill=False)) as target:
+        for context in (0, 600):
+            probe = probe_exactness(target, chains=SHORT_CHAINS, context=context)
+            assert probe.exact and probe.positions == sum(SHORT_CHAINS), probe.describe()
+
+
+def test_short_verifications_keep_repacked_k_quants_lossless(quantized, tmp_path):
+    """The verdict "repacked, at most 3 tokens a verification": the engine's target and
+    budget never verify more, memory drafts are accepted, and every answer is plain
+    decoding's."""
+    path = quantized("q4_k_m")
+    config = TargetConfig(n_ctx=1024, n_threads=2)
+    with Target(path, replace(config, repack=True, f16_prefill=False)) as target:
+        short = probe_exactness(target, chains=SHORT_CHAINS)
+    verdict = KernelChoice(True, short, {True: ExactnessProbe(80, 70, 0.5, 1)}, 3, short,
+                           {"with repacking, at most 3 tokens": 50.0})
+    CalibrationCache(tmp_path).put_entry(exactness_key(path, config, 2), verdict.to_json())
+    with Engine(EngineConfig(model_path=path, drafter="memory", n_ctx=1024, n_threads=2,
+                             cache_dir=tmp_path, memory_dir=tmp_path)) as engine:
+        assert engine.kernels == verdict and engine.target.model.repack
+        assert engine.target.max_draft == 2 and engine.max_draft == 2
+        assert "at most 3 tokens a verification" in engine.guarantee
+        engine.cost = VerifyCostModel(slope=0.0, learn=False)
+        accepted = 0
+        for text in ("List three facts about the moon.", "List three facts about the moon."):
+            prompt = engine.chat_prompt([{"role": "user", "content": text}])
+            plain = engine.generate(prompt, GenerationConfig(40), plain=True).tokens
+            out = engine.generate(prompt, GenerationConfig(40))
+            assert out.tokens == plain, text
+            assert all(s.n_proposed <= 2 for s in out.stats.steps)
+            accepted += sum(s.n_accepted for s in out.stats.steps)
+        assert accepted >= 16  # the repeated question drafted from the earlier answer
 
 
 def test_the_verdict_is_cached_with_the_calibration(quantized, tmp_path):

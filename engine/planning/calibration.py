@@ -156,10 +156,12 @@ def file_key(path: Path | None) -> str:
 def cache_key(hardware_fingerprint: str, model_path: Path, head_dir: Path | None,
               n_threads: int, target_placements: tuple[str, ...] = ("cpu",),
               head_devices: tuple[str, ...] = (), draft_model: Path | None = None,
-              mtp: bool = False, eagle3: Path | None = None) -> str:
+              mtp: bool = False, eagle3: Path | None = None,
+              kernels: str | None = None) -> str:
     """Changes when the machine, the model file (path, size, modification time), the
     head's files, the draft model's file, the thread count, where the target and head
-    were measured, or whether the model's MTP block is priced change."""
+    were measured, whether the model's MTP block is priced, or the kernels the target
+    runs with (``kernels``: None for repacked weights and any batch) change."""
     parts = [hardware_fingerprint, file_key(model_path), file_key(head_dir),
              str(n_threads), ",".join(target_placements), ",".join(head_devices),
              ",".join(map(str, VERIFY_SIZES)),  # a curve of other sizes is measured again
@@ -170,6 +172,8 @@ def cache_key(hardware_fingerprint: str, model_path: Path, head_dir: Path | None
         parts.append("mtp")
     if eagle3 is not None:
         parts.append("eagle3=" + file_key(eagle3))
+    if kernels is not None:
+        parts.append("kernels=" + kernels)
     text = "\n".join(parts)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -250,7 +254,7 @@ def measure_verify_curve(target: Target, context: int = 256,
     target.prefill(filler)
     if timings is not None:
         timings["prefill_s"] = time.perf_counter() - t0
-    times = _time_batches(target, filler[-1], filler[:max(sizes)], sizes, repeats,
+    times = time_batches(target, filler[-1], filler[:max(sizes)], sizes, repeats,
                           restore=False)
     target.reset()
     if timings is not None:
@@ -264,10 +268,10 @@ def spot_check(target: Target, root: int, tokens: list[int],
     which is left as it was: ``root`` (not yet cached) and chains of ``tokens``. A few
     hundred milliseconds; the engine runs it when an answer's costs disagreed with the
     calibration, to see the curve's shape (the answer shows only the sizes it drafted)."""
-    return _monotone(_time_batches(target, root, tokens, sizes, repeats))
+    return _monotone(time_batches(target, root, tokens, sizes, repeats))
 
 
-def _time_batches(target: Target, root: int, tokens: list[int], sizes: tuple[int, ...],
+def time_batches(target: Target, root: int, tokens: list[int], sizes: tuple[int, ...],
                   repeats: int, restore: bool = True) -> dict[int, list[float]]:
     """Seconds of each repeat of each size: ``root`` and a chain of ``tokens``, verified,
     committed and rolled back to the cache as it was (``restore``; else the caller
@@ -277,7 +281,7 @@ def _time_batches(target: Target, root: int, tokens: list[int], sizes: tuple[int
     # Recurrent state takes back the drafts of the last batch, never its root: each
     # repeat keeps its root (the context grows by a token), as a rejected draft's step
     # does; going back further would evaluate the whole context again every time.
-    keep_roots = target.max_draft is not None
+    keep_roots = target.arch.has_state
 
     def once(n: int) -> None:
         ver = target.verify(root, DraftTree.chain(tokens[:n - 1]))

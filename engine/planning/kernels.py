@@ -1,28 +1,45 @@
 """Which CPU kernels a model file runs with, and which guarantee that gives.
 
 The first time a model file is used, the exactness probe (engine.runtime.exactness) runs
-with llama.cpp's repacked weights, the fast default; where a verified batch then differs
-from one-token decoding it runs again with repacking off (one summation order for every
-batch size on the K-quants). The first setting that is exact is kept; where none is, the
-closer one is kept and the guarantee says so. The verdict is cached with the calibration,
-keyed by the file, the build's kernel switches, the KV types and the thread count.
+with llama.cpp's repacked weights, the fast default. Where a verified batch then differs
+from one-token decoding (the K-quants and i-quants: 4 and more rows take a tiled kernel
+that sums in another order), two exact settings are tried:
+
+- repacked weights with verification batches of at most 3 tokens, which llama.cpp runs
+  through the same one-row kernel as a single token (probed with such batches);
+- repacking off (one summation order for every batch size).
+
+Where both are exact, the one with the faster expected decoding on this machine is kept
+(a few timed batches of each, drafts accepted at a typical rate): the first keeps plain
+decoding at llama.cpp's own speed, the second verifies longer drafts. Where none is exact,
+the closer setting is kept and the guarantee says so. The verdict is cached with the
+calibration, keyed by the file, the build's kernel switches, the KV types and the thread
+count.
 """
 
 from __future__ import annotations
 
 import hashlib
+import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from engine.planning.calibration import CalibrationCache, file_key
-from engine.runtime.exactness import ExactnessProbe, probe_exactness
+from engine.planning.calibration import CalibrationCache, file_key, time_batches
+from engine.runtime.exactness import PROBE_TEXT, ExactnessProbe, probe_exactness
 from engine.runtime.native import kernel_settings, llama_version
 from engine.runtime.target import Target, TargetConfig
 
 EXACT = "identical to plain decoding"
 ROUNDED = "the same model, rounded differently: greedy output can differ at near-ties"
 PROBE_CTX = 256  # the probe's prompt and answer fit; the kernels do not depend on it
+# Repacked weights multiply up to 3 rows with the one-row kernel (ggml-cpu's repack.cpp:
+# "more than three rows ... gemm; otherwise gemv"): such batches are probed on their own.
+SHORT_BATCH = 3
+SHORT_CHAINS = (2, 3, 2, 3, 3, 2, 3, 3, 2, 3, 3, 2)
+# The chance that a draft token is accepted, for comparing the exact settings' expected
+# speed before any drafter has run (memory drafts and heads land around it on chat).
+TYPICAL_ACCEPTANCE = 0.6
 
 
 @dataclass(frozen=True)
@@ -33,6 +50,13 @@ class KernelChoice:
     repack: bool
     probe: ExactnessProbe
     tried: dict[bool, ExactnessProbe]
+    # The largest verification batch kept exact (repacked weights, batches of up to
+    # SHORT_BATCH rows); None: any batch.
+    max_batch: int | None = None
+    short: ExactnessProbe | None = None  # repacked weights with batches of SHORT_BATCH
+    # Expected tokens per second of each exact setting that was timed ("repack, batches of
+    # at most 3", "no repack"), at TYPICAL_ACCEPTANCE.
+    rates: dict[str, float] = field(default_factory=dict)
 
     @property
     def exact(self) -> bool:
@@ -48,19 +72,33 @@ class KernelChoice:
     def describe(self) -> str:
         s = self.settings()
         switches = ", ".join(f"{name} {'on' if on else 'off'}" for name, on in s.items())
-        return f"{self.guarantee} ({self.probe.describe()}; kernels: {switches})"
+        text = f"{self.guarantee} ({self.probe.describe()}; kernels: {switches}"
+        if self.max_batch is not None:
+            text += (f"; at most {self.max_batch} tokens a verification, since repacked "
+                     "batches of 4 and more sum in another order")
+        if len(self.rates) > 1:
+            text += "; expected " + ", ".join(f"{r:.0f} tok/s {name}"
+                                              for name, r in self.rates.items())
+        return text + ")"
 
     def to_json(self) -> dict:
         return {"repack": self.repack, "exact": self.exact, "guarantee": self.guarantee,
                 "probe": self.probe.to_json(), "kernels": self.settings(),
                 "tried": {("repack" if r else "no_repack"): p.to_json()
-                          for r, p in self.tried.items()}}
+                          for r, p in self.tried.items()},
+                "max_batch": self.max_batch,
+                "short": self.short.to_json() if self.short is not None else None,
+                "rates": dict(self.rates)}
 
     @classmethod
     def from_json(cls, d: dict) -> KernelChoice:
         tried = {name == "repack": ExactnessProbe.from_json(p)
                  for name, p in d["tried"].items()}
-        return cls(bool(d["repack"]), ExactnessProbe.from_json(d["probe"]), tried)
+        short = ExactnessProbe.from_json(d["short"]) if d.get("short") else None
+        max_batch = d.get("max_batch")
+        return cls(bool(d["repack"]), ExactnessProbe.from_json(d["probe"]), tried,
+                   int(max_batch) if max_batch is not None else None, short,
+                   {str(k): float(v) for k, v in d.get("rates", {}).items()})
 
 
 def exactness_key(model_path: Path, config: TargetConfig, n_threads: int,
@@ -71,7 +109,10 @@ def exactness_key(model_path: Path, config: TargetConfig, n_threads: int,
              config.type_k, config.type_v, str(config.flash_attn), str(n_threads),
              # Since CPU targets keep every batch on the CPU (TargetConfig.op_offload):
              # verdicts from before, in builds that offload, saw the GPU's batches.
-             "ops=cpu"]
+             "ops=cpu",
+             # Since short repacked batches are a setting of their own: older verdicts
+             # gave repacking up without trying them.
+             "short-batches"]
     if n_gpu_layers:  # the CPU's verdicts keep their keys
         parts.append(f"gpu_layers={n_gpu_layers}")
     if config.workers:  # the workers' kernels, probed through them
@@ -101,15 +142,51 @@ def choose_kernels(model_path: Path, config: TargetConfig, n_threads: int,
     tried: dict[bool, ExactnessProbe] = {}
     probe_config = replace(config, n_ctx=min(config.n_ctx, PROBE_CTX), n_threads=n_threads,
                            f16_prefill=False, n_gpu_layers=n_gpu_layers)
-    # Repacking is a local CPU matter: a GPU placement is probed once (a workers' one
-    # may keep layers or the output here).
-    for repack in (True,) if n_gpu_layers else (True, False):
-        with Target(model_path, replace(probe_config, repack=repack)) as target:
-            tried[repack] = probe_exactness(target)
-        if tried[repack].exact:
-            break
-    repack = min(tried, key=lambda r: (tried[r].differing, not r))
-    choice = KernelChoice(repack, tried[repack], tried)
+    if n_gpu_layers:
+        # Repacking is a local CPU matter: a GPU placement is probed once (a workers' one
+        # may keep layers or the output here).
+        with Target(model_path, probe_config) as target:
+            tried[True] = probe_exactness(target)
+        choice = KernelChoice(True, tried[True], tried)
+    else:
+        choice = _choose_cpu_kernels(model_path, probe_config)
     if cache is not None:
         cache.put_entry(key, choice.to_json())
     return choice
+
+
+def _choose_cpu_kernels(model_path: Path, config: TargetConfig) -> KernelChoice:
+    tried: dict[bool, ExactnessProbe] = {}
+    rates: dict[str, float] = {}
+    short = None
+    with Target(model_path, replace(config, repack=True)) as target:
+        tried[True] = probe_exactness(target)
+        if tried[True].exact:
+            return KernelChoice(True, tried[True], tried)
+        short = probe_exactness(target, chains=SHORT_CHAINS)
+        if short.exact:
+            rates[f"with repacking, at most {SHORT_BATCH} tokens"] = _expected_rate(
+                target, (1, 2, SHORT_BATCH))
+    with Target(model_path, replace(config, repack=False)) as target:
+        tried[False] = probe_exactness(target)
+        if tried[False].exact and short.exact:
+            rates["without repacking"] = _expected_rate(target, (1, 2, 3, 4, 8, 16))
+    if short.exact and (not tried[False].exact or rates[
+            f"with repacking, at most {SHORT_BATCH} tokens"] >= rates["without repacking"]):
+        return KernelChoice(True, short, tried, SHORT_BATCH, short, rates)
+    repack = min(tried, key=lambda r: (tried[r].differing, not r))
+    return KernelChoice(repack, tried[repack], tried, None, short, rates)
+
+
+def _expected_rate(target: Target, sizes: tuple[int, ...],
+                   acceptance: float = TYPICAL_ACCEPTANCE) -> float:
+    """Tokens per second with the best of these verification sizes, each draft token
+    accepted with ``acceptance`` (a chain of n - 1 drafts yields (1 - a^n) / (1 - a)
+    tokens), from a few timed batches after the probe's text."""
+    prompt = target.tokenize(PROBE_TEXT, special=False)
+    target.reset(cold=True)
+    target.prefill(prompt)
+    times = time_batches(target, prompt[-1], prompt, sizes, repeats=3)
+    target.reset(cold=True)
+    return max((1 - acceptance ** n) / (1 - acceptance) / statistics.median(times[n])
+               for n in sizes)

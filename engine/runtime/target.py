@@ -76,6 +76,10 @@ class TargetConfig:
     # llama.cpp's repacked weights (engine.runtime.native.NativeModel); the exactness
     # probe turns them off for weight types whose batches then sum in another order.
     repack: bool = True
+    # The largest verification batch whose rows are one-token decoding's (the exactness
+    # probe's verdict: repacked weights run batches of up to 3 rows through the one-row
+    # kernel, 4 and more through another); None: any batch.
+    max_batch: int | None = None
     # Recurrent-state snapshots on hybrid models, so a rejected draft can be taken back:
     # every decode then copies the state (~10% of a token on a 2B hybrid, 2 cores), so
     # plain-only targets go without.
@@ -280,10 +284,13 @@ class Target:
 
     @property
     def max_draft(self) -> int | None:
-        """The longest draft one verification may hold, None for no limit of the cache's."""
+        """The longest draft one verification may hold, None for no limit: the cache's
+        (recurrent state's snapshots) and the kernels' (``TargetConfig.max_batch``)."""
         if self.arch.has_state and not self._snapshots:
             return 0
-        return self.arch.max_draft
+        limits = [m for m in (self.arch.max_draft, self.config.max_batch and
+                              self.config.max_batch - 1) if m is not None]
+        return min(limits) if limits else None
 
     @property
     def n_embd(self) -> int:
@@ -448,6 +455,17 @@ class Target:
             features = features if self._ctx.embeddings else None
             self._f16_last = (tuple(prompt), logits, features)
             return Prefill(logits=logits, features=features, n_reused=n_keep)
+        if self.ctx.embeddings and self.config.max_batch is not None:
+            # Kernels exact only in short batches (repacked K-quants): the prompt goes in
+            # plain decoding's chunks, so its cells and the first token's logits are
+            # plain decoding's; the features come from evaluating the tail again.
+            self.ctx.set_embeddings(False)
+            try:
+                logits, _ = self._evaluate(todo, self.config.n_batch)
+            finally:
+                self.ctx.set_embeddings(True)
+            return Prefill(logits=logits, features=self._features_again(tail),
+                           n_reused=n_keep)
         feats: list[np.ndarray] = []
         if self.ctx.embeddings and tail < len(todo):
             self.ctx.set_embeddings(False)
@@ -460,6 +478,21 @@ class Target:
         feats += tail_feats
         features = np.concatenate(feats) if feats else None
         return Prefill(logits=logits, features=features, n_reused=n_keep)
+
+    def _features_again(self, n: int) -> np.ndarray:
+        """The hidden states of the last ``n`` cached tokens, evaluated again in a scratch
+        sequence over the cells before them; sequence 0 is left as it was."""
+        scratch = 1  # a tree's sequence: free between verifications
+        start = self.n_past - n
+        self.ctx.kv_remove(scratch, -1, -1)
+        self.ctx.kv_copy(0, scratch, 0, start)
+        try:
+            self.batch.fill(self.tokens[start:], list(range(start, self.n_past)),
+                            [(scratch,)] * n, True)
+            self.ctx.decode(self.batch)
+            return np.array(self.ctx.hidden_states(n), copy=True)
+        finally:
+            self.ctx.kv_remove(scratch, -1, -1)
 
     def _f16_answer_again(self, prompt: list[int], n_same: int, feature_tail: int | None
                           ) -> Prefill | None:
