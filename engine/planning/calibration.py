@@ -236,6 +236,15 @@ def repeat_spread(samples: Iterable[list[float]]) -> float:
     return statistics.median(spreads) if spreads else 0.0
 
 
+def _verifiable(target: Target, sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """The sizes the target ever verifies: a hybrid's state snapshots take back so many
+    drafts (measuring a bigger batch would evaluate the whole context again), and kernels
+    exact only in short batches verify no more."""
+    if target.max_draft is None:
+        return sizes
+    return tuple(n for n in sizes if n - 1 <= target.max_draft) or sizes[:1]
+
+
 def measure_verify_curve(target: Target, context: int = 256,
                          sizes: tuple[int, ...] = VERIFY_SIZES, repeats: int = 5,
                          timings: dict[str, float] | None = None) -> dict[int, float]:
@@ -244,10 +253,7 @@ def measure_verify_curve(target: Target, context: int = 256,
     gets the time the context took to prefill (a first token's wait) and
     ``timings["spread"]`` how much the repeats of a size disagreed (the median over sizes
     of their interquartile range relative to their median)."""
-    if target.max_draft is not None:
-        # A hybrid's state snapshots take back so many drafts: a bigger batch is never
-        # verified, and measuring one would evaluate the whole context again.
-        sizes = tuple(n for n in sizes if n - 1 <= target.max_draft) or sizes[:1]
+    sizes = _verifiable(target, sizes)
     filler = target.tokenize(_FILLER * (1 + context // 16), special=False)[:context]
     target.reset()
     t0 = time.perf_counter()
@@ -268,7 +274,7 @@ def spot_check(target: Target, root: int, tokens: list[int],
     which is left as it was: ``root`` (not yet cached) and chains of ``tokens``. A few
     hundred milliseconds; the engine runs it when an answer's costs disagreed with the
     calibration, to see the curve's shape (the answer shows only the sizes it drafted)."""
-    return _monotone(time_batches(target, root, tokens, sizes, repeats))
+    return _monotone(time_batches(target, root, tokens, _verifiable(target, sizes), repeats))
 
 
 def time_batches(target: Target, root: int, tokens: list[int], sizes: tuple[int, ...],
@@ -479,8 +485,9 @@ def _measure_all(profile: CostProfile, target: Target, head_dir: Path | None,
     finally:
         target.set_features(False)
     base = profile.verify_s[device]
+    # Sizes both curves hold (a target whose kernels verify 3 tokens at most has no 4).
     profile.features_overhead = max(0.0, statistics.fmean(
-        with_features[n] / base[n] for n in (1, 4)) - 1.0)
+        with_features[n] / base[n] for n in with_features if n in base) - 1.0)
     if head_dir is not None:
         for dev in head_devices:
             note(f"draft head on {dev}")
