@@ -278,3 +278,22 @@ def test_a_gpu_placement_has_its_own_verdict(model_path):
     cpu = exactness_key(model_path, config, 2)
     assert exactness_key(model_path, config, 2, n_gpu_layers=-1) != cpu
     assert exactness_key(model_path, config, 2, n_gpu_layers=0) == cpu
+
+
+def test_auto_plans_within_short_verifications(quantized, tmp_path):
+    """auto on a K-quant whose verdict is "repacked, at most 3 tokens": calibration
+    measures only the sizes it will verify, and the plan drafts 2 tokens a step at most."""
+    path = quantized("q4_k_m")
+    config = TargetConfig(n_ctx=1024, n_threads=2)
+    with Target(path, replace(config, repack=True, f16_prefill=False)) as target:
+        short = probe_exactness(target, chains=SHORT_CHAINS)
+    verdict = KernelChoice(True, short, {True: ExactnessProbe(80, 70, 0.5, 1)}, 3, short)
+    CalibrationCache(tmp_path).put_entry(exactness_key(path, config, 2), verdict.to_json())
+    with Engine(EngineConfig(model_path=path, n_ctx=1024, n_threads=2, cache_dir=tmp_path,
+                             memory_dir=tmp_path)) as engine:
+        assert engine.costs is not None and set(engine.costs.verify_s["cpu"]) <= {1, 2, 3}
+        assert engine.plan is not None and engine.plan.budget.max_draft <= 2
+        assert engine.max_draft <= 2 and engine.target.max_draft == 2
+        prompt = engine.chat_prompt([{"role": "user", "content": "Name three rivers."}])
+        plain = engine.generate(prompt, GenerationConfig(24), plain=True).tokens
+        assert engine.generate(prompt, GenerationConfig(24)).tokens == plain
