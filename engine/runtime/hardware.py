@@ -201,11 +201,14 @@ def _probe_gpus() -> tuple[GpuInfo, ...]:
 
 
 def llama_can_offload() -> bool:
+    """Whether llama.cpp can put layers on a GPU of this machine: a local device of GPU
+    type. (``llama_supports_gpu_offload`` is true in any build with the RPC backend, whose
+    devices are other machines', added by endpoint: a CPU build said it offloads.)"""
     try:
-        from engine.runtime.native import supports_gpu_offload
+        from engine.runtime.native_rpc import local_devices
 
-        return supports_gpu_offload()
-    except Exception:  # noqa: BLE001 - no llama.cpp, or one without the symbol
+        return any(d.kind in ("gpu", "igpu") for d in local_devices())
+    except Exception:  # noqa: BLE001 - no llama.cpp, or one without the symbols
         return False
 
 

@@ -132,15 +132,6 @@ def utf8_bytes(text: str) -> bytes:
         return raw.decode("utf-8", "replace").encode("utf-8")
 
 
-def supports_gpu_offload() -> bool:
-    """Whether llama.cpp can put layers on a GPU of this machine: a local GPU device.
-    (``llama_supports_gpu_offload`` is true in any build with the RPC backend, whose
-    devices are other machines', added by endpoint: a CPU build said it offloads.)"""
-    from engine.runtime.native_rpc import local_devices
-
-    return any(d.kind in ("gpu", "igpu") for d in local_devices())
-
-
 def _cxx_function(name: str, argtypes: list[object], restype: object) -> object | None:
     """A libllama function exported under its C++ (Itanium-mangled) name, as llama.cpp's
     extension functions are (llama-cpp-python binds only some); None when this build
