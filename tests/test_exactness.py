@@ -12,6 +12,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engine.decoding.budget import VerifyCostModel
@@ -30,7 +31,8 @@ from engine.planning.kernels import (
     choose_kernels,
     exactness_key,
 )
-from engine.runtime.exactness import PROBE_CHAINS, ExactnessProbe, probe_exactness
+from engine.runtime.draft_tree import DraftTree
+from engine.runtime.exactness import PROBE_CHAINS, PROBE_TEXT, ExactnessProbe, probe_exactness
 from engine.runtime.native import ftype_named, quantize
 from engine.runtime.target import Target, TargetConfig
 from engine.session import Engine, EngineConfig
@@ -297,3 +299,30 @@ def test_auto_plans_within_short_verifications(quantized, tmp_path):
         prompt = engine.chat_prompt([{"role": "user", "content": "Name three rivers."}])
         plain = engine.generate(prompt, GenerationConfig(24), plain=True).tokens
         assert engine.generate(prompt, GenerationConfig(24)).tokens == plain
+
+
+def test_features_on_short_verification_kernels_leave_the_prompt_as_plain_decoding(quantized):
+    """With kernels exact only in short batches, asking for the prompt's features (all of
+    them, past one chunk) changes neither the first token's logits nor the cells: the
+    features come from evaluating the tail again beside them."""
+    config = TargetConfig(n_ctx=512, n_threads=2, n_batch=32, repack=True, max_batch=3,
+                          f16_prefill=False)
+    with Target(quantized("q4_k_m"), config) as target:
+        prompt = target.tokenize(PROBE_TEXT + " " + PROBE_TEXT, special=False)
+        assert len(prompt) > 32
+        plain = np.array(target.prefill(prompt).logits, copy=True)  # views of llama's rows
+        after_plain = np.array(target.verify(int(plain.argmax()), DraftTree.chain([]))
+                               .logits[0], copy=True)
+        target.reset(cold=True)
+        target.set_features(True)
+        try:
+            pre = target.prefill(prompt)
+            assert pre.features is not None and len(pre.features) == len(prompt)
+            assert np.isfinite(pre.features).all()
+            assert target.n_past == len(prompt)
+            first = np.array(pre.logits, copy=True)
+            after = target.verify(int(first.argmax()), DraftTree.chain([]))
+        finally:
+            target.set_features(False)
+        assert np.array_equal(first, plain)
+        assert np.array_equal(after.logits[0], after_plain)

@@ -2,8 +2,8 @@
 
 The first time a model file is used, the exactness probe (engine.runtime.exactness) runs
 with llama.cpp's repacked weights, the fast default. Where a verified batch then differs
-from one-token decoding (the K-quants and i-quants: 4 and more rows take a tiled kernel
-that sums in another order), two exact settings are tried:
+from one-token decoding (the K-quants and i-quants: 4 and more rows take the repacked
+GEMM, which sums in another order than the one-row GEMV), two exact settings are tried:
 
 - repacked weights with verification batches of at most 3 tokens, which llama.cpp runs
   through the same one-row kernel as a single token (probed with such batches);

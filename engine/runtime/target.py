@@ -486,13 +486,17 @@ class Target:
         start = self.n_past - n
         self.ctx.kv_remove(scratch, -1, -1)
         self.ctx.kv_copy(0, scratch, 0, start)
+        feats = []
         try:
-            self.batch.fill(self.tokens[start:], list(range(start, self.n_past)),
-                            [(scratch,)] * n, True)
-            self.ctx.decode(self.batch)
-            return np.array(self.ctx.hidden_states(n), copy=True)
+            for at in range(start, self.n_past, self.config.n_batch):
+                end = min(at + self.config.n_batch, self.n_past)
+                self.batch.fill(self.tokens[at:end], list(range(at, end)),
+                                [(scratch,)] * (end - at), True)
+                self.ctx.decode(self.batch)
+                feats.append(np.array(self.ctx.hidden_states(end - at), copy=True))
         finally:
             self.ctx.kv_remove(scratch, -1, -1)
+        return np.concatenate(feats)
 
     def _f16_answer_again(self, prompt: list[int], n_same: int, feature_tail: int | None
                           ) -> Prefill | None:
