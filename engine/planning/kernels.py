@@ -25,7 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from engine.planning.calibration import CalibrationCache, file_key, time_batches
+from engine.planning.calibration import (
+    CalibrationCache,
+    file_key,
+    time_batches,
+    verifiable_sizes,
+)
 from engine.runtime.exactness import PROBE_TEXT, ExactnessProbe, probe_exactness
 from engine.runtime.native import kernel_settings, llama_version
 from engine.runtime.target import Target, TargetConfig
@@ -183,10 +188,13 @@ def _expected_rate(target: Target, sizes: tuple[int, ...],
     """Tokens per second with the best of these verification sizes, each draft token
     accepted with ``acceptance`` (a chain of n - 1 drafts yields (1 - a^n) / (1 - a)
     tokens), from a few timed batches after the probe's text."""
+    # A hybrid's snapshots take back so many tokens: a longer batch would evaluate the
+    # whole context again, and is never verified.
+    sizes = verifiable_sizes(target, sizes)
     prompt = target.tokenize(PROBE_TEXT, special=False)
     target.reset(cold=True)
     target.prefill(prompt)
-    times = time_batches(target, prompt[-1], prompt, sizes, repeats=3)
+    times = time_batches(target, prompt[-1], prompt, sizes, repeats=3, restore=False)
     target.reset(cold=True)
     return max((1 - acceptance ** n) / (1 - acceptance) / statistics.median(times[n])
                for n in sizes)
