@@ -236,7 +236,7 @@ def repeat_spread(samples: Iterable[list[float]]) -> float:
     return statistics.median(spreads) if spreads else 0.0
 
 
-def verifiable_sizes(target: Target, sizes: tuple[int, ...]) -> tuple[int, ...]:
+def _verifiable_sizes(target: Target, sizes: tuple[int, ...]) -> tuple[int, ...]:
     """The sizes the target ever verifies: a hybrid's state snapshots take back so many
     drafts (measuring a bigger batch would evaluate the whole context again), and kernels
     exact only in short batches verify no more."""
@@ -253,14 +253,14 @@ def measure_verify_curve(target: Target, context: int = 256,
     gets the time the context took to prefill (a first token's wait) and
     ``timings["spread"]`` how much the repeats of a size disagreed (the median over sizes
     of their interquartile range relative to their median)."""
-    sizes = verifiable_sizes(target, sizes)
+    sizes = _verifiable_sizes(target, sizes)
     filler = target.tokenize(_FILLER * (1 + context // 16), special=False)[:context]
     target.reset()
     t0 = time.perf_counter()
     target.prefill(filler)
     if timings is not None:
         timings["prefill_s"] = time.perf_counter() - t0
-    times = time_batches(target, filler[-1], filler[:max(sizes)], sizes, repeats,
+    times = _time_batches(target, filler[-1], filler[:max(sizes)], sizes, repeats,
                           restore=False)
     target.reset()
     if timings is not None:
@@ -274,10 +274,10 @@ def spot_check(target: Target, root: int, tokens: list[int],
     which is left as it was: ``root`` (not yet cached) and chains of ``tokens``. A few
     hundred milliseconds; the engine runs it when an answer's costs disagreed with the
     calibration, to see the curve's shape (the answer shows only the sizes it drafted)."""
-    return _monotone(time_batches(target, root, tokens, verifiable_sizes(target, sizes), repeats))
+    return _monotone(_time_batches(target, root, tokens, _verifiable_sizes(target, sizes), repeats))
 
 
-def time_batches(target: Target, root: int, tokens: list[int], sizes: tuple[int, ...],
+def _time_batches(target: Target, root: int, tokens: list[int], sizes: tuple[int, ...],
                   repeats: int, restore: bool = True) -> dict[int, list[float]]:
     """Seconds of each repeat of each size: ``root`` and a chain of ``tokens``, verified,
     committed and rolled back to the cache as it was (``restore``; else the caller

@@ -20,18 +20,12 @@ count.
 from __future__ import annotations
 
 import hashlib
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from engine.planning.calibration import (
-    CalibrationCache,
-    file_key,
-    time_batches,
-    verifiable_sizes,
-)
-from engine.runtime.exactness import PROBE_TEXT, ExactnessProbe, probe_exactness
+from engine.planning.calibration import CalibrationCache, file_key, measure_verify_curve
+from engine.runtime.exactness import ExactnessProbe, probe_exactness
 from engine.runtime.native import kernel_settings, llama_version
 from engine.runtime.target import Target, TargetConfig
 
@@ -45,6 +39,8 @@ SHORT_CHAINS = (2, 3, 2, 3, 3, 2, 3, 3, 2, 3, 3, 2)
 # The chance that a draft token is accepted, for comparing the exact settings' expected
 # speed before any drafter has run (memory drafts and heads land around it on chat).
 TYPICAL_ACCEPTANCE = 0.6
+SHORT_REPACKED = f"with repacking, at most {SHORT_BATCH} tokens"  # KernelChoice.rates' keys
+UNREPACKED = "without repacking"
 
 
 @dataclass(frozen=True)
@@ -163,21 +159,18 @@ def choose_kernels(model_path: Path, config: TargetConfig, n_threads: int,
 def _choose_cpu_kernels(model_path: Path, config: TargetConfig) -> KernelChoice:
     tried: dict[bool, ExactnessProbe] = {}
     rates: dict[str, float] = {}
-    short = None
     with Target(model_path, replace(config, repack=True)) as target:
         tried[True] = probe_exactness(target)
         if tried[True].exact:
             return KernelChoice(True, tried[True], tried)
         short = probe_exactness(target, chains=SHORT_CHAINS)
         if short.exact:
-            rates[f"with repacking, at most {SHORT_BATCH} tokens"] = _expected_rate(
-                target, (1, 2, SHORT_BATCH))
+            rates[SHORT_REPACKED] = _expected_rate(target, (1, 2, SHORT_BATCH))
     with Target(model_path, replace(config, repack=False)) as target:
         tried[False] = probe_exactness(target)
         if tried[False].exact and short.exact:
-            rates["without repacking"] = _expected_rate(target, (1, 2, 3, 4, 8, 16))
-    if short.exact and (not tried[False].exact or rates[
-            f"with repacking, at most {SHORT_BATCH} tokens"] >= rates["without repacking"]):
+            rates[UNREPACKED] = _expected_rate(target, (1, 2, 3, 4, 8, 16))
+    if short.exact and (not tried[False].exact or rates[SHORT_REPACKED] >= rates[UNREPACKED]):
         return KernelChoice(True, short, tried, SHORT_BATCH, short, rates)
     repack = min(tried, key=lambda r: (tried[r].differing, not r))
     return KernelChoice(repack, tried[repack], tried, None, short, rates)
@@ -185,16 +178,8 @@ def _choose_cpu_kernels(model_path: Path, config: TargetConfig) -> KernelChoice:
 
 def _expected_rate(target: Target, sizes: tuple[int, ...],
                    acceptance: float = TYPICAL_ACCEPTANCE) -> float:
-    """Tokens per second with the best of these verification sizes, each draft token
-    accepted with ``acceptance`` (a chain of n - 1 drafts yields (1 - a^n) / (1 - a)
-    tokens), from a few timed batches after the probe's text."""
-    # A hybrid's snapshots take back so many tokens: a longer batch would evaluate the
-    # whole context again, and is never verified.
-    sizes = verifiable_sizes(target, sizes)
-    prompt = target.tokenize(PROBE_TEXT, special=False)
-    target.reset(cold=True)
-    target.prefill(prompt)
-    times = time_batches(target, prompt[-1], prompt, sizes, repeats=3, restore=False)
-    target.reset(cold=True)
-    return max((1 - acceptance ** n) / (1 - acceptance) / statistics.median(times[n])
-               for n in sizes)
+    """Tokens per second with the best of these verification sizes (those the target can
+    verify), each draft token accepted with ``acceptance`` (a chain of n - 1 drafts yields
+    (1 - a^n) / (1 - a) tokens), from a few timed batches over a short context."""
+    curve = measure_verify_curve(target, context=64, sizes=sizes, repeats=3)
+    return max((1 - acceptance ** n) / (1 - acceptance) / t for n, t in curve.items())

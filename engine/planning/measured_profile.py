@@ -174,7 +174,6 @@ def measure_head_level(width: int, n_heads: int, n_kv_heads: int, ffn: int, voca
     if device == "cpu" and int8_available():  # as the head drafter runs on a CPU
         head.to_int8()
     head = head.to(device)
-    on_cuda = device.startswith("cuda")
     feats = torch.randn(1, context, width, device=device)
     cache = head.new_cache()
     with torch.inference_mode():
@@ -189,8 +188,6 @@ def measure_head_level(width: int, n_heads: int, n_kv_heads: int, ffn: int, voca
                           torch.arange(context, context + n, device=device)[None], cache)
             top = torch.softmax(head.logits(out[0, -1:]), dim=-1).topk(4)
             top.indices.cpu()  # the drafter reads the tokens back: the GPU has finished
-            if on_cuda:
-                torch.cuda.synchronize()
             took = time.perf_counter() - t0
             for buffer in cache:
                 buffer.truncate(context)
@@ -256,12 +253,9 @@ def measure_profile(target: ModelShape, drafts: list[ModelShape], workdir: Path,
                              "the real model reads more per token")
     try:
         with Target(path, TargetConfig(n_ctx=max(contexts) + 64, n_threads=n_threads)) as t:
-            for ctx in contexts:
-                note(f"{target.name}: verification at {ctx} tokens of context")
-                timings: dict[str, float] = {}
-                profile.verify_s[ctx] = measure_verify_curve(t, ctx, VERIFY_SIZES, repeats=3,
-                                                             timings=timings)
-                profile.prefill_s[ctx] = timings["prefill_s"]
+            _measure_curves(t, contexts, profile.verify_s, profile.prefill_s,
+                            lambda ctx: f"{target.name}: verification at {ctx} tokens of "
+                                        "context", note)
             if head and t.arch.layer_inputs:
                 note(f"an EAGLE-3 head of width {target.hidden_size} (llama.cpp)")
                 profile.eagle3 = _measure_eagle3_level(t, path, workdir, tokenizer_from)
@@ -272,12 +266,9 @@ def measure_profile(target: ModelShape, drafts: list[ModelShape], workdir: Path,
             config = TargetConfig(n_ctx=max(contexts) + 64, n_threads=n_threads,
                                   n_gpu_layers=-1)
             with Target(path, config) as t:
-                for ctx in contexts:
-                    note(f"{target.name} on the GPU: verification at {ctx} tokens")
-                    timings = {}
-                    profile.gpu_verify_s[ctx] = measure_verify_curve(
-                        t, ctx, VERIFY_SIZES, repeats=3, timings=timings)
-                    profile.gpu_prefill_s[ctx] = timings["prefill_s"]
+                _measure_curves(t, contexts, profile.gpu_verify_s, profile.gpu_prefill_s,
+                                lambda ctx: f"{target.name} on the GPU: verification at "
+                                            f"{ctx} tokens", note)
                 note(f"{target.name} on the GPU: do verified batches match one token's?")
                 probe = probe_exactness(t)
                 profile.gpu_exact = probe.exact
@@ -300,6 +291,18 @@ def measure_profile(target: ModelShape, drafts: list[ModelShape], workdir: Path,
                                            target.vocab_size, device=device)
         profile.heads[device] = HeadCost(target.hidden_size, target.vocab_size, level, update)
     return profile
+
+
+def _measure_curves(target: Target, contexts: tuple[int, ...],
+                    verify_s: dict[int, dict[int, float]], prefill_s: dict[int, float],
+                    saying: Callable[[int], str], note: Callable[[str], None]) -> None:
+    """The verification curve and the prefill at each context, into the two tables."""
+    for ctx in contexts:
+        note(saying(ctx))
+        timings: dict[str, float] = {}
+        verify_s[ctx] = measure_verify_curve(target, ctx, VERIFY_SIZES, repeats=3,
+                                             timings=timings)
+        prefill_s[ctx] = timings["prefill_s"]
 
 
 def shapes(names: list[str]) -> list[ModelShape]:
