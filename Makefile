@@ -7,36 +7,48 @@ STAMP  := $(VENV)/.installed
 # segfaults (method-notes §3). On such CPUs build for AVX-512 without AMX; elsewhere
 # (laptops, Apple silicon) let llama.cpp build natively.
 #
-# Without llamafile's sgemm: it multiplies float and Q8_0 weights for batches of 2 or
+# llamafile's sgemm multiplies float, Q8_0, Q5_0 and Q4_0 weights for batches of 2 or
 # more tokens but not for one, so an F32/F16/Q8_0 target's logits for a verified draft
 # differed from plain decoding's (by ~0.15 in the bundled model as F32) and greedy output
-# drifted where two tokens nearly tie. ggml's own kernel gives every batch size the same
-# sums (Q4_0 and K-quants never took that path).
+# drifted where two tokens nearly tie. It is also what makes llama.cpp's prompts fast on
+# those types (a 1152-wide Q4_K_M falls back to Q5_0: 9.4 s against 15 s for 630 tokens).
+# So it is built in, and packaging/llama-cpp/prefill-sgemm.patch makes it a switch, off
+# by default: Tandem turns it on for a prompt's prefill only, never for a verification.
 #
 # With ggml's RPC backend (libggml-rpc): `tandem worker` serves this machine's devices and
 # `--workers` places a target's layers on other machines (docs/workers.md).
 HAS_AMX := $(shell grep -qs amx_tile /proc/cpuinfo && echo yes)
 ifeq ($(HAS_AMX),yes)
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON \
-	-DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_LLAMAFILE=OFF \
+	-DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_LLAMAFILE=ON \
 	-DGGML_RPC=ON
 else
-LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=OFF -DGGML_RPC=ON
+LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=ON -DGGML_RPC=ON
 endif
 
 .PHONY: run test lint bench stress install clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+LLAMA_VERSION := $(shell sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml)
+LLAMA_PATCHES := $(abspath $(wildcard packaging/llama-cpp/*.patch))
+
+$(STAMP): pyproject.toml Makefile $(LLAMA_PATCHES)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	# torch first and pinned, so nothing later resolves to a CUDA build.
 	$(PY) -m pip install torch==2.13.0
-	# Built here, never a cached wheel: pip's cache does not know the flags it was built
-	# with (AMX or not, llamafile or not).
+	# Built here from the source release with Tandem's patches, never a cached wheel:
+	# pip's cache does not know the flags it was built with (AMX or not). Unpacked
+	# outside this repository, where git apply patches files as patch(1) does.
+	src=$$(mktemp -d) && trap 'rm -rf "$$src"' EXIT && \
+	$(PY) -m pip download --no-deps --no-binary :all: -d "$$src" \
+		"llama-cpp-python==$(LLAMA_VERSION)" && \
+	tar xzf "$$src/llama_cpp_python-$(LLAMA_VERSION).tar.gz" -C "$$src" && \
+	(cd "$$src/llama_cpp_python-$(LLAMA_VERSION)" && \
+	 for p in $(LLAMA_PATCHES); do git apply -p1 "$$p" || exit 1; done) && \
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --no-cache-dir \
-		"llama-cpp-python==$$(sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml)"
+		"$$src/llama_cpp_python-$(LLAMA_VERSION)"
 	$(PY) -m pip install -e '.[dev]'
 	touch $(STAMP)
 

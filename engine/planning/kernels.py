@@ -72,7 +72,7 @@ class KernelChoice:
 
     def describe(self) -> str:
         s = self.settings()
-        switches = ", ".join(f"{name} {'on' if on else 'off'}" for name, on in s.items())
+        switches = ", ".join(f"{name} {_switch_state(on)}" for name, on in s.items())
         text = f"{self.guarantee} ({self.probe.describe()}; kernels: {switches}"
         if self.max_batch is not None:
             text += (f"; at most {self.max_batch} tokens a verification, since repacked "
@@ -100,6 +100,13 @@ class KernelChoice:
         return cls(bool(d["repack"]), ExactnessProbe.from_json(d["probe"]), tried,
                    int(max_batch) if max_batch is not None else None, short,
                    {str(k): float(v) for k, v in d.get("rates", {}).items()})
+
+
+def _switch_state(on: object) -> str:
+    """"on"/"off", or where a switch is on ("prompts": llamafile's sgemm)."""
+    if isinstance(on, str):
+        return f"on for {on} only"
+    return "on" if on else "off"
 
 
 def exactness_key(model_path: Path, config: TargetConfig, n_threads: int,

@@ -7,13 +7,14 @@ Each owner has an idempotent ``close()`` and works as a context manager.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
 import os
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 # One summation order for every decode and verification batch size (the lossless
@@ -107,15 +108,69 @@ class GgmlRowKernels:
 
 
 @functools.cache
-def ggml_row_kernels() -> GgmlRowKernels | None:
-    """The CPU backend's row kernels; None where the build names them otherwise."""
+def _ggml_cpu_library() -> ctypes.CDLL | None:
+    """llama.cpp's CPU backend library, the copy libllama loaded (the wheel holds the
+    soname and its links as separate files: opening another would load a second
+    instance, with its own switches); None where the build names it otherwise."""
     lib_dir = Path(llama_cpp.__file__).parent / "lib"
-    for name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
+    for name in ("libggml-cpu.so.0", "libggml-cpu.so", "libggml-cpu.0.dylib",
+                 "libggml-cpu.dylib", "ggml-cpu.dll"):
         try:
-            return GgmlRowKernels(ctypes.CDLL(str(lib_dir / name)))
-        except (OSError, AttributeError):
+            return ctypes.CDLL(str(lib_dir / name))
+        except OSError:
             continue
     return None
+
+
+@functools.cache
+def ggml_row_kernels() -> GgmlRowKernels | None:
+    """The CPU backend's row kernels; None where the build names them otherwise."""
+    lib = _ggml_cpu_library()
+    try:
+        return GgmlRowKernels(lib) if lib is not None else None
+    except AttributeError:
+        return None
+
+
+# Held while llamafile's sgemm is on, and by every decode: a decode on another thread
+# (a draft model's, a second target's) waits rather than run with the prompt kernels.
+_PROMPT_KERNELS_HELD = threading.RLock()
+
+
+@functools.cache
+def _llamafile_switch() -> ctypes._CFuncPtr | None:
+    """Tandem's switch for llamafile's sgemm (packaging/llama-cpp/prefill-sgemm.patch);
+    None in a build without sgemm or without the patch."""
+    lib = _ggml_cpu_library()
+    switch = getattr(lib, "ggml_cpu_set_llamafile", None)
+    has = getattr(lib, "ggml_cpu_has_llamafile", None)
+    if switch is None or has is None or not has():
+        return None
+    switch.argtypes = [ctypes.c_bool]
+    switch.restype = None
+    return switch
+
+
+def prompt_kernels_available() -> bool:
+    return _llamafile_switch() is not None
+
+
+@contextlib.contextmanager
+def prompt_kernels(on: bool = True) -> Iterator[bool]:
+    """llamafile's sgemm for the decodes inside (this thread's; others wait): 1.6x
+    faster prompts on float, Q8_0, Q5_0 and Q4_0 weights, but a batch of 2+ rows sums in
+    another order than one token. So only a prefill that plain and drafted answers share
+    may use it, never a verification. Yields whether it is on."""
+    switch = _llamafile_switch() if on else None
+    if switch is None:
+        yield False
+        return
+    with _PROMPT_KERNELS_HELD:
+        switch(True)
+        try:
+            yield True
+        finally:
+            switch(False)
 
 
 def utf8_bytes(text: str) -> bytes:
@@ -623,8 +678,9 @@ class NativeContext:
         """Run the batch. Raises ContextFullError (KV full) or NativeError."""
         # Where it starts: recurrent state can be taken back only within the last batch.
         self.last_batch_start = int(batch.raw.pos[0]) if batch.raw.n_tokens else 0
-        self._check("llama_decode", llama_cpp.llama_decode(self.handle, batch.raw),
-                    batch.raw.n_tokens, "batch")
+        with _PROMPT_KERNELS_HELD:
+            rc = llama_cpp.llama_decode(self.handle, batch.raw)
+        self._check("llama_decode", rc, batch.raw.n_tokens, "batch")
 
     def _check(self, call: str, rc: int, n_tokens: int, what: str) -> None:
         """llama_decode's and llama_process's return codes as errors."""
@@ -826,11 +882,13 @@ FTYPE_Q4_0 = FTYPES["q4_0"]
 def kernel_settings(repack: bool) -> dict[str, object]:
     """The CPU kernel switches a model runs with, as the plan shows them: weight
     repacking (per model load), the tiled K-quant matmul and op fusion (per process,
-    from the environment), and llamafile's sgemm (the build: off, see the Makefile)."""
+    from the environment), and llamafile's sgemm (prompts only, where the build has
+    Tandem's switch: see the Makefile)."""
     tiled = os.environ.get("GGML_CPU_TILED_MM", "1")
     fusion = os.environ.get("GGML_CPU_DISABLE_FUSION", "0")
     return {"repack": repack, "tiled_matmul": tiled.strip() not in ("0", ""),
-            "fusion": fusion.strip() in ("0", ""), "llamafile_sgemm": False}
+            "fusion": fusion.strip() in ("0", ""),
+            "llamafile_sgemm": "prompts" if prompt_kernels_available() else False}
 
 
 def llama_version() -> str:

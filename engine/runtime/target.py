@@ -32,7 +32,7 @@ from engine.runtime.kv_transfer import (
     f16_to_q8_0_keys,
     llama_rotates_quantized_k,
 )
-from engine.runtime.native import NativeBatch, NativeContext, NativeModel
+from engine.runtime.native import NativeBatch, NativeContext, NativeModel, prompt_kernels
 from engine.runtime.native_rpc import cpu_overrides, device_array, worker_devices
 from engine.runtime.reasoning import for_template
 from engine.runtime.sequences import common_prefix_length, find_cut
@@ -96,6 +96,10 @@ class TargetConfig:
     # fast ones (1.7B Q4_K_M shape, 2 cores: a 660-token prompt 13.0 s instead of 18.9 s).
     # Plain and drafted answers share that prefill, so they stay identical.
     repacked_prefill: bool = True
+    # llamafile's sgemm for prompts prefilled in the F16 context, where the build has
+    # Tandem's switch for it (engine.runtime.native.prompt_kernels): float, Q8_0 and
+    # Q5_0 matrices (a 1152-wide K-quant falls back to Q5_0) prefill ~1.6x faster.
+    prompt_sgemm: bool = True
     # The GGUF's next-token (MTP) layers, for the MTP drafter: loaded where the file has
     # them (one block of weights more; the target's own decoding never runs it).
     load_mtp: bool = True
@@ -628,14 +632,15 @@ class Target:
         step = self.config.n_batch
         f16.kv_remove(0, start, -1)
         del self._f16_tokens[start:]
-        for pos0 in range(start, len(full), step):
-            chunk = full[pos0:pos0 + step]
-            outputs = [False] * len(chunk)
-            outputs[-1] = pos0 + len(chunk) == len(full)
-            self.batch.fill(chunk, list(range(pos0, pos0 + len(chunk))), None, outputs)
-            f16.decode(self.batch)
-            self._f16_tokens.extend(chunk)
-        logits = f16.logits(1)[0]
+        with prompt_kernels(self.config.prompt_sgemm):
+            for pos0 in range(start, len(full), step):
+                chunk = full[pos0:pos0 + step]
+                outputs = [False] * len(chunk)
+                outputs[-1] = pos0 + len(chunk) == len(full)
+                self.batch.fill(chunk, list(range(pos0, pos0 + len(chunk))), None, outputs)
+                f16.decode(self.batch)
+                self._f16_tokens.extend(chunk)
+            logits = f16.logits(1)[0]  # read back before the kernels change
         feats = (self._f16_features_again(f16, full, n_features) if n_features > 0
                  else np.empty((0, self.feature_width), dtype=np.float32))
         # The cells move when the context is next used: the first token does not wait

@@ -21,7 +21,7 @@ else
 fi
 export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
 export CMAKE_ARGS="-DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++ -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_NCCL=OFF \
--DLLAVA_BUILD=OFF -DLLAMA_BUILD_MTMD=OFF -DGGML_LLAMAFILE=OFF -DGGML_RPC=ON $CPU"
+-DLLAVA_BUILD=OFF -DLLAMA_BUILD_MTMD=OFF -DGGML_LLAMAFILE=ON -DGGML_RPC=ON $CPU"
 export CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
 cd $D/llama_cpp_python-*/ || exit 1
 setsid nohup bash -c "date +%s > $D/build.start; python3 -m pip install -v --no-build-isolation \

@@ -22,6 +22,8 @@ WORK=$(mktemp -d)
 $PY -m pip download -q "llama-cpp-python==$VERSION" --no-deps --no-binary :all: -d "$WORK"
 tar -xzf "$WORK"/llama_cpp_python-*.tar.gz -C "$WORK"
 SRC=$(echo "$WORK"/llama_cpp_python-*/)
+# Tandem's patches, as `make install` applies them (prompt-only sgemm).
+for p in "$PWD"/packaging/llama-cpp/*.patch; do (cd "$SRC" && git apply -p1 "$p"); done
 rm -rf "$SRC"/{.git,docs,examples,tests,docker}
 (cd "$SRC/vendor/llama.cpp" && rm -rf .git models docs examples tests benches gguf-py media \
     scripts conversion tools/* \

@@ -1,0 +1,97 @@
+"""llamafile's sgemm as a switch (packaging/llama-cpp/prefill-sgemm.patch): on for a
+prompt's prefill only, off for every verification and one-token decode, and never on for
+another thread's decode."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from engine.decoding.generation import GenerationConfig, generate
+from engine.drafters.lookup import PromptLookupDrafter
+from engine.runtime.native import kernel_settings, prompt_kernels, prompt_kernels_available
+from engine.runtime.target import F16_PREFILL_MIN_TOKENS, Target, TargetConfig
+
+
+@pytest.fixture(scope="module")
+def direct_target(f32_model_path):
+    """The F32 weights (sgemm sums their batches in another order) with every prompt
+    prefilled here, by the switch the test sets."""
+    config = TargetConfig(n_ctx=1024, n_threads=2, f16_prefill=False)
+    with Target(f32_model_path, config) as target:
+        yield target
+
+
+@pytest.fixture(scope="module")
+def prompt(direct_target, dev_prompts) -> list[int]:
+    """~300 tokens: sgemm's tiles take batches this size (31 tokens summed alike)."""
+    text = next(r for r in dev_prompts if r["category"] == "summarization")["turns"][0]
+    return direct_target.tokenize(text)[:300]
+
+
+def _prefill_logits(target: Target, prompt: list[int]) -> np.ndarray:
+    target.reset()
+    return target.prefill(prompt).logits.copy()
+
+
+def test_the_build_has_the_switch():
+    """`make install` patches llama.cpp and builds sgemm in: a lost step fails here."""
+    assert prompt_kernels_available()
+    assert kernel_settings(True)["llamafile_sgemm"] == "prompts"
+
+
+def test_sgemm_changes_a_batch_inside_the_switch_only(direct_target, prompt):
+    off = _prefill_logits(direct_target, prompt)
+    with prompt_kernels() as on:
+        assert on
+        inside = _prefill_logits(direct_target, prompt)
+    after = _prefill_logits(direct_target, prompt)
+    assert not np.array_equal(inside, off)  # F32 weights: sgemm sums the batch otherwise
+    assert np.abs(inside - off).max() < 1.0
+    assert np.array_equal(after, off)  # and it is off again
+
+
+def test_another_threads_decode_waits_for_the_switch(direct_target, prompt):
+    off = _prefill_logits(direct_target, prompt)
+    entered = threading.Event()
+
+    def hold() -> None:
+        with prompt_kernels():
+            entered.set()
+            time.sleep(1.0)  # a prefill of these tokens takes ~0.5 s
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    entered.wait()
+    try:
+        waited = _prefill_logits(direct_target, prompt)
+    finally:
+        holder.join()
+    assert np.array_equal(waited, off)
+
+
+def test_long_prompts_prefill_with_sgemm_and_answers_equal_plain(f32_model_path, dev_prompts):
+    """The F16 context prefills with sgemm (its logits move), and the drafted answer
+    equals plain decoding's, both after that prefill."""
+    row = next(r for r in dev_prompts if r["category"] == "summarization")
+    logits = {}
+    for sgemm in (False, True):
+        config = TargetConfig(n_ctx=2048, n_threads=2, prompt_sgemm=sgemm)
+        with Target(f32_model_path, config) as target:
+            prompt = target.chat_prompt([{"role": "user", "content": row["turns"][0]}])
+            assert len(prompt) >= F16_PREFILL_MIN_TOKENS
+            logits[sgemm] = _prefill_logits(target, prompt)
+            assert not target.f16_prefill_off
+            if not sgemm:
+                continue
+            gen = GenerationConfig(max_tokens=48)
+            target.reset()
+            plain = generate(target, prompt, None, gen)
+            target.reset()
+            drafted = generate(target, prompt, PromptLookupDrafter(), gen)
+            assert drafted.tokens == plain.tokens
+            assert drafted.stats.mean_accepted > 1  # drafts were taken
+    assert not np.array_equal(logits[True], logits[False])
