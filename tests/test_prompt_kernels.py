@@ -1,6 +1,6 @@
-"""llamafile's sgemm as a switch (packaging/llama-cpp/prefill-sgemm.patch): on for a
-prompt's prefill only, off for every verification and one-token decode, and never on for
-another thread's decode."""
+"""llama.cpp's prompt kernels as a switch (packaging/llama-cpp/prompt-kernels.patch):
+llamafile's sgemm and the tiled K-quant matmul on for a prompt's prefill only, off for
+every verification and one-token decode, and never on for another thread's decode."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from engine.runtime.target import F16_PREFILL_MIN_TOKENS, Target, TargetConfig
 @pytest.fixture(scope="module")
 def direct_target(f32_model_path):
     """The F32 weights (sgemm sums their batches in another order) with every prompt
-    prefilled here, by the switch the test sets."""
-    config = TargetConfig(n_ctx=1024, n_threads=2, f16_prefill=False)
+    prefilled here, with the kernels the test sets."""
+    config = TargetConfig(n_ctx=1024, n_threads=2, f16_prefill=False, prompt_kernels=False)
     with Target(f32_model_path, config) as target:
         yield target
 
@@ -40,7 +40,8 @@ def _prefill_logits(target: Target, prompt: list[int]) -> np.ndarray:
 def test_the_build_has_the_switch():
     """`make install` patches llama.cpp and builds sgemm in: a lost step fails here."""
     assert prompt_kernels_available()
-    assert kernel_settings(True)["llamafile_sgemm"] == "prompts"
+    settings = kernel_settings(True)
+    assert settings["llamafile_sgemm"] == settings["tiled_matmul"] == "prompts"
 
 
 def test_sgemm_changes_a_batch_inside_the_switch_only(direct_target, prompt):
@@ -79,7 +80,7 @@ def test_long_prompts_prefill_with_sgemm_and_answers_equal_plain(f32_model_path,
     row = next(r for r in dev_prompts if r["category"] == "summarization")
     logits = {}
     for sgemm in (False, True):
-        config = TargetConfig(n_ctx=2048, n_threads=2, prompt_sgemm=sgemm)
+        config = TargetConfig(n_ctx=2048, n_threads=2, prompt_kernels=sgemm)
         with Target(f32_model_path, config) as target:
             prompt = target.chat_prompt([{"role": "user", "content": row["turns"][0]}])
             assert len(prompt) >= F16_PREFILL_MIN_TOKENS
@@ -95,3 +96,20 @@ def test_long_prompts_prefill_with_sgemm_and_answers_equal_plain(f32_model_path,
             assert drafted.tokens == plain.tokens
             assert drafted.stats.mean_accepted > 1  # drafts were taken
     assert not np.array_equal(logits[True], logits[False])
+
+
+def test_prompts_prefilled_here_take_the_prompt_kernels_and_answer_alike_again(
+        f32_model_path, direct_target, prompt):
+    """A prompt prefilled in this cache (F16 prefill off, or too short for it) goes
+    through the prompt kernels; asked again with its answer cached (a regenerate), it
+    gets the same first-token logits, not a one-token decode's, and the same answer."""
+    with prompt_kernels():
+        expected = _prefill_logits(direct_target, prompt)
+    config = TargetConfig(n_ctx=1024, n_threads=2, f16_prefill=False)
+    with Target(f32_model_path, config) as target:
+        target.reset()
+        first = generate(target, prompt, None, GenerationConfig(max_tokens=12))
+        assert np.array_equal(target.prefill(prompt).logits, expected)
+        again = generate(target, prompt, None, GenerationConfig(max_tokens=12))
+    assert again.stats.n_prompt_reused == len(prompt)
+    assert again.tokens == first.tokens

@@ -113,7 +113,7 @@ def exactness_key(model_path: Path, config: TargetConfig, n_threads: int,
                   n_gpu_layers: int = 0) -> str:
     settings = kernel_settings(True)
     parts = ["exactness", file_key(model_path), llama_version(),
-             f"tiled={settings['tiled_matmul']}", f"fusion={settings['fusion']}",
+             f"tiled={settings['tiled_matmul'] is True}", f"fusion={settings['fusion']}",
              config.type_k, config.type_v, str(config.flash_attn), str(n_threads),
              # Since CPU targets keep every batch on the CPU (TargetConfig.op_offload):
              # verdicts from before, in builds that offload, saw the GPU's batches.

@@ -132,19 +132,17 @@ def ggml_row_kernels() -> GgmlRowKernels | None:
         return None
 
 
-# Held while llamafile's sgemm is on, and by every decode: a decode on another thread
-# (a draft model's, a second target's) waits rather than run with the prompt kernels.
+# Held while the prompt kernels are on, and by every decode: a decode on another thread
+# (a draft model's, a second target's) waits rather than run with them.
 _PROMPT_KERNELS_HELD = threading.RLock()
 
 
 @functools.cache
-def _llamafile_switch() -> ctypes._CFuncPtr | None:
-    """Tandem's switch for llamafile's sgemm (packaging/llama-cpp/prefill-sgemm.patch);
-    None in a build without sgemm or without the patch."""
-    lib = _ggml_cpu_library()
-    switch = getattr(lib, "ggml_cpu_set_llamafile", None)
-    has = getattr(lib, "ggml_cpu_has_llamafile", None)
-    if switch is None or has is None or not has():
+def _prompt_kernel_switch() -> ctypes._CFuncPtr | None:
+    """Tandem's switch for the prompt kernels (packaging/llama-cpp/prompt-kernels.patch);
+    None in a build without the patch."""
+    switch = getattr(_ggml_cpu_library(), "ggml_cpu_set_prompt_kernels", None)
+    if switch is None:
         return None
     switch.argtypes = [ctypes.c_bool]
     switch.restype = None
@@ -152,16 +150,17 @@ def _llamafile_switch() -> ctypes._CFuncPtr | None:
 
 
 def prompt_kernels_available() -> bool:
-    return _llamafile_switch() is not None
+    return _prompt_kernel_switch() is not None
 
 
 @contextlib.contextmanager
 def prompt_kernels(on: bool = True) -> Iterator[bool]:
-    """llamafile's sgemm for the decodes inside (this thread's; others wait): 1.6x
-    faster prompts on float, Q8_0, Q5_0 and Q4_0 weights, but a batch of 2+ rows sums in
-    another order than one token. So only a prefill that plain and drafted answers share
-    may use it, never a verification. Yields whether it is on."""
-    switch = _llamafile_switch() if on else None
+    """llama.cpp's fastest batch kernels for the decodes inside (this thread's; others
+    wait): llamafile's sgemm (float, Q8_0, Q5_0, Q4_0 weights; 1.5-1.8x faster prompts)
+    and the tiled K-quant matmul (K-quants that are not repacked). A batch of 2+ rows then
+    sums in another order than one token, so only a prefill that plain and drafted
+    answers share may use them, never a verification. Yields whether they are on."""
+    switch = _prompt_kernel_switch() if on else None
     if switch is None:
         yield False
         return
@@ -882,13 +881,15 @@ FTYPE_Q4_0 = FTYPES["q4_0"]
 def kernel_settings(repack: bool) -> dict[str, object]:
     """The CPU kernel switches a model runs with, as the plan shows them: weight
     repacking (per model load), the tiled K-quant matmul and op fusion (per process,
-    from the environment), and llamafile's sgemm (prompts only, where the build has
-    Tandem's switch: see the Makefile)."""
-    tiled = os.environ.get("GGML_CPU_TILED_MM", "1")
+    from the environment), and llamafile's sgemm (the build). Where the build has
+    Tandem's switch (see the Makefile), the first two are on for prompts only."""
+    tiled = os.environ.get("GGML_CPU_TILED_MM", "1").strip() not in ("0", "")
     fusion = os.environ.get("GGML_CPU_DISABLE_FUSION", "0")
-    return {"repack": repack, "tiled_matmul": tiled.strip() not in ("0", ""),
-            "fusion": fusion.strip() in ("0", ""),
-            "llamafile_sgemm": "prompts" if prompt_kernels_available() else False}
+    prompts: object = "prompts" if prompt_kernels_available() else False
+    lib = _ggml_cpu_library()
+    sgemm = lib is not None and bool(getattr(lib, "ggml_cpu_has_llamafile", lambda: 0)())
+    return {"repack": repack, "tiled_matmul": tiled or prompts,
+            "fusion": fusion.strip() in ("0", ""), "llamafile_sgemm": sgemm and prompts}
 
 
 def llama_version() -> str:

@@ -32,7 +32,13 @@ from engine.runtime.kv_transfer import (
     f16_to_q8_0_keys,
     llama_rotates_quantized_k,
 )
-from engine.runtime.native import NativeBatch, NativeContext, NativeModel, prompt_kernels
+from engine.runtime.native import (
+    NativeBatch,
+    NativeContext,
+    NativeModel,
+    prompt_kernels,
+    prompt_kernels_available,
+)
 from engine.runtime.native_rpc import cpu_overrides, device_array, worker_devices
 from engine.runtime.reasoning import for_template
 from engine.runtime.sequences import common_prefix_length, find_cut
@@ -51,6 +57,9 @@ F16_COPY_MIN_TOKENS = 16
 # At most 1/F16_MAX_REDO_SHARE of a prompt's new tokens may be tokens this cache holds
 # but the F16 context would evaluate again; past that, prefilling here is sooner.
 F16_MAX_REDO_SHARE = 4
+# Prompts whose first-token logits are kept for a regenerate (``Target._answer_again``):
+# a chat's last few turns.
+REMEMBERED_PREFILLS = 4
 # Fewest cached tokens after a cut (a chat's dropped turns) worth shifting rather than
 # prefilling again: the shift costs a one-token decode and a copy of the sequence.
 SHIFT_MIN_KEPT = 64
@@ -96,10 +105,11 @@ class TargetConfig:
     # fast ones (1.7B Q4_K_M shape, 2 cores: a 660-token prompt 13.0 s instead of 18.9 s).
     # Plain and drafted answers share that prefill, so they stay identical.
     repacked_prefill: bool = True
-    # llamafile's sgemm for prompts prefilled in the F16 context, where the build has
-    # Tandem's switch for it (engine.runtime.native.prompt_kernels): float, Q8_0 and
-    # Q5_0 matrices (a 1152-wide K-quant falls back to Q5_0) prefill ~1.6x faster.
-    prompt_sgemm: bool = True
+    # llama.cpp's fastest batch kernels for prompts (llamafile's sgemm, the tiled K-quant
+    # matmul), where the build has Tandem's switch (engine.runtime.native.prompt_kernels):
+    # a gemma-3-1b-shaped Q4_K_M (1152 wide: Q5_0 and Q8_0 fallbacks) prefilled 660 tokens
+    # in 4.2 s instead of 6.8 s. Verification never uses them.
+    prompt_kernels: bool = True
     # The GGUF's next-token (MTP) layers, for the MTP drafter: loaded where the file has
     # them (one block of weights more; the target's own decoding never runs it).
     load_mtp: bool = True
@@ -192,9 +202,10 @@ class Target:
         # prompt's first token ~0.3 s.
         self._f16_ctx: NativeContext | None = None
         self._f16_tokens: list[int] = []
-        # The last prompt prefilled there: its tokens, and its last token's logits and
-        # features, for that prompt asked again (``_f16_answer_again``).
-        self._f16_last: tuple[tuple[int, ...], np.ndarray, np.ndarray | None] | None = None
+        # The last prompts prefilled there or with the prompt kernels, newest first: their
+        # tokens, and their last token's logits and features, for a prompt asked again
+        # (``_answer_again``). Only prompts whose cells are still the ones evaluated.
+        self._last_prefills: list[tuple[tuple[int, ...], np.ndarray, np.ndarray | None]] = []
         # The first position whose cells are still in the F16 context, None when all are
         # here: a prompt's cells are moved after its first token is out (``ctx``).
         self._unmoved_from: int | None = None
@@ -344,6 +355,7 @@ class Target:
         self._unmoved_from = None  # cells never moved need no clearing
         self.ctx.kv_clear()
         self.tokens = []
+        self._last_prefills = []
         self.n_parked = 0
         if cold and self._f16_ctx is not None:
             self._f16_ctx.kv_clear()
@@ -351,6 +363,8 @@ class Target:
 
     def rollback(self, n_keep: int) -> None:
         """Forget everything after the first ``n_keep`` committed tokens."""
+        # A prompt longer than that loses cells: its remembered logits are stale.
+        self._last_prefills = [e for e in self._last_prefills if len(e[0]) <= n_keep]
         if n_keep < len(self.tokens):
             # Recurrent state further back than its snapshots is evaluated again.
             removed = self.ctx.kv_remove(0, n_keep, -1)
@@ -377,7 +391,7 @@ class Target:
         features = self._ctx.embeddings
         self._ctx.set_embeddings(False)
         try:
-            self._evaluate(tokens, self.config.n_batch)
+            self._evaluate_prompt(tokens)
         finally:
             self._ctx.set_embeddings(features)
 
@@ -439,7 +453,7 @@ class Target:
         n_same = common_prefix_length(self.tokens, prompt)
         if n_same < len(self.tokens):
             n_same = self._keep_across_a_cut(prompt, n_same)
-        again = self._f16_answer_again(prompt, n_same, feature_tail)
+        again = self._answer_again(prompt, n_same, feature_tail)
         if again is not None:
             return again
         # Evaluate at least the last prompt token: its logits choose the first new token.
@@ -457,21 +471,31 @@ class Target:
         if moved is not None:
             logits, features = moved
             features = features if self._ctx.embeddings else None
-            self._f16_last = (tuple(prompt), logits, features)
+            self._remember_prefill(prompt, logits, features)
             return Prefill(logits=logits, features=features, n_reused=n_keep)
-        if self.ctx.embeddings and self.config.max_batch is not None:
-            # Kernels exact only in short batches (repacked K-quants): the prompt goes in
-            # plain decoding's chunks, so its cells and the first token's logits are
-            # plain decoding's; the features come from evaluating the tail again.
+        fast = self.config.prompt_kernels and prompt_kernels_available()
+        if self.ctx.embeddings and (self.config.max_batch is not None or fast):
+            # Kernels exact only in short batches (repacked K-quants), or the prompt
+            # kernels: the prompt goes in plain decoding's chunks and kernels, so its
+            # cells and the first token's logits are plain decoding's; the features come
+            # from evaluating the tail again.
             self.ctx.set_embeddings(False)
             try:
-                logits, _ = self._evaluate(todo, self.config.n_batch)
+                logits, _ = self._evaluate_prompt(todo)
             finally:
                 self.ctx.set_embeddings(True)
-            return Prefill(logits=logits, features=self._features_again(tail),
-                           n_reused=n_keep)
+            features = self._features_again(tail)
+            if fast:
+                self._remember_prefill(prompt, logits, features)
+            return Prefill(logits=logits, features=features, n_reused=n_keep)
+        if not self.ctx.embeddings:
+            logits, _ = self._evaluate_prompt(todo)
+            if fast:
+                self._remember_prefill(prompt, logits, None)
+            return Prefill(logits=logits, features=None, n_reused=n_keep)
+        # Exact kernels for any batch: the features' tail may be a chunk of its own.
         feats: list[np.ndarray] = []
-        if self.ctx.embeddings and tail < len(todo):
+        if tail < len(todo):
             self.ctx.set_embeddings(False)
             try:
                 self._evaluate(todo[:-tail], self.config.n_batch)
@@ -482,6 +506,12 @@ class Target:
         feats += tail_feats
         features = np.concatenate(feats) if feats else None
         return Prefill(logits=logits, features=features, n_reused=n_keep)
+
+    def _evaluate_prompt(self, tokens: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """``_evaluate`` in prefill chunks with the prompt kernels where they are on:
+        plain and drafted answers share the prefill, so its sums may be a batch's."""
+        with prompt_kernels(self.config.prompt_kernels):
+            return self._evaluate(tokens, self.config.n_batch)
 
     def _features_again(self, n: int) -> np.ndarray:
         """The hidden states of the last ``n`` cached tokens, evaluated again in a scratch
@@ -502,14 +532,15 @@ class Target:
             self.ctx.kv_remove(scratch, -1, -1)
         return np.concatenate(feats)
 
-    def _f16_answer_again(self, prompt: list[int], n_same: int, feature_tail: int | None
-                          ) -> Prefill | None:
+    def _answer_again(self, prompt: list[int], n_same: int, feature_tail: int | None
+                      ) -> Prefill | None:
         """The prefill of a prompt asked again whole (a regenerate) whose last token's
-        logits came from the F16 context: those logits again, not a decode of that token
-        here, which reads the Q8_0 cache and can pick another first token. None when it
-        does not apply."""
-        last = self._f16_last
-        if last is None or n_same < len(prompt) or last[0] != tuple(prompt):
+        logits came from the F16 context or the prompt kernels: those logits again, not a
+        decode of that token alone, which reads the Q8_0 cache or sums otherwise and can
+        pick another first token. None when it does not apply."""
+        key = tuple(prompt)
+        last = next((e for e in self._last_prefills if e[0] == key), None)
+        if last is None or n_same < len(prompt):
             return None
         features = None
         if self.ctx.embeddings:
@@ -519,6 +550,12 @@ class Target:
             features = last[2][-want:]
         self.rollback(len(prompt))
         return Prefill(logits=last[1].copy(), features=features, n_reused=len(prompt))
+
+    def _remember_prefill(self, prompt: list[int], logits: np.ndarray,
+                          features: np.ndarray | None) -> None:
+        key = tuple(prompt)
+        rest = [e for e in self._last_prefills if e[0] != key]
+        self._last_prefills = [(key, logits, features)] + rest[:REMEMBERED_PREFILLS - 1]
 
     def _keep_across_a_cut(self, prompt: list[int], n_same: int) -> int:
         """A prompt that is the cached tokens with a span cut out after the common prefix
@@ -556,6 +593,7 @@ class Target:
             self.reset()
             return 0
         self.tokens = kept
+        self._last_prefills = []  # the kept cells moved: no prompt's logits hold
         log.info("context shift: %d tokens cut after %d, %d kept", n_cut, n_same, n_kept)
         return n_same + n_kept
 
@@ -584,7 +622,7 @@ class Target:
         changed) when it does not apply or fails; a failure turns it off for this target,
         with a warning."""
         # The first token's logits come from the F16 context; a prompt asked again whole
-        # gets them again (_f16_answer_again), not a decode of its last token here.
+        # gets them again (_answer_again), not a decode of its last token here.
         shortest = (F16_COPY_MIN_TOKENS if self._prefill_model is not None
                     else F16_PREFILL_MIN_TOKENS)
         if self.f16_prefill_off or len(tokens) < shortest:
@@ -632,7 +670,7 @@ class Target:
         step = self.config.n_batch
         f16.kv_remove(0, start, -1)
         del self._f16_tokens[start:]
-        with prompt_kernels(self.config.prompt_sgemm):
+        with prompt_kernels(self.config.prompt_kernels):
             for pos0 in range(start, len(full), step):
                 chunk = full[pos0:pos0 + step]
                 outputs = [False] * len(chunk)
