@@ -2,8 +2,9 @@
 llama.cpp's RPC server, with the bind policy of engine.workers.endpoints.
 
 The server computes with the same library as the engine, so the same exact-kernel
-settings hold there: llamafile's sgemm is out of the build, and importing
-engine.runtime.native sets ``GGML_CPU_TILED_MM=0`` before llama.cpp loads. Weights sent to
+settings hold there: the prompt kernels' switch (llamafile's sgemm) is never turned on
+in this process, and importing engine.runtime.native sets ``GGML_CPU_TILED_MM=0`` before
+llama.cpp loads. Weights sent to
 a worker are never repacked (the RPC server allocates plain buffers).
 """
 
