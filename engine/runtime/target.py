@@ -40,6 +40,7 @@ from engine.runtime.native import (
     prompt_kernels_available,
 )
 from engine.runtime.native_rpc import cpu_overrides, device_array, worker_devices
+from engine.runtime.prompt_weights import prompts_prefer_repacked
 from engine.runtime.reasoning import for_template
 from engine.runtime.sequences import common_prefix_length, find_cut
 from engine.runtime.template_choice import choose_template
@@ -50,9 +51,9 @@ log = logging.getLogger(__name__)
 # attention kernel needs 64 queries in a batch, and below ~100 tokens attention is too
 # small a share of the prefill to repay moving the cells (~8 us per token here).
 F16_PREFILL_MIN_TOKENS = 128
-# With a repacked copy of the weights (repacking off here, for exactness) the F16 context
-# is where the fast kernels are: a 53-token prompt at a 1.7B Q4_K_M shape took 1.06 s
-# there against 1.91 s here. Below this few tokens the cell move is not repaid.
+# With a copy of the weights in the faster prompt layout (TargetConfig.prefill_copy) the
+# F16 context is where the fast kernels are: a 53-token prompt at a 1.7B Q4_K_M shape took
+# 1.06 s there against 1.91 s here. Below this few tokens the cell move is not repaid.
 F16_COPY_MIN_TOKENS = 16
 # At most 1/F16_MAX_REDO_SHARE of a prompt's new tokens may be tokens this cache holds
 # but the F16 context would evaluate again; past that, prefilling here is sooner.
@@ -99,12 +100,14 @@ class TargetConfig:
     # on when layers are on the GPU anyway. The F16 prefill context keeps it on: plain
     # and drafted answers share that prefill.
     op_offload: bool | None = None
-    # With repacking off (the exactness probe's choice on the K-quants), prompts are
-    # prefilled in the F16 context by a second, repacked copy of the weights, where the
-    # memory has room for it: verification keeps the exact kernels, the prompt gets the
-    # fast ones (1.7B Q4_K_M shape, 2 cores: a 660-token prompt 13.0 s instead of 18.9 s).
-    # Plain and drafted answers share that prefill, so they stay identical.
-    repacked_prefill: bool = True
+    # Prompts prefilled in the F16 context by a second copy of the weights where the
+    # target's own layout is the slower one for prompts (engine.runtime.prompt_weights):
+    # plain weights for the tiled matmul beside a repacked K-quant target (mmapped, so
+    # they share the file's page cache: 1.7B Q4_K_M shape, 660 tokens in 2.6 s instead of
+    # 4.2 s), or, without the prompt kernels, a repacked copy beside a target that runs
+    # without repacking, where memory has room for it. Verification keeps the target's
+    # own kernels; plain and drafted answers share the prefill, so they stay identical.
+    prefill_copy: bool = True
     # llama.cpp's fastest batch kernels for prompts (llamafile's sgemm, the tiled K-quant
     # matmul), where the build has Tandem's switch (engine.runtime.native.prompt_kernels):
     # a gemma-3-1b-shaped Q4_K_M (1152 wide: Q5_0 and Q8_0 fallbacks) prefilled 660 tokens
@@ -223,15 +226,23 @@ class Target:
                             exc)
 
     def _open_prefill_model(self) -> NativeModel:
-        """The weights the F16 context prefills with: a repacked copy where this target
-        runs without repacking and the memory has room for it, else its own."""
+        """The weights the F16 context prefills with: the target's own, or a copy in the
+        layout its prompts prefill fastest with (``TargetConfig.prefill_copy``)."""
         c = self.config
-        if c.repack or not c.repacked_prefill or not _room_for_a_copy(self.path):
+        if not c.prefill_copy:
+            return self.model
+        if c.prompt_kernels and prompt_kernels_available():
+            repack = prompts_prefer_repacked(self.path)
+        else:  # only repacking speeds a prompt up
+            repack = True
+        if repack is None or repack == c.repack:
+            return self.model
+        if repack and not _room_for_a_copy(self.path):  # plain weights are mmapped
             return self.model
         try:
-            self._prefill_model = NativeModel(self.path, repack=True)
+            self._prefill_model = NativeModel(self.path, repack=repack)
         except ModelLoadError as exc:
-            log.warning("prompts are prefilled with the exact kernels: %s", exc)
+            log.warning("prompts are prefilled with the target's own weights: %s", exc)
             return self.model
         return self._prefill_model
 
