@@ -4,6 +4,7 @@ every verification and one-token decode, and never on for another thread's decod
 
 from __future__ import annotations
 
+import platform
 import threading
 import time
 
@@ -13,6 +14,7 @@ import pytest
 from engine.decoding.generation import GenerationConfig, generate
 from engine.drafters.lookup import PromptLookupDrafter
 from engine.runtime.native import kernel_settings, prompt_kernels, prompt_kernels_available
+from engine.runtime.prompt_weights import prompts_prefer_repacked
 from engine.runtime.target import F16_PREFILL_MIN_TOKENS, Target, TargetConfig
 
 
@@ -113,3 +115,21 @@ def test_prompts_prefilled_here_take_the_prompt_kernels_and_answer_alike_again(
         again = generate(target, prompt, None, GenerationConfig(max_tokens=12))
     assert again.stats.n_prompt_reused == len(prompt)
     assert again.tokens == first.tokens
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+                    reason="the tiled matmul is x86's")
+def test_the_prompt_layout_follows_the_files_weight_types(model_path, f32_model_path,
+                                                          quantized):
+    """Q4_0 prompts are fastest repacked; a K-quant's through the tiled matmul, on plain
+    weights; floats do not care. A repacked Q4_K_M target gets a plain copy for its
+    prompts, an unrepacked Q4_0 one a repacked copy, a float one none."""
+    assert prompts_prefer_repacked(model_path) is True
+    assert prompts_prefer_repacked(quantized("q4_k_m")) is False
+    assert prompts_prefer_repacked(f32_model_path) is None
+    for path, repack, copy_repacked in ((quantized("q4_k_m"), True, False),
+                                        (model_path, False, True),
+                                        (f32_model_path, True, None)):
+        with Target(path, TargetConfig(n_ctx=512, n_threads=2, repack=repack)) as t:
+            copy = t._prefill_model
+            assert (copy.repack if copy is not None else None) == copy_repacked
