@@ -78,6 +78,7 @@ from engine.runtime.context_fit import DEFAULT_POLICY, FittedPrompt, fit_message
 from engine.runtime.hardware import HardwareProfile, check_device, default_threads, probe_hardware
 from engine.runtime.kv_cache import KV_MODES, KV_TRADE_OFF
 from engine.runtime.model_info import ModelInfo, read_model_info, read_vocab_facts
+from engine.runtime.native import prompt_kernels_available
 from engine.runtime.target import Target, TargetConfig
 from engine.workers.endpoints import listener_pid, parse_endpoint
 from engine.workers.handshake import WorkerInfo, probe_worker
@@ -235,6 +236,10 @@ class Engine:
                        else MAX_DRAFT)
                 self.max_draft = cap if ov.max_draft is None else ov.max_draft
             check_first_forward(target)
+            if not prompt_kernels_available():
+                self.notes.append("this llama.cpp build lacks Tandem's prompt-kernel switch "
+                                  "(packaging/llama-cpp/prompt-kernels.patch, applied by make "
+                                  "install): prompts are read with the exact kernels, slower")
             if target.template.completion:
                 # origin: "a base model, as its name or tags say base"
                 self.notes.append(f"{path.name} is {target.template.origin}: it continues "
