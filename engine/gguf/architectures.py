@@ -52,6 +52,8 @@ class TinyShape:
     ssm_v_heads: int = 4
     ssm_conv: int = 4
     attention_interval: int = 2
+    # lfm2's attention layers; empty: every other layer (the rest are convolutions).
+    lfm2_attention: tuple[int, ...] = ()
     # Next-token (MTP) blocks after the trunk (qwen35: one), as Qwen3.5's GGUFs carry.
     mtp_layers: int = 0
     # How much each layer adds to the residual stream (its output projections' scale). Near
@@ -76,6 +78,12 @@ REAL_SHAPES: dict[str, tuple[str, TinyShape]] = {
                                             n_kv_heads=2, ffn=6144, key_length=256,
                                             ssm_state=128, ssm_k_heads=16, ssm_v_heads=16,
                                             attention_interval=4, context=32768)),
+    "qwen2.5-1.5b": ("qwen2", TinyShape(hidden=1536, n_layers=28, n_heads=12, n_kv_heads=2,
+                                        ffn=8960, context=32768)),
+    # LFM2-1.2B: 10 short-convolution layers, 6 attention ones (full_attn_idxs).
+    "lfm2-1.2b": ("lfm2", TinyShape(hidden=2048, n_layers=16, n_heads=32, n_kv_heads=8,
+                                    ffn=8192, context=128000,
+                                    lfm2_attention=(2, 5, 8, 10, 12, 14))),
 }
 
 
@@ -159,7 +167,7 @@ def _layers(arch: str, s: TinyShape) -> list[Tensor]:
                     (b + "ffn_down.weight", (s.hidden, s.ffn), "matrix")]
         elif arch == "lfm2":
             out.append(_norm(b + "ffn_norm.weight", s))
-            if _lfm2_attention(i):
+            if _lfm2_attention(i, s):
                 out += _attention(b, s, q_norm=True)
             else:
                 out += [(b + "shortconv.conv.weight", (s.hidden, LFM2_CONV), "conv"),
@@ -188,8 +196,8 @@ LFM2_CONV = 3
 QWEN35_ROPE = 64  # rotary dimensions (a quarter of a 256 head, as Qwen3-Next)
 
 
-def _lfm2_attention(i: int) -> bool:
-    return i % 2 == 1
+def _lfm2_attention(i: int, s: TinyShape) -> bool:
+    return i in s.lfm2_attention if s.lfm2_attention else i % 2 == 1
 
 
 def _qwen35_attention(i: int, s: TinyShape) -> bool:
@@ -247,7 +255,7 @@ def _write_keys(writer, arch: str, s: TinyShape) -> None:  # noqa: ANN001 - gguf
     writer.add_feed_forward_length(s.ffn)
     writer.add_head_count(s.n_heads)
     if arch == "lfm2":
-        writer.add_head_count_kv([s.n_kv_heads if _lfm2_attention(i) else 0
+        writer.add_head_count_kv([s.n_kv_heads if _lfm2_attention(i, s) else 0
                                   for i in range(s.n_layers)])
         writer.add_shortconv_l_cache(LFM2_CONV)
     else:
