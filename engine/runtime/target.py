@@ -394,6 +394,7 @@ class Target:
         self.ctx.kv_clear()
         kept, self.tokens = list(kept), []
         self.n_parked = 0
+        self._last_prefills = []  # their cells are evaluated anew, maybe in other chunks
         if kept:
             self._evaluate_cells_only(kept)
 
