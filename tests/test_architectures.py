@@ -329,3 +329,31 @@ def test_an_eagle3_head_drafts_losslessly_or_is_refused_with_the_reason(
                 assert not out.stats.fallback
         finally:
             drafter.close()
+
+
+def test_lfm2_takes_its_attention_layers_where_the_shape_puts_them(model_path: Path,
+                                                                   tmp_path: Path) -> None:
+    """LFM2-1.2B's attention sits at layers 2, 5, 8, 10, 12 and 14 (``REAL_SHAPES``); a
+    tiny model with its own list loads, reads the KV heads per layer, and drafts from a
+    memory of its answer are accepted with the output plain decoding's."""
+    from gguf import GGUFReader
+
+    from engine.gguf.architectures import REAL_SHAPES
+
+    arch, real = REAL_SHAPES["lfm2-1.2b"]
+    assert arch == "lfm2" and len(real.lfm2_attention) == 6
+    shape = TinyShape(n_layers=5, lfm2_attention=(0, 3))
+    path = write_architecture_gguf("lfm2", tmp_path / "lfm2.gguf", model_path, shape=shape)
+    kv_heads = GGUFReader(path).fields["lfm2.attention.head_count_kv"].contents()
+    assert kv_heads == [2, 0, 0, 2, 0]
+    config = GenerationConfig(N_NEW, max_draft=16)
+    with Target(path, TargetConfig(n_ctx=512, n_threads=2)) as target:
+        prompt = target.tokenize(PROMPTS[1], special=False)
+        plain = generate(target, prompt, None, config).tokens
+        memory = SuffixIndex()
+        memory.insert(prompt + _perturbed(plain, 7, 1))
+        target.reset()
+        out = generate(target, prompt, MemoryDrafter(memory), config,
+                       cost=VerifyCostModel(slope=0.0, learn=False), remember=False)
+    assert out.tokens == plain
+    assert sum(s.n_accepted for s in out.stats.steps) >= N_NEW // 3  # drafts were taken
