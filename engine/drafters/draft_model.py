@@ -32,10 +32,11 @@ import numpy as np
 
 from engine.drafters.base import Drafter
 from engine.runtime.draft_tree import DraftTree
-from engine.runtime.native import NativeBatch, NativeContext, NativeModel
+from engine.runtime.native import NativeBatch, NativeContext, NativeModel, prompt_kernels
 from engine.runtime.sequences import common_prefix_length
 
 PREFILL_BATCH = 256  # tokens the draft model evaluates per decode when catching up
+MAX_STEP_TOKENS = 32  # more than a step commits: a prompt
 
 
 @dataclass(frozen=True)
@@ -268,7 +269,10 @@ class DraftModelDrafter(Drafter):
     def _catch_up(self) -> np.ndarray:
         """Evaluate the committed tokens the cache lacks; the scores after the last."""
         pending = self.context[len(self.cached):]
-        logits = self._eval(pending, len(self.cached), 0)[-1]
+        # A prompt goes through the prompt kernels (these logits only draft); a step's
+        # few tokens do not, so a verification on another thread never waits for them.
+        with prompt_kernels(len(pending) > MAX_STEP_TOKENS):
+            logits = self._eval(pending, len(self.cached), 0)[-1]
         self.cached = list(self.context)
         return logits
 

@@ -25,7 +25,7 @@ import numpy as np
 from engine.drafters.base import Drafter
 from engine.errors import ClosedError
 from engine.runtime.draft_tree import DraftTree
-from engine.runtime.native import NativeContext, NativeExtBatch
+from engine.runtime.native import NativeContext, NativeExtBatch, prompt_kernels
 
 if TYPE_CHECKING:
     from engine.runtime.target import Target
@@ -122,7 +122,9 @@ class NativeHeadDrafter(Drafter):
         self._tokens = list(context)
         self._n_cached = 0
         self._seed = None
-        self._append(first, features, context[first + 1:])
+        # The prompt's entries through the prompt kernels: the block's outputs only draft.
+        with prompt_kernels(len(features) > 1):
+            self._append(first, features, context[first + 1:])
 
     def accept(self, new_tokens: list[int], features: np.ndarray | None) -> None:
         if features is None:
