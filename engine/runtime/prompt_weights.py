@@ -12,7 +12,7 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 
 from engine.gguf.header import read_tensor_infos
 
@@ -40,11 +40,7 @@ def _weight_bytes(path: Path) -> dict[GGMLQuantizationType, int]:
             kind = GGMLQuantizationType(info.ggml_type)
         except ValueError:
             continue
-        block, size = GGML_QUANT_SIZES[kind]
-        n = 1
-        for d in info.dims:
-            n *= d
-        totals[kind] = totals.get(kind, 0) + n // block * size
+        totals[kind] = totals.get(kind, 0) + info.n_bytes
     return totals
 
 

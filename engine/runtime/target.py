@@ -225,16 +225,19 @@ class Target:
                 log.warning("F16 prefill off, prompts are prefilled in the Q8_0 cache: %s",
                             exc)
 
+    @property
+    def _fast_prompts(self) -> bool:
+        """Whether prompts are read with the prompt kernels (asked for, and built in)."""
+        return self.config.prompt_kernels and prompt_kernels_available()
+
     def _open_prefill_model(self) -> NativeModel:
         """The weights the F16 context prefills with: the target's own, or a copy in the
         layout its prompts prefill fastest with (``TargetConfig.prefill_copy``)."""
         c = self.config
         if not c.prefill_copy:
             return self.model
-        if c.prompt_kernels and prompt_kernels_available():
-            repack = prompts_prefer_repacked(self.path)
-        else:  # only repacking speeds a prompt up
-            repack = True
+        # Without the prompt kernels only repacking speeds a prompt up.
+        repack = prompts_prefer_repacked(self.path) if self._fast_prompts else True
         if repack is None or repack == c.repack:
             return self.model
         if repack and not _room_for_a_copy(self.path):  # plain weights are mmapped
@@ -485,7 +488,7 @@ class Target:
             features = features if self._ctx.embeddings else None
             self._remember_prefill(prompt, logits, features)
             return Prefill(logits=logits, features=features, n_reused=n_keep)
-        fast = self.config.prompt_kernels and prompt_kernels_available()
+        fast = self._fast_prompts
         if self.ctx.embeddings and (self.config.max_batch is not None or fast):
             # Kernels exact only in short batches (repacked K-quants), or the prompt
             # kernels: the prompt goes in plain decoding's chunks and kernels, so its
