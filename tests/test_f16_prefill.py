@@ -252,6 +252,10 @@ def test_rotation_and_quantization_reference():
     h = kv_transfer.hadamard(64)
     assert np.allclose(h @ h, np.eye(64), atol=1e-6) and np.allclose(h, h.T)
     assert [kv_transfer.rotation_size(d) for d in (64, 96, 128, 192, 256)] == [64, 0, 128, 64, 256]
+    rows = np.random.default_rng(1).normal(size=(7, 512)).astype(np.float32)
+    for block in (64, 128, 256, 512):  # the factored rotation is the block's product
+        whole = (rows.reshape(-1, block) @ kv_transfer.hadamard(block)).reshape(rows.shape)
+        np.testing.assert_allclose(kv_transfer.rotate_blocks(rows, block), whole, atol=1e-5)
     x = np.random.default_rng(0).normal(size=(5, 64)).astype(np.float32)
     packed = quantize(x, GGMLQuantizationType.Q8_0)  # gguf's reference, the fallback
     assert packed.shape == (5, 68)

@@ -26,6 +26,8 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 
 import numpy as np
@@ -53,6 +55,39 @@ def hadamard(n: int) -> np.ndarray:
     return (h / np.sqrt(n)).astype(np.float32)
 
 
+def rotate_blocks(rows: np.ndarray, block: int, out: np.ndarray | None = None) -> np.ndarray:
+    """``rows`` times ``hadamard(block)`` over each block of ``block`` values, as two
+    small products: Sylvester's H(a*16) is H(a) (x) H(16), so a block seen as an a x 16
+    matrix X becomes H(a) X H(16). A sixth of the multiplications of one block x block
+    product, 2.4x faster at block 128. ``out`` (rows' shape, float32) may be ``rows``."""
+    inner = min(block, 16)
+    outer = block // inner
+    mixed = _scratch("rotate", rows.shape).reshape(-1, inner)
+    np.matmul(rows.reshape(-1, inner), hadamard(inner), out=mixed)
+    if out is None:
+        out = np.empty(rows.shape, dtype=np.float32)
+    blocks = out.reshape(-1, outer, inner)
+    if outer > 1:
+        np.matmul(hadamard(outer), mixed.reshape(-1, outer, inner), out=blocks)
+    else:
+        blocks[...] = mixed.reshape(blocks.shape)
+    return out
+
+
+_per_thread = threading.local()
+
+
+def _scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A float32 array of ``shape`` this thread reuses: a fresh one per layer faulted in
+    new pages (~1 ms a layer at a 1.7B shape, more than its rotation)."""
+    size = int(np.prod(shape))
+    buffer = getattr(_per_thread, name, None)
+    if buffer is None or buffer.size < size:
+        buffer = np.empty(size, dtype=np.float32)
+        setattr(_per_thread, name, buffer)
+    return buffer[:size].reshape(shape)
+
+
 def rotation_size(head_dim: int) -> int:
     """The block llama.cpp rotates a quantized K over: the largest power of two >= 64
     dividing the head size; 0 when it does not rotate (head size not a multiple of 64)."""
@@ -64,9 +99,12 @@ def rotation_size(head_dim: int) -> int:
     return n
 
 
-def _f16_to_f32(x: np.ndarray) -> np.ndarray:
+def _f16_to_f32(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     kernels = ggml_row_kernels()
-    return kernels.f16_to_f32(x) if kernels else x.astype(np.float32)
+    if kernels:
+        return kernels.f16_to_f32(x, out)
+    out[...] = x
+    return out
 
 
 def _quantize_q8_0(x: np.ndarray) -> np.ndarray:
@@ -153,6 +191,21 @@ def _f16_to_q8_0_keys(blob: bytes | np.ndarray, n_head_kv: int, rotate: bool,
         _one_cache(read, n_head_kv, rotate, out)
 
 
+@cache
+def _converter() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(2, thread_name_prefix="kv-move")
+
+
+def _layer_keys(f16_keys: np.ndarray, n_head_kv: int, rotate: bool) -> np.ndarray:
+    """One layer's F16 K rows as llama.cpp stores them quantized: rotated, Q8_0."""
+    keys = _f16_to_f32(f16_keys, _scratch("keys", f16_keys.shape))
+    width = keys.shape[1]
+    if width % _Q8_BLOCK or width % n_head_kv:
+        raise StateFormatError(f"K rows of {width} values for {n_head_kv} heads")
+    block = rotation_size(width // n_head_kv) if rotate else 0
+    return _quantize_q8_0(rotate_blocks(keys, block, out=keys) if block else keys)
+
+
 def _one_cache(read: _Reader, n_head_kv: int, rotate: bool, out: _Writer) -> None:
     """One cache's part of the blob, K rewritten."""
     n_stream, n_cells = read.take("<II")
@@ -166,18 +219,16 @@ def _one_cache(read: _Reader, n_head_kv: int, rotate: bool, out: _Writer) -> Non
         raise StateFormatError("a transposed V cache (flash attention off)")
     for part in (struct.pack("<II", 1, n_cells), meta, struct.pack("<II", 0, n_layer)):
         out.put(part)
+    layers = []
     for _ in range(n_layer):
         k_type, row_bytes = read.take("<iQ")
         if k_type != _F16:
             raise StateFormatError(f"K of ggml type {k_type}, not F16")
-        keys = _f16_to_f32(read.rows(n_cells, row_bytes).view(np.float16))
-        width = keys.shape[1]
-        if width % _Q8_BLOCK or width % n_head_kv:
-            raise StateFormatError(f"K rows of {width} values for {n_head_kv} heads")
-        block = rotation_size(width // n_head_kv) if rotate else 0
-        if block:
-            keys = (keys.reshape(-1, block) @ hadamard(block)).reshape(keys.shape)
-        packed = _quantize_q8_0(keys)
+        layers.append(read.rows(n_cells, row_bytes).view(np.float16))
+    # Layers convert on both cores (numpy and ggml's kernels release the GIL) and are
+    # written in order. In place that is safe: a layer's bytes are written only after
+    # its conversion copied them, and never over a later layer's.
+    for packed in _converter().map(lambda k: _layer_keys(k, n_head_kv, rotate), layers):
         out.put(struct.pack("<iQ", _Q8_0, packed.shape[1]))
         out.put(packed)
     for _ in range(n_layer):

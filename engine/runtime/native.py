@@ -93,9 +93,12 @@ class GgmlRowKernels:
         self._q8_0.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         self._q8_0.restype = None
 
-    def f16_to_f32(self, x: np.ndarray) -> np.ndarray:
+    def f16_to_f32(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float16)
-        out = np.empty(x.shape, dtype=np.float32)
+        if out is None:
+            out = np.empty(x.shape, dtype=np.float32)
+        elif out.shape != x.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError("out must be a contiguous float32 array of x's shape")
         self._to_f32(x.ctypes.data, out.ctypes.data, x.size)
         return out
 
