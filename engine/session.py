@@ -73,6 +73,7 @@ from engine.planning.planner import (
     Plan,
     choose_plan,
 )
+from engine.runtime.architecture import RS_ROLLBACK_TOKENS
 from engine.runtime.chat_template import OWN_TEMPLATE
 from engine.runtime.context_fit import DEFAULT_POLICY, FittedPrompt, fit_messages
 from engine.runtime.hardware import HardwareProfile, check_device, default_threads, probe_hardware
@@ -251,6 +252,8 @@ class Engine:
                 self.max_draft = min(self.max_draft, target.max_draft)
             self.memory = self._open_memory() if spec.name not in ("none", "lookup") else None
             self.drafter: Drafter | None
+            # Before the drafter opens: its contexts may hold the target's.
+            target.set_state_snapshots(0 if spec.name == "none" else self.max_draft)
             self.drafter, notes = open_drafter(spec, target, self.model.fingerprint,
                                                self.memory)
             self.notes += notes
@@ -627,12 +630,27 @@ class Engine:
         self.plan = plan
         self.target = self._open_target(self._target_config, plan.target_gpu_layers,
                                         self.target)
-        spec = self._planned_spec()
-        if spec.name not in ("none", "lookup") and self.memory is None:
-            self.memory = self._open_memory()
+        self._attach_planned_drafter()
+        self._log_plan(why)
+        log.info("plan changed to %s: %s", plan.layout_text(), why)
+
+    def _detach_drafter(self) -> None:
         old, self.drafter = self.drafter, None
         if old is not None:
             old.close()
+
+    def _attach_planned_drafter(self) -> None:
+        """The plan's drafter and budget, in place of the drafter in use."""
+        spec = self._planned_spec()
+        if spec.name not in ("none", "lookup") and self.memory is None:
+            self.memory = self._open_memory()
+        self._detach_drafter()
+        # A hybrid's recurrent state keeps snapshots for the longest draft that may come,
+        # none without drafts: every decode writes each one, so auto drafting nothing, or
+        # 2 tokens from memory, would pay for 8. Set before the drafter opens: its
+        # contexts may hold the target's.
+        self.target.set_state_snapshots(
+            0 if spec.name == "none" else self._planned_max_draft(spec))
         self.drafter, notes = open_drafter(spec, self.target, self.model.fingerprint,
                                            self.memory)
         self.notes += notes
@@ -640,8 +658,6 @@ class Engine:
         if self.target.max_draft is not None:
             self.max_draft = min(self.max_draft, self.target.max_draft)
         self._drafter_changed()
-        self._log_plan(why)
-        log.info("plan changed to %s: %s", plan.layout_text(), why)
 
     def _check_plan(self, result: GenerationResult) -> None:
         if self.plan_check is None:
@@ -669,11 +685,20 @@ class Engine:
         say = progress or (lambda _msg: None)
         on_cpu = self.target.n_gpu_layers == 0
         target = self.target if on_cpu else Target(self.model.path, self._target_config)
+        # Verifications are measured with every snapshot a plan may keep: a hybrid
+        # keeping fewer takes them up, without its drafter (which may hold its context).
+        refit = on_cpu and target.arch.rs_rollback and \
+            target.state_snapshots < RS_ROLLBACK_TOKENS
+        if refit:
+            self._detach_drafter()
+            target.set_state_snapshots(RS_ROLLBACK_TOKENS)
         try:
             costs = self._measure(target, self._target_config, say)
         finally:
             if not on_cpu:
                 target.close()
+            if refit:  # the plan in use, until a new one replaces it
+                self._attach_planned_drafter()
         if costs.provisional:
             return False
         CalibrationCache(self._cache_dir()).put(self._cache_key, costs)

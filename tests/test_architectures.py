@@ -205,6 +205,52 @@ def test_a_plain_only_target_keeps_no_state_snapshots(tiny_models: dict[str, Pat
         assert target.max_draft is None
 
 
+def test_a_hybrid_drops_and_takes_up_state_snapshots_keeping_its_cache(
+        tiny_models: dict[str, Path]) -> None:
+    """Snapshots switched off and on between answers: the cells stay (the next answer
+    continues as if nothing changed), drafts are taken only while snapshots are kept,
+    and then they still equal plain decoding."""
+    gen = GenerationConfig(12)
+    with Target(tiny_models["qwen35"], TargetConfig(n_ctx=256, n_threads=2)) as target:
+        prompt = target.tokenize(PROMPTS[0], special=False)
+        first = generate(target, prompt, None, gen).tokens
+        follow = prompt + first + target.tokenize(" and then", special=False)
+        unswitched = generate(target, follow, None, gen).tokens
+        target.reset()
+        generate(target, prompt, None, gen)
+        target.set_state_snapshots(0)
+        assert target.state_snapshots == 0 and target.max_draft == 0
+        assert target.n_past == len(prompt) + len(first) - 1  # the last token is not cached
+        switched = generate(target, follow, None, gen)
+        assert switched.tokens == unswitched and switched.stats.n_prompt_reused >= len(prompt)
+        target.set_state_snapshots(3)  # drafts of up to 3 tokens
+        assert target.state_snapshots == 3 and target.max_draft == 3
+        assert _memory_drafts_equal_plain(target, PROMPTS[1]) > 4
+
+
+def test_auto_that_drafts_nothing_keeps_no_state_snapshots(tiny_models: dict[str, Path],
+                                                           tmp_path: Path) -> None:
+    from engine.planning.planner import Overrides
+    from engine.session import Engine, EngineConfig
+
+    config = EngineConfig(model_path=tiny_models["qwen35"], drafter="auto", n_ctx=1024,
+                          n_threads=2, cache_dir=tmp_path, memory_dir=tmp_path,
+                          overrides=Overrides(drafter="none"))
+    with Engine(config) as engine:
+        assert engine.drafter_name == "none"
+        assert engine.target.state_snapshots == 0
+    config = replace(config, overrides=Overrides(drafter="memory", max_draft=2))
+    with Engine(config) as engine:  # snapshots for the drafts it may take back
+        assert engine.drafter_name == "memory" and engine.max_draft == 2
+        assert engine.target.state_snapshots == 2
+        engine.remeasure()  # measured with all of them, then back to the plan's
+        assert engine.drafter_name == "memory" and engine.target.state_snapshots == 2
+        prompt = engine.target.tokenize(PROMPTS[0], special=False)
+        plain = generate(engine.target, prompt, None, GenerationConfig(12)).tokens
+        engine.target.reset()
+        assert engine.generate(prompt, GenerationConfig(12)).tokens == plain
+
+
 @pytest.mark.parametrize("arch", ["gemma3", "gpt-oss"])
 def test_a_sliding_window_cache_keeps_its_cells_across_a_dropped_span(
         arch: str, tiny_models: dict[str, Path]) -> None:

@@ -179,18 +179,10 @@ class Target:
             # Recurrent state is kept per sequence and per snapshot: a chain-only target
             # needs sequence 0 (and one spare), and snapshots for the longest draft.
             n_seq_max = self.config.n_seq_max if self.arch.trees else 2
-            self._snapshots = self.arch.rs_rollback and self.config.state_snapshots
-            self._ctx = NativeContext(self.model, n_ctx=n_ctx, n_batch=self.config.n_batch,
-                                      n_seq_max=n_seq_max,
-                                      n_rs_seq=RS_ROLLBACK_TOKENS if self._snapshots
-                                      else 0,
-                                      n_threads=self.n_threads,
-                                      embeddings=self.config.features,
-                                      type_k=self.config.type_k,
-                                      type_v=self.config.type_v,
-                                      unified_kv=self.config.unified_kv,
-                                      flash_attn=self.config.flash_attn,
-                                      op_offload=self._op_offload())
+            # Tokens of recurrent state kept to take back (llama.cpp's n_rs_seq).
+            self._snapshots = RS_ROLLBACK_TOKENS if (self.arch.rs_rollback and
+                                                     self.config.state_snapshots) else 0
+            self._ctx = self._decoding_context(n_ctx, n_seq_max)
             self.batch = NativeBatch(self.config.n_batch, n_seq_max)
         except BaseException:
             self.model.close()
@@ -224,6 +216,57 @@ class Target:
                 self.f16_prefill_off = f"no memory for it: {exc}"
                 log.warning("F16 prefill off, prompts are prefilled in the Q8_0 cache: %s",
                             exc)
+
+    def _decoding_context(self, n_ctx: int, n_seq_max: int) -> NativeContext:
+        return NativeContext(self.model, n_ctx=n_ctx, n_batch=self.config.n_batch,
+                             n_seq_max=n_seq_max,
+                             n_rs_seq=self._snapshots,
+                             n_threads=self.n_threads,
+                             embeddings=self.config.features,
+                             type_k=self.config.type_k,
+                             type_v=self.config.type_v,
+                             unified_kv=self.config.unified_kv,
+                             flash_attn=self.config.flash_attn,
+                             op_offload=self._op_offload())
+
+    @property
+    def state_snapshots(self) -> int:
+        """How many tokens of recurrent state can be taken back (0: none kept)."""
+        return self._snapshots
+
+    def set_state_snapshots(self, tokens: int) -> None:
+        """Keep snapshots of recurrent state for the last ``tokens`` tokens (at most
+        ``RS_ROLLBACK_TOKENS``), or none. Every decode writes each snapshot's short-
+        convolution state, so a hybrid pays for the longest draft it may take back: none
+        when it drafts nothing, 2 for memory drafts of 2. Switched between answers: a new
+        decoding context takes the sequence's cells (llama.cpp's sequence state is the
+        same with or without snapshots), ~0.1 s. Only with no drafter attached: feature
+        settings go back to their defaults. Raises ModelLoadError (no memory for it)."""
+        tokens = max(0, min(tokens, RS_ROLLBACK_TOKENS)) if self.arch.rs_rollback else 0
+        if tokens == self._snapshots:
+            return
+        self._settle()
+        if self.n_parked:  # parked cells are a tree's: sequence 0 alone moves
+            self.ctx.kv_remove(self.park_seq, -1, -1)
+            self.n_parked = 0
+        cells = self._ctx.state_seq_array(0) if self.tokens else None
+        embeddings = self._ctx.embeddings
+        kept, self._snapshots = self._snapshots, tokens
+        try:
+            fresh = self._decoding_context(self._ctx.n_ctx, self.batch.n_seq_max)
+        except BaseException:
+            self._snapshots = kept
+            raise
+        self._ctx.close()
+        self._ctx = fresh
+        fresh.set_embeddings(embeddings)
+        if cells is not None:
+            try:
+                fresh.state_seq_set(0, cells)
+            except NativeError:  # cells of a context like this one: not expected
+                log.warning("the cache could not follow the new context: evaluated again")
+                kept, self.tokens = self.tokens, []
+                self._evaluate_again(kept)
 
     @property
     def _fast_prompts(self) -> bool:
@@ -318,7 +361,9 @@ class Target:
         if self.arch.has_state and not self._snapshots:
             return 0
         limits = [m for m in (self.arch.max_draft, self.config.max_batch and
-                              self.config.max_batch - 1) if m is not None]
+                              self.config.max_batch - 1,
+                              self._snapshots if self.arch.rs_rollback else None)
+                  if m is not None]
         return min(limits) if limits else None
 
     @property
