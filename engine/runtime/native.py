@@ -794,13 +794,16 @@ class NativeContext:
         """llama.cpp's serialized cells of one sequence (engine.runtime.kv_transfer reads it)."""
         return self.state_seq_array(seq_id).tobytes()
 
-    def state_seq_array(self, seq_id: int) -> np.ndarray:
+    def state_seq_array(self, seq_id: int, into: np.ndarray | None = None) -> np.ndarray:
         """``state_seq_get`` as a uint8 array, with no copy. A fresh ``bytes`` (or a ctypes
         array) of a 680-token prompt's 76 MB at a 1.7B shape took ~200 ms to touch page by
-        page; numpy's large arrays get huge pages (10-20 ms)."""
+        page; numpy's large arrays get huge pages (10-20 ms, ~100 ms where the kernel must
+        compact memory for them first). ``into``: a uint8 array to write it in when it is
+        big enough (the result is a view of it)."""
         mark = _log_mark()
         size = int(llama_cpp.llama_state_seq_get_size(self.handle, seq_id))
-        buffer = np.empty(size, dtype=np.uint8)
+        buffer = into if into is not None and into.size >= size and into.dtype == np.uint8 \
+            else np.empty(size, dtype=np.uint8)
         written = int(llama_cpp.llama_state_seq_get_data(
             self.handle, buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, seq_id))
         if not written:
