@@ -36,6 +36,7 @@ EXPECTED = {
     "qwen35": ("hybrid", False, 8, True),
     "lfm2": ("hybrid", False, 8, True),
     "phi3": ("KV", True, None, False),
+    "glm4moe": ("KV", True, None, False),
 }
 PROMPTS = ("The lighthouse keeper wrote in his log every evening: the weather, the ships",
            "Count with me: one two three four five six seven eight nine ten eleven")

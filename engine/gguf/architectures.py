@@ -3,7 +3,7 @@
 llama.cpp loads a file only when every tensor it asks for is there with its exact shape and
 no other tensor is (``wrong number of tensors``), and every key has its exact type. These
 layouts follow the vendored llama.cpp's loaders (``src/models/<arch>.cpp``): attention with
-q/k norms (qwen3), mixtures of experts (qwen3moe, gpt-oss), sliding windows (gemma3,
+q/k norms (qwen3), mixtures of experts (qwen3moe, gpt-oss, glm4moe), sliding windows (gemma3,
 gpt-oss), short convolutions (lfm2) and gated delta nets (qwen35) beside attention, fused
 q/k/v and gate/up (phi3). Sizes are tiny (a few MB besides the vocabulary) so a test loads
 and decodes one in well under a second; weights are random F32 that keep activations near
@@ -23,7 +23,9 @@ import numpy as np
 from engine.gguf.synthetic import copy_tokenizer
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss", "qwen35", "lfm2",
-                 "phi3")
+                 "phi3", "glm4moe")
+# Architectures whose GGUFs may carry next-token (MTP) blocks Tandem can write.
+MTP_LAYOUTS = ("qwen35", "glm4moe")
 # Recurrent without state snapshots: loads and decodes, cannot take back a draft.
 PLAIN_ONLY_ARCHITECTURES = ("mamba",)
 
@@ -54,7 +56,7 @@ class TinyShape:
     attention_interval: int = 2
     # lfm2's attention layers; empty: every other layer (the rest are convolutions).
     lfm2_attention: tuple[int, ...] = ()
-    # Next-token (MTP) blocks after the trunk (qwen35: one), as Qwen3.5's GGUFs carry.
+    # Next-token (MTP) blocks after the trunk (one; qwen35, glm4moe), as their GGUFs carry.
     mtp_layers: int = 0
     # How much each layer adds to the residual stream (its output projections' scale). Near
     # 0 the next token is mostly the current one, which an MTP block built to guess that
@@ -108,15 +110,44 @@ def _ffn(b: str, s: TinyShape) -> list[Tensor]:
             (b + "ffn_down.weight", (s.hidden, s.ffn), "matrix")]
 
 
-def _mtp_block(i: int, s: TinyShape) -> list[Tensor]:
-    """qwen35's next-token block ``blk.i``: eh_proj fuses the token's embedding with the
-    trunk's last hidden state, then one gated attention layer and a dense FFN; embedding,
-    LM head and final norm are the trunk's (the optional ``nextn.*`` copies left out)."""
+def _mtp_block(arch: str, i: int, s: TinyShape) -> list[Tensor]:
+    """The next-token block ``blk.i``: eh_proj fuses the token's embedding with the
+    trunk's last hidden state, then one layer like the trunk's (qwen35: gated attention
+    and a dense FFN; glm4moe: attention with biases and experts); embedding, LM head and
+    final norm are the trunk's (the optional ``nextn.*`` copies left out)."""
     b = f"blk.{i}."
-    return ([_norm(b + "attn_norm.weight", s), _norm(b + "post_attention_norm.weight", s)]
-            + _attention(b, s, q_norm=True, q_rows=2 * s.n_heads * s.head_dim) + _ffn(b, s)
-            + [(b + "nextn.eh_proj.weight", (s.hidden, 2 * s.hidden), "echo"),
-               _norm(b + "nextn.enorm.weight", s), _norm(b + "nextn.hnorm.weight", s)])
+    if arch == "qwen35":
+        layer = ([_norm(b + "attn_norm.weight", s), _norm(b + "post_attention_norm.weight", s)]
+                 + _attention(b, s, q_norm=True, q_rows=2 * s.n_heads * s.head_dim)
+                 + _ffn(b, s))
+    else:
+        layer = _glm4moe_layer(i, s)
+    return layer + [(b + "nextn.eh_proj.weight", (s.hidden, 2 * s.hidden), "echo"),
+                    _norm(b + "nextn.enorm.weight", s), _norm(b + "nextn.hnorm.weight", s)]
+
+
+# glm4moe (GLM-4.5): the first layer dense, the rest experts with one shared expert.
+GLM4MOE_DENSE_LEAD = 1
+
+
+def _glm4moe_layer(i: int, s: TinyShape) -> list[Tensor]:
+    """GLM-4.5's layer: attention with q/k/v biases, a post-attention norm, then a dense
+    FFN (the leading layers) or sigmoid-routed experts with their score bias and a shared
+    expert (src/models/glm4-moe.cpp)."""
+    b = f"blk.{i}."
+    kv = s.n_kv_heads * s.head_dim
+    out = [_norm(b + "attn_norm.weight", s)] + _attention(b, s, q_norm=False)
+    out += [(b + "attn_q.bias", (s.n_heads * s.head_dim,), "zeros"),
+            (b + "attn_k.bias", (kv,), "zeros"), (b + "attn_v.bias", (kv,), "zeros"),
+            _norm(b + "post_attention_norm.weight", s)]
+    if i < GLM4MOE_DENSE_LEAD:
+        return out + _ffn(b, s)
+    f = s.expert_ffn
+    return out + _experts(b, s, biases=False) + [
+        (b + "exp_probs_b.bias", (s.n_experts,), "zeros"),
+        (b + "ffn_gate_shexp.weight", (f, s.hidden), "matrix"),
+        (b + "ffn_up_shexp.weight", (f, s.hidden), "matrix"),
+        (b + "ffn_down_shexp.weight", (s.hidden, f), "matrix")]
 
 
 def _experts(b: str, s: TinyShape, biases: bool) -> list[Tensor]:
@@ -141,6 +172,9 @@ def _layers(arch: str, s: TinyShape) -> list[Tensor]:
     out: list[Tensor] = []
     for i in range(s.n_layers):
         b = f"blk.{i}."
+        if arch == "glm4moe":
+            out += _glm4moe_layer(i, s)
+            continue
         out.append(_norm(b + "attn_norm.weight", s))
         if arch in ("llama", "qwen2", "qwen3"):
             out += _attention(b, s, q_norm=arch == "qwen3") + [_norm(b + "ffn_norm.weight", s)]
@@ -239,12 +273,14 @@ def tensor_layout(arch: str, s: TinyShape, n_vocab: int) -> list[Tensor]:
     layers = _layers(arch, s)
     final_norm = "token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight"
     out = [("token_embd.weight", (n_vocab, s.hidden), "matrix"), _norm(final_norm, s)]
-    if arch == "gpt-oss":  # the only one here without tied embeddings
+    if arch == "gpt-oss":  # without tied embeddings
         out.append(("output.weight", (n_vocab, s.hidden), "matrix"))
+    if arch == "glm4moe":  # its own LM head, here the embeddings' values (see "tied")
+        out.append(("output.weight", (n_vocab, s.hidden), "tied"))
     if s.mtp_layers:
-        if arch != "qwen35" or s.mtp_layers != 1:
-            raise ValueError("next-token (MTP) blocks: one, on qwen35 only")
-        layers += _mtp_block(s.n_layers, s)
+        if arch not in MTP_LAYOUTS or s.mtp_layers != 1:
+            raise ValueError(f"next-token (MTP) blocks: one, on {', '.join(MTP_LAYOUTS)} only")
+        layers += _mtp_block(arch, s.n_layers, s)
     return out + layers
 
 
@@ -262,10 +298,19 @@ def _write_keys(writer, arch: str, s: TinyShape) -> None:  # noqa: ANN001 - gguf
         writer.add_head_count_kv(s.n_kv_heads)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_freq_base(10000.0)
-    if arch in ("qwen3moe", "gpt-oss"):
+    if arch in ("qwen3moe", "gpt-oss", "glm4moe"):
         writer.add_expert_count(s.n_experts)
         writer.add_expert_used_count(s.n_experts_used)
         writer.add_expert_feed_forward_length(s.expert_ffn)
+    if arch == "glm4moe":
+        from gguf import ExpertGatingFuncType
+
+        writer.add_expert_shared_count(1)
+        writer.add_leading_dense_block_count(GLM4MOE_DENSE_LEAD)
+        writer.add_expert_weights_norm(True)
+        writer.add_expert_weights_scale(1.0)
+        writer.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
+        writer.add_rope_dimension_count(s.head_dim // 2)  # GLM-4.5 rotates half a head
     if arch in ("gemma3", "gpt-oss"):
         writer.add_sliding_window(s.window)
         writer.add_sliding_window_pattern(s.window_pattern)
@@ -294,7 +339,8 @@ def _write_keys(writer, arch: str, s: TinyShape) -> None:  # noqa: ANN001 - gguf
 
 # Projections back into the residual stream: ``damp`` scales them.
 _OUTPUT_PROJECTIONS = ("attn_output.weight", "ffn_down.weight", "ssm_out.weight",
-                       "shortconv.out_proj.weight", "ffn_down_exps.weight")
+                       "shortconv.out_proj.weight", "ffn_down_exps.weight",
+                       "ffn_down_shexp.weight")
 
 
 def _fill(kind: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -338,8 +384,13 @@ def write_architecture_gguf(arch: str, path: Path, tokenizer_from: Path,
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
+    embeddings = None
     for done, (tensor_name, dims, kind) in enumerate(layout, 1):
-        data = _fill(kind, dims, rng)
+        # "tied": an LM head with the embeddings' values, so a damped model says its last
+        # token again, as tied ones do (tests need drafts that are accepted).
+        data = embeddings if kind == "tied" else _fill(kind, dims, rng)
+        if tensor_name == "token_embd.weight":
+            embeddings = data
         if s.damp != 1.0 and tensor_name.endswith(_OUTPUT_PROJECTIONS):
             data *= np.float32(s.damp)
         writer.write_tensor_data(data)
