@@ -37,6 +37,7 @@ EXPECTED = {
     "lfm2": ("hybrid", False, 8, True),
     "phi3": ("KV", True, None, False),
     "glm4moe": ("KV", True, None, False),
+    "deepseek2": ("KV", True, None, False),
 }
 PROMPTS = ("The lighthouse keeper wrote in his log every evening: the weather, the ships",
            "Count with me: one two three four five six seven eight nine ten eleven")
@@ -131,7 +132,30 @@ def test_a_long_prompts_cells_move_into_a_sliding_window_cache(arch: str,
     assert 0 < np.abs(moved - logits).max() < 0.5
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss", "qwen35", "lfm2", "gemma3"])
+@pytest.mark.parametrize("arch", ["deepseek2", "llama"])
+def test_moved_cells_attend_as_the_caches_own(arch: str, tiny_models: dict[str, Path]) -> None:
+    """The token after a long prompt, decoded over cells moved out of the F16 context,
+    scores as over cells the cache evaluated itself (up to F16 against Q8_0 keys). For
+    latent attention (deepseek2) the cache holds K alone, V being a view of it."""
+    from engine.runtime.draft_tree import DraftTree
+
+    prompt_text = " ".join(PROMPTS * 8)
+    second, first = [], None
+    for f16_prefill in (True, False):
+        config = TargetConfig(n_ctx=1024, n_threads=2, f16_prefill=f16_prefill)
+        with Target(tiny_models[arch], config) as target:
+            prompt = target.tokenize(prompt_text, special=False)
+            assert len(prompt) >= 128
+            logits = target.prefill(prompt).logits
+            first = int(logits.argmax()) if first is None else first  # one token for both
+            second.append(target.verify(first, DraftTree.chain([])).logits[0].copy())
+            assert target.f16_prefill_off is (None if f16_prefill else target.f16_prefill_off)
+    moved, own = second
+    assert moved.argmax() == own.argmax()
+    assert 0 < np.abs(moved - own).max() < 0.5
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss", "qwen35", "lfm2", "gemma3", "deepseek2"])
 def test_q4_k_m_of_every_memory_kind_is_made_exact(arch: str, tiny_models: dict[str, Path],
                                                    tmp_path: Path) -> None:
     """The most downloaded quantization on experts, windows and recurrent layers: the

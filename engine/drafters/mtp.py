@@ -28,9 +28,9 @@ if TYPE_CHECKING:
 
 # Architectures whose llama.cpp MTP graph Tandem has read and runs: one block, its output
 # vector exported for every row (handled by ``last_entry_alone``), tested on a synthetic
-# file of each layout (qwen35, glm4moe). Others with MTP graphs (deepseek2, step35...)
-# are refused with that reason until checked.
-MTP_ARCHITECTURES = frozenset({"qwen35", "qwen35moe", "glm4moe"})
+# file of each layout (qwen35, glm4moe, deepseek2). Others with MTP graphs (step35,
+# mimo2...) are refused with that reason until checked.
+MTP_ARCHITECTURES = frozenset({"qwen35", "qwen35moe", "glm4moe", "deepseek2"})
 
 
 def why_no_mtp_block(arch: str, n_blocks: int) -> str | None:

@@ -23,9 +23,9 @@ import numpy as np
 from engine.gguf.synthetic import copy_tokenizer
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss", "qwen35", "lfm2",
-                 "phi3", "glm4moe")
+                 "phi3", "glm4moe", "deepseek2")
 # Architectures whose GGUFs may carry next-token (MTP) blocks Tandem can write.
-MTP_LAYOUTS = ("qwen35", "glm4moe")
+MTP_LAYOUTS = ("qwen35", "glm4moe", "deepseek2")
 # Recurrent without state snapshots: loads and decodes, cannot take back a draft.
 PLAIN_ONLY_ARCHITECTURES = ("mamba",)
 
@@ -120,8 +120,10 @@ def _mtp_block(arch: str, i: int, s: TinyShape) -> list[Tensor]:
         layer = ([_norm(b + "attn_norm.weight", s), _norm(b + "post_attention_norm.weight", s)]
                  + _attention(b, s, q_norm=True, q_rows=2 * s.n_heads * s.head_dim)
                  + _ffn(b, s))
-    else:
+    elif arch == "glm4moe":
         layer = _glm4moe_layer(i, s)
+    else:
+        layer = _deepseek2_layer(i, s)
     return layer + [(b + "nextn.eh_proj.weight", (s.hidden, 2 * s.hidden), "echo"),
                     _norm(b + "nextn.enorm.weight", s), _norm(b + "nextn.hnorm.weight", s)]
 
@@ -142,12 +144,7 @@ def _glm4moe_layer(i: int, s: TinyShape) -> list[Tensor]:
             _norm(b + "post_attention_norm.weight", s)]
     if i < GLM4MOE_DENSE_LEAD:
         return out + _ffn(b, s)
-    f = s.expert_ffn
-    return out + _experts(b, s, biases=False) + [
-        (b + "exp_probs_b.bias", (s.n_experts,), "zeros"),
-        (b + "ffn_gate_shexp.weight", (f, s.hidden), "matrix"),
-        (b + "ffn_up_shexp.weight", (f, s.hidden), "matrix"),
-        (b + "ffn_down_shexp.weight", (s.hidden, f), "matrix")]
+    return out + _experts(b, s, biases=False) + _shared_expert(b, s)
 
 
 def _experts(b: str, s: TinyShape, biases: bool) -> list[Tensor]:
@@ -168,12 +165,46 @@ def _norm(name: str, s: TinyShape) -> Tensor:
     return (name, (s.hidden,), "ones")
 
 
+# deepseek2 (DeepSeek-V3, GLM-4.7-Flash): multi-head latent attention, the form llama.cpp's
+# converter writes now (k_b / v_b split, one KV head of latent + rotary values): ranks of
+# the compressed query and key-value, each head's rotary and other key dimensions, its
+# value size. The first layer is dense, the rest sigmoid-routed experts with a shared one.
+DS_Q_LORA, DS_KV_LORA, DS_ROPE, DS_NOPE, DS_V = 128, 128, 32, 32, 64
+DEEPSEEK2_DENSE_LEAD = 1
+
+
+def _deepseek2_layer(i: int, s: TinyShape) -> list[Tensor]:
+    b = f"blk.{i}."
+    h, k_mla = s.n_heads, DS_NOPE + DS_ROPE
+    out = [_norm(b + "attn_norm.weight", s),
+           (b + "attn_q_a_norm.weight", (DS_Q_LORA,), "ones"),
+           (b + "attn_kv_a_norm.weight", (DS_KV_LORA,), "ones"),
+           (b + "attn_q_a.weight", (DS_Q_LORA, s.hidden), "matrix"),
+           (b + "attn_q_b.weight", (h * k_mla, DS_Q_LORA), "matrix"),
+           (b + "attn_kv_a_mqa.weight", (DS_KV_LORA + DS_ROPE, s.hidden), "matrix"),
+           (b + "attn_k_b.weight", (h, DS_KV_LORA, DS_NOPE), "matrix"),
+           (b + "attn_v_b.weight", (h, DS_V, DS_KV_LORA), "matrix"),
+           (b + "attn_output.weight", (s.hidden, h * DS_V), "matrix"),
+           _norm(b + "ffn_norm.weight", s)]
+    if i < DEEPSEEK2_DENSE_LEAD:
+        return out + _ffn(b, s)
+    return out + _experts(b, s, biases=False) + _shared_expert(b, s)
+
+
+def _shared_expert(b: str, s: TinyShape) -> list[Tensor]:
+    f = s.expert_ffn
+    return [(b + "exp_probs_b.bias", (s.n_experts,), "zeros"),
+            (b + "ffn_gate_shexp.weight", (f, s.hidden), "matrix"),
+            (b + "ffn_up_shexp.weight", (f, s.hidden), "matrix"),
+            (b + "ffn_down_shexp.weight", (s.hidden, f), "matrix")]
+
+
 def _layers(arch: str, s: TinyShape) -> list[Tensor]:
     out: list[Tensor] = []
     for i in range(s.n_layers):
         b = f"blk.{i}."
-        if arch == "glm4moe":
-            out += _glm4moe_layer(i, s)
+        if arch in ("glm4moe", "deepseek2"):
+            out += _glm4moe_layer(i, s) if arch == "glm4moe" else _deepseek2_layer(i, s)
             continue
         out.append(_norm(b + "attn_norm.weight", s))
         if arch in ("llama", "qwen2", "qwen3"):
@@ -275,7 +306,7 @@ def tensor_layout(arch: str, s: TinyShape, n_vocab: int) -> list[Tensor]:
     out = [("token_embd.weight", (n_vocab, s.hidden), "matrix"), _norm(final_norm, s)]
     if arch == "gpt-oss":  # without tied embeddings
         out.append(("output.weight", (n_vocab, s.hidden), "matrix"))
-    if arch == "glm4moe":  # its own LM head, here the embeddings' values (see "tied")
+    if arch in ("glm4moe", "deepseek2"):  # own LM heads, here the embeddings' values
         out.append(("output.weight", (n_vocab, s.hidden), "tied"))
     if s.mtp_layers:
         if arch not in MTP_LAYOUTS or s.mtp_layers != 1:
@@ -295,22 +326,32 @@ def _write_keys(writer, arch: str, s: TinyShape) -> None:  # noqa: ANN001 - gguf
                                   for i in range(s.n_layers)])
         writer.add_shortconv_l_cache(LFM2_CONV)
     else:
-        writer.add_head_count_kv(s.n_kv_heads)
+        writer.add_head_count_kv(1 if arch == "deepseek2" else s.n_kv_heads)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_freq_base(10000.0)
-    if arch in ("qwen3moe", "gpt-oss", "glm4moe"):
+    if arch in ("qwen3moe", "gpt-oss", "glm4moe", "deepseek2"):
         writer.add_expert_count(s.n_experts)
         writer.add_expert_used_count(s.n_experts_used)
         writer.add_expert_feed_forward_length(s.expert_ffn)
-    if arch == "glm4moe":
+    if arch in ("glm4moe", "deepseek2"):
         from gguf import ExpertGatingFuncType
 
         writer.add_expert_shared_count(1)
-        writer.add_leading_dense_block_count(GLM4MOE_DENSE_LEAD)
+        writer.add_leading_dense_block_count(GLM4MOE_DENSE_LEAD if arch == "glm4moe"
+                                             else DEEPSEEK2_DENSE_LEAD)
         writer.add_expert_weights_norm(True)
         writer.add_expert_weights_scale(1.0)
         writer.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
+    if arch == "glm4moe":
         writer.add_rope_dimension_count(s.head_dim // 2)  # GLM-4.5 rotates half a head
+    if arch == "deepseek2":  # the cache holds one head: the latent and its rotary part
+        writer.add_q_lora_rank(DS_Q_LORA)
+        writer.add_kv_lora_rank(DS_KV_LORA)
+        writer.add_key_length(DS_KV_LORA + DS_ROPE)
+        writer.add_value_length(DS_KV_LORA)
+        writer.add_key_length_mla(DS_NOPE + DS_ROPE)
+        writer.add_value_length_mla(DS_V)
+        writer.add_rope_dimension_count(DS_ROPE)
     if arch in ("gemma3", "gpt-oss"):
         writer.add_sliding_window(s.window)
         writer.add_sliding_window_pattern(s.window_pattern)

@@ -10,7 +10,8 @@ Walsh-Hadamard matrix over blocks of the head (llama-kv-cache.cpp, ``attn_rot_k`
 quantized to Q8_0. Any layout this module does not know raises ``StateFormatError``;
 the caller then prefills the slow way.
 
-The blob, for a unified (single-stream) cache and models without per-cell extras:
+The blob, for a unified (single-stream) cache and models without per-cell extras (latent
+attention, DeepSeek's, writes no V parts: its V is a view of K):
     u32 magic, i32 seq_id, then for each cache:
     u32 n_stream(=1), u32 n_cells,
     n_cells x (i32 pos, u32 n_seq_id(=1), i32 seq_id),
@@ -231,6 +232,8 @@ def _one_cache(read: _Reader, n_head_kv: int, rotate: bool, out: _Writer) -> Non
     for packed in _converter().map(lambda k: _layer_keys(k, n_head_kv, rotate), layers):
         out.put(struct.pack("<iQ", _Q8_0, packed.shape[1]))
         out.put(packed)
+    if read.at == len(read.blob):
+        return  # no V: latent attention keeps V as a view of K
     for _ in range(n_layer):
         v_type, row_bytes = read.take("<iQ")
         out.put(struct.pack("<iQ", v_type, row_bytes))

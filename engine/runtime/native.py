@@ -291,6 +291,13 @@ class NativeModel:
         """KV heads (of layer 0); llama.cpp aborts on this for a vocab-only load."""
         return int(llama_cpp.llama_model_n_head_kv(self.handle))
 
+    @property
+    def latent_attention(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3, GLM-4.7-Flash): llama.cpp keeps V
+        as a view of K in the cache, so both must be one type."""
+        arch = self.metadata("general.architecture") or ""
+        return self.metadata(f"{arch}.attention.key_length_mla") is not None
+
     def architecture(self) -> ArchitectureFacts:
         """The architecture's memory layout (sliding window, recurrent, hybrid)."""
         handle = self.handle
@@ -558,6 +565,10 @@ class NativeContext:
         params.n_rs_seq = n_rs_seq
         params.op_offload = op_offload
         self.op_offload = op_offload
+        if model.latent_attention:
+            # Its V is a view of K: llama.cpp refuses two types. Q8_0 for both keeps the
+            # exact mode's one kernel for every batch size (the probe checks it).
+            type_v = type_k
         params.type_k = _KV_TYPES[type_k]
         params.type_v = _KV_TYPES[type_v]
         if ctx_other is not None:
