@@ -67,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="write no chat template (as many base models' files)")
     p.add_argument("--name", default=None, help="general.name (says base or instruct)")
     p.add_argument("--mtp", action="store_true",
-                   help="add a next-token (MTP) block, as Qwen3.5's and GLM-4.5's files carry "
-                        "(qwen35, glm4moe)")
+                   help="add a next-token (MTP) block, as Qwen3.5, GLM-4.5 and DeepSeek "
+                        "files carry (qwen35, glm4moe, deepseek2)")
     p.add_argument("--threads", type=int, default=2, help="threads for quantizing")
     p.set_defaults(func=cmd_synth)
