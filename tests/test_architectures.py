@@ -214,6 +214,30 @@ def test_tandem_synth_writes_a_quantized_model_with_a_big_vocabulary(model_path:
         assert len(tokens) == 6 and target.detokenize(tokens)
 
 
+def test_random_q4_k_weights_load_and_keep_the_f32_fills_scale(model_path: Path,
+                                                              tmp_path: Path) -> None:
+    """``tandem synth --direct``: weight matrices written as random Q4_K blocks (an MoE of
+    30B has no room here for its F32 file first); llama.cpp loads and decodes the file,
+    and the weights dequantize to the F32 fill's spread (1/sqrt(inputs), centred)."""
+    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf.quants import dequantize
+
+    from engine.gguf.architectures import random_q4_k
+
+    weights = dequantize(random_q4_k((32, 512), np.random.default_rng(1)),
+                         GGMLQuantizationType.Q4_K)
+    assert weights.shape == (32, 512)
+    assert abs(weights.std() * np.sqrt(512) - 1) < 0.05 and abs(weights.mean()) < 0.01
+    path = write_architecture_gguf("qwen3moe", tmp_path / "moe-q4k.gguf", model_path,
+                                   q4_k=True)
+    types = {t.name: t.tensor_type for t in GGUFReader(path).tensors}
+    assert types["blk.0.ffn_up_exps.weight"] == GGMLQuantizationType.Q4_K
+    assert types["blk.0.attn_norm.weight"] == GGMLQuantizationType.F32
+    with Target(path, TargetConfig(n_ctx=256, n_threads=2)) as target:
+        prompt = target.tokenize(PROMPTS[0], special=False)
+        assert len(generate(target, prompt, None, GenerationConfig(6)).tokens) == 6
+
+
 def test_a_plain_only_target_keeps_no_state_snapshots(tiny_models: dict[str, Path]) -> None:
     """Snapshots cost every decode a copy of the state; without drafts they are not kept,
     and such a target verifies no drafts (they could not be taken back)."""

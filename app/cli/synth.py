@@ -29,15 +29,25 @@ def cmd_synth(args: argparse.Namespace) -> int:
         raise ValueError("name an architecture (--arch) or a real shape (--shape)")
     if args.mtp:
         shape = replace(shape, mtp_layers=1)
+    name = args.name
+    if args.layers:  # a real shape's first layers: the same per-layer work, less memory
+        if not args.shape or not 0 < args.layers <= shape.n_layers:
+            raise ValueError(f"--layers takes 1 to {shape.n_layers} layers of a --shape")
+        shape = replace(shape, n_layers=args.layers)
+        name = name or f"{args.shape} shape, first {args.layers} layers (random weights)"
+    if args.direct and args.type != "q4_k":
+        raise ValueError("--direct writes Q4_K blocks: use it with --type q4_k")
     out = Path(args.out)
-    f32 = out if args.type == "f32" else out.with_suffix(".f32.tmp")
-    with tqdm(total=1, unit="tensor", desc=f"{arch} F32") as bar:
+    f32 = out if args.type == "f32" or args.direct else out.with_suffix(".f32.tmp")
+    desc = f"{arch} {'Q4_K' if args.direct else 'F32'}"
+    with tqdm(total=1, unit="tensor", desc=desc) as bar:
         def moved(done: int, total: int) -> None:
             bar.total, bar.n = total, done
             bar.refresh()
         write_architecture_gguf(arch, f32, args.tokenizer or default_model_path(),
                                 shape, chat_template=not args.no_template,
-                                name=args.name, progress=moved, n_vocab=args.vocab)
+                                name=name, progress=moved, n_vocab=args.vocab,
+                                q4_k=args.direct)
     if f32 != out:
         try:
             print(f"quantizing to {args.type.upper()}…", flush=True)
@@ -69,5 +79,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--mtp", action="store_true",
                    help="add a next-token (MTP) block, as Qwen3.5, GLM-4.5 and DeepSeek "
                         "files carry (qwen35, glm4moe, deepseek2)")
+    p.add_argument("--layers", type=int, default=None, metavar="N",
+                   help="keep a real shape's first N layers (an MoE of 30B does not fit "
+                        "here at full depth; each layer's work is the real one's)")
+    p.add_argument("--direct", action="store_true",
+                   help="write random Q4_K blocks directly, no F32 pass (with --type q4_k): "
+                        "for shapes whose F32 file would not fit")
     p.add_argument("--threads", type=int, default=2, help="threads for quantizing")
     p.set_defaults(func=cmd_synth)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from engine.gguf.synthetic import copy_tokenizer
 
@@ -82,6 +83,12 @@ REAL_SHAPES: dict[str, tuple[str, TinyShape]] = {
                                             attention_interval=4, context=32768)),
     "qwen2.5-1.5b": ("qwen2", TinyShape(hidden=1536, n_layers=28, n_heads=12, n_kv_heads=2,
                                         ffn=8960, context=32768)),
+    # Qwen3-30B-A3B: 128 experts of width 768, 8 used; at full depth 17 GB in Q4_K, so a
+    # bench here keeps the first layers (tandem synth --layers).
+    "qwen3-30b-a3b": ("qwen3moe", TinyShape(hidden=2048, n_layers=48, n_heads=32,
+                                            n_kv_heads=4, ffn=6144, key_length=128,
+                                            n_experts=128, n_experts_used=8, expert_ffn=768,
+                                            context=40960)),
     # LFM2-1.2B: 10 short-convolution layers, 6 attention ones (full_attn_idxs).
     "lfm2-1.2b": ("lfm2", TinyShape(hidden=2048, n_layers=16, n_heads=32, n_kv_heads=8,
                                     ffn=8192, context=128000,
@@ -396,15 +403,35 @@ def _fill(kind: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndar
     return np.full(dims, 1.0 if kind == "ones" else 0.0, np.float32)
 
 
+Q4_K_BLOCK, Q4_K_BYTES = 256, 144
+
+
+def random_q4_k(dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Random Q4_K blocks for a matrix of ``dims`` (rows last-but-one): every sub-block's
+    scale and min 32 (ggml's 6-bit packing: bytes 0-7 hold 160, 8-11 hold 0), dmin 7.5 d,
+    so a weight is 32 d (q - 7.5) for a random nibble q, of std 1/sqrt(inputs) as the
+    F32 fill's. Bytes: ``dims[:-1] + (blocks * 144,)``."""
+    n_blocks = int(np.prod(dims)) // Q4_K_BLOCK
+    d = 1.0 / (32 * 4.61 * np.sqrt(dims[-1]))  # 4.61: the std of a uniform nibble
+    blocks = np.empty((n_blocks, Q4_K_BYTES), dtype=np.uint8)
+    blocks[:, 0:4] = np.array([d, 7.5 * d], dtype=np.float16).view(np.uint8)
+    blocks[:, 4:12] = 160
+    blocks[:, 12:16] = 0
+    blocks[:, 16:] = rng.integers(0, 256, (n_blocks, Q4_K_BYTES - 16), dtype=np.uint8)
+    return blocks.reshape(*dims[:-1], dims[-1] // Q4_K_BLOCK * Q4_K_BYTES)
+
+
 def write_architecture_gguf(arch: str, path: Path, tokenizer_from: Path,
                             shape: TinyShape | None = None, seed: int = 0,
                             chat_template: bool = True, name: str | None = None,
                             progress: Callable[[int, int], None] | None = None,
-                            n_vocab: int | None = None) -> Path:
+                            n_vocab: int | None = None, q4_k: bool = False) -> Path:
     """Write ``path``: a tiny ``arch`` model with random F32 weights and the tokenizer of
     ``tokenizer_from``; without ``chat_template`` the file carries none (as a base model's
     conversion often does). ``name`` is its general.name; ``n_vocab`` pads the
-    vocabulary with unused tokens (Gemma 3's 262,144, say)."""
+    vocabulary with unused tokens (Gemma 3's 262,144, say). ``q4_k``: the weight matrices
+    are written as random Q4_K blocks directly (``random_q4_k``), for shapes whose F32
+    file would not fit on this machine (an MoE of 30B); the rest stays F32."""
     from gguf import GGUFWriter
 
     s = shape or TinyShape()
@@ -416,12 +443,25 @@ def write_architecture_gguf(arch: str, path: Path, tokenizer_from: Path,
     # ("phi3" wants a "</s>" token this vocabulary does not have).
     writer.add_name(name or "tiny synthetic model (random weights)")
     _write_keys(writer, arch, s)
-    writer.add_file_type(0)  # all F32
+    from gguf import LlamaFileType
+
+    writer.add_file_type(LlamaFileType.MOSTLY_Q4_K_S if q4_k else LlamaFileType.ALL_F32)
     skip = () if chat_template else ("tokenizer.chat_template",)
     n_vocab = copy_tokenizer(writer, tokenizer_from, skip=skip, n_vocab=n_vocab)
     layout = tensor_layout(arch, s, n_vocab)
-    for tensor_name, dims, _ in layout:
-        writer.add_tensor_info(tensor_name, dims, np.dtype(np.float32), 4 * int(np.prod(dims)))
+
+    def as_q4_k(dims: tuple[int, ...], kind: str) -> bool:
+        return q4_k and kind == "matrix" and dims[-1] % Q4_K_BLOCK == 0
+
+    for tensor_name, dims, kind in layout:
+        if as_q4_k(dims, kind):
+            row_bytes = dims[-1] // Q4_K_BLOCK * Q4_K_BYTES
+            writer.add_tensor_info(tensor_name, (*dims[:-1], row_bytes), np.dtype(np.uint8),
+                                   int(np.prod(dims[:-1])) * row_bytes,
+                                   raw_dtype=GGMLQuantizationType.Q4_K)
+        else:
+            writer.add_tensor_info(tensor_name, dims, np.dtype(np.float32),
+                                   4 * int(np.prod(dims)))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
@@ -429,10 +469,13 @@ def write_architecture_gguf(arch: str, path: Path, tokenizer_from: Path,
     for done, (tensor_name, dims, kind) in enumerate(layout, 1):
         # "tied": an LM head with the embeddings' values, so a damped model says its last
         # token again, as tied ones do (tests need drafts that are accepted).
-        data = embeddings if kind == "tied" else _fill(kind, dims, rng)
+        data = (random_q4_k(dims, rng) if as_q4_k(dims, kind) else
+                embeddings if kind == "tied" else _fill(kind, dims, rng))
         if tensor_name == "token_embd.weight":
             embeddings = data
         if s.damp != 1.0 and tensor_name.endswith(_OUTPUT_PROJECTIONS):
+            if data.dtype != np.float32:
+                raise ValueError("damp scales F32 weights only (not q4_k)")
             data *= np.float32(s.damp)
         writer.write_tensor_data(data)
         if progress is not None:
