@@ -214,28 +214,31 @@ def test_tandem_synth_writes_a_quantized_model_with_a_big_vocabulary(model_path:
         assert len(tokens) == 6 and target.detokenize(tokens)
 
 
-def test_random_q4_k_weights_load_and_keep_the_f32_fills_scale(model_path: Path,
-                                                              tmp_path: Path) -> None:
-    """``tandem synth --direct``: weight matrices written as random Q4_K blocks (an MoE of
-    30B has no room here for its F32 file first); llama.cpp loads and decodes the file,
-    and the weights dequantize to the F32 fill's spread (1/sqrt(inputs), centred)."""
-    from gguf import GGMLQuantizationType, GGUFReader
+def test_direct_random_blocks_load_and_keep_the_f32_fills_scale(model_path: Path,
+                                                                 tmp_path: Path) -> None:
+    """``tandem synth --direct``: weight matrices written as random quantized blocks (an
+    MoE of 20-30B has no room here for its F32 file first); llama.cpp loads and decodes
+    the files, and each type dequantizes to the F32 fill's spread (1/sqrt(inputs))."""
+    from gguf import GGMLQuantizationType as T
+    from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    from engine.gguf.architectures import random_q4_k
+    from engine.gguf.architectures import random_blocks
 
-    weights = dequantize(random_q4_k((32, 512), np.random.default_rng(1)),
-                         GGMLQuantizationType.Q4_K)
-    assert weights.shape == (32, 512)
-    assert abs(weights.std() * np.sqrt(512) - 1) < 0.05 and abs(weights.mean()) < 0.01
-    path = write_architecture_gguf("qwen3moe", tmp_path / "moe-q4k.gguf", model_path,
-                                   q4_k=True)
-    types = {t.name: t.tensor_type for t in GGUFReader(path).tensors}
-    assert types["blk.0.ffn_up_exps.weight"] == GGMLQuantizationType.Q4_K
-    assert types["blk.0.attn_norm.weight"] == GGMLQuantizationType.F32
-    with Target(path, TargetConfig(n_ctx=256, n_threads=2)) as target:
-        prompt = target.tokenize(PROMPTS[0], special=False)
-        assert len(generate(target, prompt, None, GenerationConfig(6)).tokens) == 6
+    for kind in (T.Q4_K, T.Q8_0, T.MXFP4):
+        weights = dequantize(random_blocks(kind, (32, 512), np.random.default_rng(1)), kind)
+        assert weights.shape == (32, 512), kind
+        spread = weights.std() * np.sqrt(512)
+        assert 0.7 < spread < 1.4 and abs(weights.mean()) < 0.01, (kind, spread)
+    for arch, experts in (("qwen3moe", T.Q4_K), ("gpt-oss", T.MXFP4)):
+        path = write_architecture_gguf(arch, tmp_path / f"{arch}-direct.gguf", model_path,
+                                       direct=True)
+        types = {t.name: t.tensor_type for t in GGUFReader(path).tensors}
+        assert types["blk.0.ffn_up_exps.weight"] == experts
+        assert types["blk.0.attn_norm.weight"] == T.F32
+        with Target(path, TargetConfig(n_ctx=256, n_threads=2)) as target:
+            prompt = target.tokenize(PROMPTS[0], special=False)
+            assert len(generate(target, prompt, None, GenerationConfig(6)).tokens) == 6
 
 
 def test_a_plain_only_target_keeps_no_state_snapshots(tiny_models: dict[str, Path]) -> None:

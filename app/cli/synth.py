@@ -36,10 +36,10 @@ def cmd_synth(args: argparse.Namespace) -> int:
         shape = replace(shape, n_layers=args.layers)
         name = name or f"{args.shape} shape, first {args.layers} layers (random weights)"
     if args.direct and args.type != "q4_k":
-        raise ValueError("--direct writes Q4_K blocks: use it with --type q4_k")
+        raise ValueError("--direct writes Q4_K-like blocks: use it with --type q4_k")
     out = Path(args.out)
     f32 = out if args.type == "f32" or args.direct else out.with_suffix(".f32.tmp")
-    desc = f"{arch} {'Q4_K' if args.direct else 'F32'}"
+    desc = f"{arch} {'Q4_K (direct)' if args.direct else 'F32'}"
     with tqdm(total=1, unit="tensor", desc=desc) as bar:
         def moved(done: int, total: int) -> None:
             bar.total, bar.n = total, done
@@ -47,7 +47,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
         write_architecture_gguf(arch, f32, args.tokenizer or default_model_path(),
                                 shape, chat_template=not args.no_template,
                                 name=name, progress=moved, n_vocab=args.vocab,
-                                q4_k=args.direct)
+                                direct=args.direct)
     if f32 != out:
         try:
             print(f"quantizing to {args.type.upper()}…", flush=True)
@@ -83,7 +83,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="keep a real shape's first N layers (an MoE of 30B does not fit "
                         "here at full depth; each layer's work is the real one's)")
     p.add_argument("--direct", action="store_true",
-                   help="write random Q4_K blocks directly, no F32 pass (with --type q4_k): "
-                        "for shapes whose F32 file would not fit")
+                   help="write random quantized blocks directly, no F32 pass (with --type "
+                        "q4_k: Q4_K, Q8_0 where rows are not 256-wide, gpt-oss's experts "
+                        "MXFP4): for shapes whose F32 file would not fit")
     p.add_argument("--threads", type=int, default=2, help="threads for quantizing")
     p.set_defaults(func=cmd_synth)

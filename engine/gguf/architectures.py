@@ -89,6 +89,15 @@ REAL_SHAPES: dict[str, tuple[str, TinyShape]] = {
                                             n_kv_heads=4, ffn=6144, key_length=128,
                                             n_experts=128, n_experts_used=8, expert_ffn=768,
                                             context=40960)),
+    # gpt-oss-20b: 32 experts of 2880, 4 used, every other layer a 128-token window;
+    # 12 GB at full depth in its MXFP4.
+    "gpt-oss-20b": ("gpt-oss", TinyShape(hidden=2880, n_layers=24, n_heads=64, n_kv_heads=8,
+                                         key_length=64, ffn=2880, n_experts=32,
+                                         n_experts_used=4, expert_ffn=2880, window=128,
+                                         window_pattern=2, context=131072)),
+    # Phi-3-mini (3.8B): fused q/k/v and gate/up, 32 heads without grouping.
+    "phi-3-mini": ("phi3", TinyShape(hidden=3072, n_layers=32, n_heads=32, n_kv_heads=32,
+                                     ffn=8192, context=4096)),
     # LFM2-1.2B: 10 short-convolution layers, 6 attention ones (full_attn_idxs).
     "lfm2-1.2b": ("lfm2", TinyShape(hidden=2048, n_layers=16, n_heads=32, n_kv_heads=8,
                                     ffn=8192, context=128000,
@@ -362,7 +371,7 @@ def _write_keys(writer, arch: str, s: TinyShape) -> None:  # noqa: ANN001 - gguf
     if arch in ("gemma3", "gpt-oss"):
         writer.add_sliding_window(s.window)
         writer.add_sliding_window_pattern(s.window_pattern)
-    if s.key_length and arch in ("gemma3", "qwen3", "qwen3moe"):
+    if s.key_length and arch in ("gemma3", "qwen3", "qwen3moe", "gpt-oss"):
         writer.add_key_length(s.key_length)
         writer.add_value_length(s.key_length)
     if arch == "mamba":
@@ -404,34 +413,65 @@ def _fill(kind: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndar
 
 
 Q4_K_BLOCK, Q4_K_BYTES = 256, 144
+_Q4_K, _Q8_0, _MXFP4 = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q8_0,
+                        GGMLQuantizationType.MXFP4)
+_BLOCKS = {_Q4_K: (256, 144), _Q8_0: (32, 34), _MXFP4: (32, 17)}
 
 
-def random_q4_k(dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    """Random Q4_K blocks for a matrix of ``dims`` (rows last-but-one): every sub-block's
-    scale and min 32 (ggml's 6-bit packing: bytes 0-7 hold 160, 8-11 hold 0), dmin 7.5 d,
-    so a weight is 32 d (q - 7.5) for a random nibble q, of std 1/sqrt(inputs) as the
-    F32 fill's. Bytes: ``dims[:-1] + (blocks * 144,)``."""
-    n_blocks = int(np.prod(dims)) // Q4_K_BLOCK
-    d = 1.0 / (32 * 4.61 * np.sqrt(dims[-1]))  # 4.61: the std of a uniform nibble
-    blocks = np.empty((n_blocks, Q4_K_BYTES), dtype=np.uint8)
-    blocks[:, 0:4] = np.array([d, 7.5 * d], dtype=np.float16).view(np.uint8)
-    blocks[:, 4:12] = 160
-    blocks[:, 12:16] = 0
-    blocks[:, 16:] = rng.integers(0, 256, (n_blocks, Q4_K_BYTES - 16), dtype=np.uint8)
-    return blocks.reshape(*dims[:-1], dims[-1] // Q4_K_BLOCK * Q4_K_BYTES)
+def direct_type(arch: str, name: str, dims: tuple[int, ...], kind: str
+                ) -> GGMLQuantizationType | None:
+    """The type ``tandem synth --direct`` writes a tensor in, as a Q4_K_M-like file has
+    it: gpt-oss's experts in MXFP4 (as its files ship), other weight matrices Q4_K where
+    their rows take 256-value blocks, else Q8_0 (gpt-oss's 2880-wide rows); None: F32."""
+    if kind != "matrix":
+        return None
+    if arch == "gpt-oss" and "_exps." in name:
+        return _MXFP4
+    return _Q4_K if dims[-1] % 256 == 0 else _Q8_0 if dims[-1] % 32 == 0 else None
+
+
+def random_blocks(kind: GGMLQuantizationType, dims: tuple[int, ...],
+                  rng: np.random.Generator) -> np.ndarray:
+    """Random blocks of ``kind`` for a matrix of ``dims`` (rows last-but-one) whose weights
+    have the F32 fill's spread, 1/sqrt(inputs), centred. Bytes: ``dims[:-1] +
+    (blocks * block bytes,)``.
+    - Q4_K: every sub-block's scale and min 32 (ggml's 6-bit packing: bytes 0-7 hold
+      160, 8-11 hold 0), dmin 7.5 d: a weight is 32 d (q - 7.5) for a random nibble q.
+    - Q8_0: a random int8 times d.
+    - MXFP4: a random 4-bit code of ggml's table (doubled values up to 12) times half
+      of 2^(e - 127)."""
+    values, nbytes = _BLOCKS[kind]
+    n_blocks = int(np.prod(dims)) // values
+    want = 1.0 / np.sqrt(dims[-1])
+    blocks = np.empty((n_blocks, nbytes), dtype=np.uint8)
+    if kind == _Q4_K:
+        d = want / (32 * 4.61)  # 4.61: the std of a uniform nibble
+        blocks[:, 0:4] = np.array([d, 7.5 * d], dtype=np.float16).view(np.uint8)
+        blocks[:, 4:12] = 160
+        blocks[:, 12:16] = 0
+        head = 16
+    elif kind == _Q8_0:
+        blocks[:, 0:2] = np.array([want / 73.6], dtype=np.float16).view(np.uint8)
+        head = 2  # 73.6: the std of a uniform int8
+    else:  # 2.93 * 2^(e - 127): the std of the table's values, halved, times the scale
+        blocks[:, 0] = np.uint8(127 + round(float(np.log2(want / 2.93))))
+        head = 1
+    blocks[:, head:] = rng.integers(0, 256, (n_blocks, nbytes - head), dtype=np.uint8)
+    return blocks.reshape(*dims[:-1], dims[-1] // values * nbytes)
 
 
 def write_architecture_gguf(arch: str, path: Path, tokenizer_from: Path,
                             shape: TinyShape | None = None, seed: int = 0,
                             chat_template: bool = True, name: str | None = None,
                             progress: Callable[[int, int], None] | None = None,
-                            n_vocab: int | None = None, q4_k: bool = False) -> Path:
+                            n_vocab: int | None = None, direct: bool = False) -> Path:
     """Write ``path``: a tiny ``arch`` model with random F32 weights and the tokenizer of
     ``tokenizer_from``; without ``chat_template`` the file carries none (as a base model's
     conversion often does). ``name`` is its general.name; ``n_vocab`` pads the
-    vocabulary with unused tokens (Gemma 3's 262,144, say). ``q4_k``: the weight matrices
-    are written as random Q4_K blocks directly (``random_q4_k``), for shapes whose F32
-    file would not fit on this machine (an MoE of 30B); the rest stays F32."""
+    vocabulary with unused tokens (Gemma 3's 262,144, say). ``direct``: the weight
+    matrices are written as random quantized blocks directly (``direct_type``,
+    ``random_blocks``), for shapes whose F32 file would not fit on this machine (an MoE
+    of 20-30B); norms and biases stay F32."""
     from gguf import GGUFWriter
 
     s = shape or TinyShape()
@@ -445,20 +485,20 @@ def write_architecture_gguf(arch: str, path: Path, tokenizer_from: Path,
     _write_keys(writer, arch, s)
     from gguf import LlamaFileType
 
-    writer.add_file_type(LlamaFileType.MOSTLY_Q4_K_S if q4_k else LlamaFileType.ALL_F32)
+    writer.add_file_type(LlamaFileType.MOSTLY_Q4_K_S if direct else LlamaFileType.ALL_F32)
     skip = () if chat_template else ("tokenizer.chat_template",)
     n_vocab = copy_tokenizer(writer, tokenizer_from, skip=skip, n_vocab=n_vocab)
     layout = tensor_layout(arch, s, n_vocab)
 
-    def as_q4_k(dims: tuple[int, ...], kind: str) -> bool:
-        return q4_k and kind == "matrix" and dims[-1] % Q4_K_BLOCK == 0
-
-    for tensor_name, dims, kind in layout:
-        if as_q4_k(dims, kind):
-            row_bytes = dims[-1] // Q4_K_BLOCK * Q4_K_BYTES
+    types = {n: direct_type(arch, n, dims, kind) if direct else None
+             for n, dims, kind in layout}
+    for tensor_name, dims, _ in layout:
+        quant = types[tensor_name]
+        if quant is not None:
+            values, nbytes = _BLOCKS[quant]
+            row_bytes = dims[-1] // values * nbytes
             writer.add_tensor_info(tensor_name, (*dims[:-1], row_bytes), np.dtype(np.uint8),
-                                   int(np.prod(dims[:-1])) * row_bytes,
-                                   raw_dtype=GGMLQuantizationType.Q4_K)
+                                   int(np.prod(dims[:-1])) * row_bytes, raw_dtype=quant)
         else:
             writer.add_tensor_info(tensor_name, dims, np.dtype(np.float32),
                                    4 * int(np.prod(dims)))
@@ -469,13 +509,14 @@ def write_architecture_gguf(arch: str, path: Path, tokenizer_from: Path,
     for done, (tensor_name, dims, kind) in enumerate(layout, 1):
         # "tied": an LM head with the embeddings' values, so a damped model says its last
         # token again, as tied ones do (tests need drafts that are accepted).
-        data = (random_q4_k(dims, rng) if as_q4_k(dims, kind) else
+        quant = types[tensor_name]
+        data = (random_blocks(quant, dims, rng) if quant is not None else
                 embeddings if kind == "tied" else _fill(kind, dims, rng))
         if tensor_name == "token_embd.weight":
             embeddings = data
         if s.damp != 1.0 and tensor_name.endswith(_OUTPUT_PROJECTIONS):
             if data.dtype != np.float32:
-                raise ValueError("damp scales F32 weights only (not q4_k)")
+                raise ValueError("damp scales F32 weights only (not direct blocks)")
             data *= np.float32(s.damp)
         writer.write_tensor_data(data)
         if progress is not None:
