@@ -277,6 +277,9 @@ def test_a_hybrid_drops_and_takes_up_state_snapshots_keeping_its_cache(
         assert switched.tokens == unswitched and switched.stats.n_prompt_reused >= len(prompt)
         target.set_state_snapshots(3)  # drafts of up to 3 tokens
         assert target.state_snapshots == 3 and target.max_draft == 3
+        # Restored state has no snapshots yet: nothing of it can be taken back (llama.cpp
+        # would say yes and read an unwritten snapshot).
+        assert not target.ctx.kv_remove(0, target.n_past - 1)
         assert _memory_drafts_equal_plain(target, PROMPTS[1]) > 4
 
 

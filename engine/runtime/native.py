@@ -829,6 +829,10 @@ class NativeContext:
         buffer = data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
         if not llama_cpp.llama_state_seq_set_data(self.handle, buffer, len(blob), seq_id):
             raise NativeError("llama_state_seq_set_data", 0, _native_errors_since(mark))
+        if self._stateful:
+            # Restored state comes without snapshots (llama.cpp resets their index): no
+            # token of it can be taken back until a decode writes new ones.
+            self.last_batch_start = 2**31 - 1
 
     def kv_pos_max(self, seq_id: int) -> int:
         """Largest position held by the sequence, -1 when it is empty."""
