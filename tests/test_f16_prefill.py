@@ -305,3 +305,23 @@ def test_a_prompt_asked_again_with_its_answer_cached_answers_the_same(target, lo
         drafted = generate(target, prompt, PromptLookupDrafter(LookupConfig()),
                            GenerationConfig(16)).tokens
         assert drafted == plain == generate(target, prompt, None, GenerationConfig(16)).tokens
+
+
+def test_the_moves_buffer_is_made_when_the_target_opens_and_kept(target, long_prompts):
+    """Its pages are touched while the model opens, not before a long prompt's second
+    token; a prompt of 1024 tokens fits it, and every move uses it again."""
+    made = target._move_buffer
+    assert made is not None
+    for prompt in long_prompts:
+        target.reset(cold=True)
+        target.prefill(prompt)
+        target.settle()
+        assert target.f16_prefill_off is None and target._move_buffer is made
+        f16 = target._f16_ctx
+        f16.kv_copy(0, 1, 0, -1)
+        try:
+            blob_bytes = len(f16.state_seq_array(1))
+        finally:
+            f16.kv_remove(1, -1, -1)
+        # What a 1024-token prompt needs, by this prompt's bytes per token.
+        assert made.nbytes >= blob_bytes / len(prompt) * 1024
