@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from engine.gguf.synthetic import copy_tokenizer
 
@@ -412,10 +412,8 @@ def _fill(kind: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndar
     return np.full(dims, 1.0 if kind == "ones" else 0.0, np.float32)
 
 
-Q4_K_BLOCK, Q4_K_BYTES = 256, 144
 _Q4_K, _Q8_0, _MXFP4 = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q8_0,
                         GGMLQuantizationType.MXFP4)
-_BLOCKS = {_Q4_K: (256, 144), _Q8_0: (32, 34), _MXFP4: (32, 17)}
 
 
 def direct_type(arch: str, name: str, dims: tuple[int, ...], kind: str
@@ -440,7 +438,7 @@ def random_blocks(kind: GGMLQuantizationType, dims: tuple[int, ...],
     - Q8_0: a random int8 times d.
     - MXFP4: a random 4-bit code of ggml's table (doubled values up to 12) times half
       of 2^(e - 127)."""
-    values, nbytes = _BLOCKS[kind]
+    values, nbytes = GGML_QUANT_SIZES[kind]
     n_blocks = int(np.prod(dims)) // values
     want = 1.0 / np.sqrt(dims[-1])
     blocks = np.empty((n_blocks, nbytes), dtype=np.uint8)
@@ -495,7 +493,7 @@ def write_architecture_gguf(arch: str, path: Path, tokenizer_from: Path,
     for tensor_name, dims, _ in layout:
         quant = types[tensor_name]
         if quant is not None:
-            values, nbytes = _BLOCKS[quant]
+            values, nbytes = GGML_QUANT_SIZES[quant]
             row_bytes = dims[-1] // values * nbytes
             writer.add_tensor_info(tensor_name, (*dims[:-1], row_bytes), np.dtype(np.uint8),
                                    int(np.prod(dims[:-1])) * row_bytes, raw_dtype=quant)

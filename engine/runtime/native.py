@@ -292,19 +292,6 @@ class NativeModel:
         return int(llama_cpp.llama_model_n_head_kv(self.handle))
 
     @property
-    def n_head(self) -> int:
-        return int(llama_cpp.llama_model_n_head(self.handle))
-
-    def f16_state_bytes_per_token(self) -> int:
-        """At most the bytes one token's cells take in a sequence-state blob of an F16/F16
-        cache (position and sequence, then K and V rows of every layer)."""
-        arch = self.metadata("general.architecture") or ""
-        head_k = int(self.metadata(f"{arch}.attention.key_length") or
-                     self.n_embd // max(1, self.n_head))
-        head_v = int(self.metadata(f"{arch}.attention.value_length") or head_k)
-        return 12 + 2 * self.n_layer * self.n_head_kv * (head_k + head_v)
-
-    @property
     def latent_attention(self) -> bool:
         """Multi-head latent attention (DeepSeek-V2/V3, GLM-4.7-Flash): llama.cpp keeps V
         as a view of K in the cache, so both must be one type."""

@@ -22,11 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import ContextFullError, InvalidPromptError, ModelLoadError, NativeError
+from engine.gguf.header import read_file_facts
 from engine.runtime.architecture import RS_ROLLBACK_TOKENS
 from engine.runtime.chat_template import check_messages
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.hardware import default_threads
-from engine.runtime.kv_cache import TYPE_K, TYPE_V
+from engine.runtime.kv_cache import TYPE_K, TYPE_V, kv_bytes_per_token
 from engine.runtime.kv_transfer import (
     StateFormatError,
     f16_to_q8_0_keys,
@@ -274,8 +275,7 @@ class Target:
                 fresh.state_seq_set(0, cells)
             except NativeError:  # cells of a context like this one: not expected
                 log.warning("the cache could not follow the new context: evaluated again")
-                kept, self.tokens = self.tokens, []
-                self._evaluate_again(kept)
+                self._evaluate_again(self.tokens)
 
     @property
     def _fast_prompts(self) -> bool:
@@ -800,7 +800,10 @@ class Target:
         compacted memory for huge pages; 4-9 ms at other times). Prompts of 16+ tokens
         take the move where weights are copied for prompts, so it is used at once."""
         tokens = min(self.n_ctx, MOVE_PREFAULT_TOKENS)
-        size = min(MOVE_BUFFER_KEPT, self.model.f16_state_bytes_per_token() * tokens + 4096)
+        # A cell's K and V rows in F16, and its position and sequence (12 bytes).
+        per_token = kv_bytes_per_token(read_file_facts(self.path), self.path.stat().st_size,
+                                       "f16", "f16") + 12
+        size = min(MOVE_BUFFER_KEPT, int(per_token * tokens) + 4096)
         buffer = np.empty(size, dtype=np.uint8)
         buffer[::4096] = 0
         self._move_buffer = buffer
