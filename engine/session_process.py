@@ -6,8 +6,8 @@ llama.cpp's RPC client aborts the process when a worker stops answering mid-deco
 it here with the same surface the front ends use: ``generate`` (text and steps streamed
 back, stopping through a shared flag), ``target`` (tokenising, the template, the context),
 the plan and notes. When the child dies, every call raises ``WorkerLostError`` with what
-llama.cpp said last; the front end ends the answer with that message and reopens the
-engine locally (``reopen_locally``) where the model fits.
+llama.cpp said last; the front end ends the answer with that message and
+``engine.conversation.AnswerService.recover`` reopens the model here where it fits.
 
 Everything crossing the pipe is pickled: results are plain dataclasses and numpy arrays.
 """
@@ -25,12 +25,27 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import ModelLoadError, TandemError, WorkerError, WorkerLostError
+from engine.runtime.context_fit import DEFAULT_POLICY
+
+if TYPE_CHECKING:  # the child imports them; the parent only names them
+    from engine.decoding.generation import GenerationConfig, GenerationResult
+    from engine.decoding.stats import StepStats
+    from engine.planning.calibration import CostProfile
+    from engine.planning.kernels import KernelChoice
+    from engine.planning.plan_log import PlanEvent
+    from engine.planning.planner import Plan
+    from engine.runtime.architecture import ArchitectureFacts
+    from engine.runtime.chat_template import ChatTemplate
+    from engine.runtime.context_fit import FittedPrompt
+    from engine.runtime.hardware import HardwareProfile
+    from engine.runtime.model_info import ModelInfo
+    from engine.session import Engine, EngineConfig
+    from engine.workers.handshake import WorkerInfo
 
 # Engine attributes read here without a round trip, refreshed after every call (a plan
 # may change with the answers).
@@ -157,53 +172,86 @@ def _unpack_error(packed: tuple[str, str, tuple, dict, str]) -> BaseException:
         return TandemError(text)
 
 
-class _Remote:
-    """Attribute reads and method calls on one object of the child's engine."""
-
-    def __init__(self, process: EngineProcess, where: str) -> None:
-        self._process, self._where = process, where
-        self._methods: set[str] = set()
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        if name not in self._methods:
-            kind, value = self._process._call(self._where, name, None, {})
-            if kind == "value":
-                return value
-            self._methods.add(name)
-
-        def method(*args: Any, **kwargs: Any) -> Any:
-            return self._process._call(self._where, name, args, kwargs)[1]
-        return method
-
-
-class _TargetProxy(_Remote):
-    """The child's target: its fixed facts read from the snapshot, the rest remote;
-    token bytes are cached (the GUI asks for every token of an answer)."""
+class _TargetProxy:
+    """The child's target: its fixed facts from the snapshot, its methods through the
+    pipe; token bytes are cached (the GUI asks for every token of an answer)."""
 
     def __init__(self, process: EngineProcess) -> None:
-        super().__init__(process, "target")
+        self._process = process
         self._bytes: dict[int, bytes] = {}
 
-    def __getattr__(self, name: str) -> Any:
-        facts = self._process._state.get("target", {})
-        if name in facts:
-            return facts[name]
-        return super().__getattr__(name)
+    def _fact(self, name: str) -> Any:
+        return self._process._state.get("target", {}).get(name)
+
+    @property
+    def path(self) -> Path:
+        return self._fact("path")
+
+    @property
+    def n_ctx(self) -> int:
+        return self._fact("n_ctx")
+
+    @property
+    def n_threads(self) -> int:
+        return self._fact("n_threads")
+
+    @property
+    def n_vocab(self) -> int:
+        return self._fact("n_vocab")
+
+    @property
+    def template(self) -> ChatTemplate:
+        return self._fact("template")
+
+    @property
+    def arch(self) -> ArchitectureFacts:
+        return self._fact("arch")
+
+    @property
+    def n_gpu_layers(self) -> int:
+        return self._fact("n_gpu_layers")
+
+    @property
+    def f16_prefill_off(self) -> str | None:
+        return self._fact("f16_prefill_off")
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return self._process._call("target", name, args, kwargs)[1]
+
+    def tokenize(self, text: str, special: bool = True) -> list[int]:
+        return self._call("tokenize", text, special=special)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self._call("detokenize", list(tokens))
+
+    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                    enable_thinking: bool | None = None) -> list[int]:
+        return self._call("chat_prompt", messages, add_generation_prompt, enable_thinking)
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return self._call("is_end_of_generation", token)
+
+    def reset(self, cold: bool = False) -> None:
+        self._call("reset", cold)
+
+    def settle(self) -> None:
+        self._call("settle")
 
     def token_bytes(self, token: int) -> bytes:
         if token not in self._bytes:
-            self._bytes[token] = self._process._call("target", "token_bytes", (token,), {})[1]
+            self._bytes[token] = self._call("token_bytes", token)
         return self._bytes[token]
 
 
 class EngineProcess:
-    """``Engine(config)`` in a child process (see the module docstring). A context manager;
-    ``close()`` is idempotent. Raises what ``Engine`` raises, and WorkerLostError once the
-    child is gone."""
+    """``Engine(config)`` in a child process (see the module docstring), with the
+    surface the front ends use: the engine's facts from a snapshot the child sends after
+    every call that may change them, its methods through the pipe. A context manager;
+    ``close()`` is idempotent. Raises what ``Engine`` raises, and WorkerLostError once
+    the child is gone."""
 
-    def __init__(self, config: Any, progress: Callable[[str], None] | None = None) -> None:
+    def __init__(self, config: EngineConfig, progress: Callable[[str], None] | None = None
+                 ) -> None:
         self.config = config
         # Its own interpreter (not multiprocessing's spawn, which re-runs the caller's main
         # module): no llama.cpp state inherited, and stderr (llama.cpp's last words) kept.
@@ -221,26 +269,86 @@ class EngineProcess:
         self._replied = True
         self._conn.send(config)
         self.target = _TargetProxy(self)
-        self._engine = _Remote(self, "engine")
         try:
             self._wait({"progress": progress} if progress else {}, None)
         except BaseException:
             self.close()
             raise
 
-    # the engine's surface ------------------------------------------------------------
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        if name in _SNAPSHOT:
-            return self._state.get(name)
-        return getattr(self._engine, name)
+    # the engine's facts (the snapshot) ----------------------------------------------
+    @property
+    def notes(self) -> list[str]:
+        return self._state.get("notes") or []
 
-    def generate(self, prompt: list[int], config: Any = None, *,
+    @property
+    def plan(self) -> Plan | None:
+        return self._state.get("plan")
+
+    @property
+    def costs(self) -> CostProfile | None:
+        return self._state.get("costs")
+
+    @property
+    def hardware(self) -> HardwareProfile:
+        return self._state["hardware"]
+
+    @property
+    def model(self) -> ModelInfo:
+        return self._state["model"]
+
+    @property
+    def kernels(self) -> KernelChoice | None:
+        return self._state.get("kernels")
+
+    @property
+    def n_threads(self) -> int:
+        return self._state["n_threads"]
+
+    @property
+    def max_draft(self) -> int:
+        return self._state["max_draft"]
+
+    @property
+    def calibrated_now(self) -> bool:
+        return bool(self._state.get("calibrated_now"))
+
+    @property
+    def remeasure_wanted(self) -> bool:
+        return bool(self._state.get("remeasure_wanted"))
+
+    @property
+    def plan_events(self) -> list[PlanEvent]:
+        return self._state.get("plan_events") or []
+
+    @property
+    def drafter_name(self) -> str:
+        return self._state.get("drafter_name") or "none"
+
+    @property
+    def guarantee(self) -> str:
+        return self._state.get("guarantee") or ""
+
+    @property
+    def architecture(self) -> dict[str, object]:
+        return self._state.get("architecture") or {}
+
+    @property
+    def kv_cache_text(self) -> str:
+        return self._state.get("kv_cache_text") or ""
+
+    @property
+    def workers(self) -> tuple[WorkerInfo, ...]:
+        return self._state.get("workers") or ()
+
+    # the engine's methods (through the pipe) ----------------------------------------
+    def _engine_call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return self._call("engine", name, args, kwargs)[1]
+
+    def generate(self, prompt: list[int], config: GenerationConfig | None = None, *,
                  on_text: Callable[[str], None] | None = None,
-                 on_step: Callable[[Any], None] | None = None,
+                 on_step: Callable[[StepStats], None] | None = None,
                  should_stop: Callable[[], bool] | None = None,
-                 plain: bool = False, remember: bool = True) -> Any:
+                 plain: bool = False, remember: bool = True) -> GenerationResult:
         callbacks = {k: v for k, v in (("on_text", on_text), ("on_step", on_step)) if v}
         return self._call("engine", "generate", (list(prompt), config),
                           {"plain": plain, "remember": remember}, callbacks, should_stop)[1]
@@ -248,6 +356,21 @@ class EngineProcess:
     def remeasure(self, progress: Callable[[str], None] | None = None) -> bool:
         return self._call("engine", "remeasure", (), {},
                           {"progress": progress} if progress else {})[1]
+
+    def fit_chat(self, messages: list[dict[str, str]], max_tokens: int,
+                 policy: str = DEFAULT_POLICY, enable_thinking: bool | None = None
+                 ) -> FittedPrompt:
+        return self._engine_call("fit_chat", messages, max_tokens, policy, enable_thinking)
+
+    def chat_prompt(self, messages: list[dict[str, str]],
+                    enable_thinking: bool | None = None) -> list[int]:
+        return self._engine_call("chat_prompt", messages, enable_thinking)
+
+    def plan_status(self) -> dict[str, object] | None:
+        return self._engine_call("plan_status")
+
+    def describe(self) -> str:
+        return self._engine_call("describe")
 
     @property
     def alive(self) -> bool:
@@ -357,39 +480,38 @@ class EngineProcess:
         return self._lost
 
 
-def open_engine(config: Any, progress: Callable[[str], None] | None = None) -> Any:
+def open_engine(config: EngineConfig, progress: Callable[[str], None] | None = None
+                ) -> Engine | EngineProcess:
     """The engine ``config`` asks for: in this process, or in a child when its target
     uses workers."""
-    if getattr(config, "workers", ()):
+    if config.workers:
         return EngineProcess(config, progress)
     from engine.session import Engine
     return Engine(config, progress=progress)
 
 
-def check_fits_here(model_path: Path | None) -> None:
-    """Raise ModelLoadError when the model's weights do not fit this machine's free memory
-    (after a worker that held them is lost)."""
+def check_fits_here(config: EngineConfig) -> None:
+    """Raise ModelLoadError when the model ``config`` asks for does not fit this machine's
+    available memory (after a worker that held it is lost), by the one rule
+    (engine.runtime.memory_fit) the wizard and the planner use."""
     import psutil
 
     from engine.hub.model_store import default_model_path
+    from engine.runtime.kv_cache import KV_MODES
+    from engine.runtime.memory_fit import RAM_HEADROOM, fits_ram, target_need
     from engine.runtime.model_info import read_model_info
+    from engine.session import context_length
 
-    path = model_path or default_model_path()
-    need = read_model_info(path).size_bytes
+    info = read_model_info(config.model_path or default_model_path())
+    type_k, type_v = KV_MODES[config.kv_cache]
+    need = target_need(info.size_bytes, info.kv_bytes(context_length(config, info),
+                                                      type_k, type_v))
     free = psutil.virtual_memory().available
-    if need > free:
+    if not fits_ram(need, free):
         raise ModelLoadError(
-            f"{Path(path).name} needs {need / 2**30:.1f} GiB and this machine has "
-            f"{free / 2**30:.1f} GiB free: it cannot run here without the worker")
-
-
-def reopen_locally(config: Any, progress: Callable[[str], None] | None = None
-                   ) -> tuple[Any, str]:
-    """After a worker is lost: the same engine on this machine, and a note saying so.
-    Raises ModelLoadError where the model does not fit this machine's memory."""
-    check_fits_here(config.model_path)
-    engine = open_engine(replace(config, workers=()), progress)
-    return engine, "the worker was lost: the model now runs on this machine"
+            f"{info.path.name} needs {need / 2**30:.1f} GiB and this machine has "
+            f"{free * RAM_HEADROOM / 2**30:.1f} GiB to give it: it cannot run here "
+            "without the worker")
 
 
 if __name__ == "__main__":  # the child: python -m engine.session_process FD
@@ -397,4 +519,4 @@ if __name__ == "__main__":  # the child: python -m engine.session_process FD
 
 
 __all__ = ["EngineProcess", "WorkerError", "WorkerLostError", "check_fits_here",
-           "open_engine", "reopen_locally"]
+           "open_engine"]

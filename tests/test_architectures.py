@@ -312,7 +312,7 @@ def test_a_sliding_window_cache_keeps_its_cells_across_a_dropped_span(
     """A long chat's oldest turns dropped on a sliding-window model: the cells after the
     cut are shifted back (both caches, the windowed one past its edge) instead of
     prefilled again, and drafted decoding from that cache gives plain decoding's tokens."""
-    from engine.runtime.target import SHIFT_MIN_KEPT
+    from engine.runtime.prefill import SHIFT_MIN_KEPT
 
     with Target(tiny_models[arch], TargetConfig(n_ctx=1024, n_threads=2)) as target:
         head = target.tokenize(PROMPTS[0], special=False)

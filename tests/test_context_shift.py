@@ -11,8 +11,8 @@ import pytest
 
 from engine.decoding.generation import GenerationConfig, generate
 from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
+from engine.runtime.prefill import SHIFT_MIN_KEPT
 from engine.runtime.sequences import find_cut
-from engine.runtime.target import SHIFT_MIN_KEPT
 from engine.session import Engine, EngineConfig
 
 
@@ -58,6 +58,7 @@ def test_the_shifted_cache_is_llama_cpps_own_shift_in_position_order(fresh_targe
     n_cut, n_kept = find_cut(cached, prompt, n_same, SHIFT_MIN_KEPT)
     t.reset()
     t.prefill(cached)
+    t.settle()  # the prompt's cells, into the cache shifted below
     end = n_same + n_cut + n_kept
     t.ctx.kv_remove(0, end, -1)
     t.ctx.kv_remove(0, n_same, n_same + n_cut)
@@ -68,10 +69,11 @@ def test_the_shifted_cache_is_llama_cpps_own_shift_in_position_order(fresh_targe
     in_place = t.ctx.state_seq_get(0)
     t.reset()
     t.prefill(cached)
-    assert t._keep_across_a_cut(prompt, n_same) == n_same + n_kept
+    assert t.prompts._keep_across_a_cut(prompt, n_same) == n_same + n_kept
     assert t.ctx.state_seq_get(0) == in_place
     assert t.tokens == prompt[:n_same + n_kept]
     shifted = t.prefill(prompt)
+    t.settle()
     assert shifted.n_reused == n_same + n_kept and t.ctx.kv_pos_max(0) == len(prompt) - 1
     t.reset(cold=True)
     fresh = t.prefill(prompt)

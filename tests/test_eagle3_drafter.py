@@ -93,11 +93,11 @@ def test_the_layer_export_leaves_logits_as_they_were(target):
     rows = []
     for layers in ((), (0, 15, 27)):
         with NativeContext(target.model, n_ctx=256, n_batch=64, n_seq_max=1, n_threads=2,
-                           embeddings=True, feature_layers=layers) as ctx, \
+                           features=True, feature_layers=layers) as ctx, \
                 NativeBatch(64, 1) as batch:
             batch.fill(tokens, list(range(n)), None, True)
             ctx.decode(batch)
-            rows.append((ctx.logits(n), ctx.hidden_states(n)))
+            rows.append((ctx.logits(n), ctx.features(n)))
     assert np.array_equal(rows[0][0], rows[1][0])
     features = rows[1][1]
     assert features.shape == (n, 3 * target.n_embd)

@@ -269,10 +269,10 @@ def test_a_cpu_target_keeps_its_batches_on_the_cpu(target, model_path):
     build has one (op offload): on an H200 the probe's 33-token chain then differed at
     every position. A target wholly on the CPU turns that off; one with layers on the
     GPU keeps it (its batches run there anyway)."""
-    assert target._ctx.op_offload is False
+    assert target.ctx.op_offload is False
     with Target(model_path, TargetConfig(n_ctx=256, n_threads=2, n_gpu_layers=1,
                                          f16_prefill=False)) as placed:
-        assert placed._ctx.op_offload is True
+        assert placed.ctx.op_offload is True
 
 
 def test_a_gpu_placement_has_its_own_verdict(model_path):

@@ -13,7 +13,8 @@ from engine.decoding.generation import GenerationConfig, generate
 from engine.runtime import kv_transfer
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.native import NativeContext
-from engine.runtime.target import F16_PREFILL_MIN_TOKENS, Target, TargetConfig
+from engine.runtime.prefill import F16_PREFILL_MIN_TOKENS
+from engine.runtime.target import Target, TargetConfig
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +50,10 @@ def test_moved_keys_are_stored_as_llama_cpp_stores_them(target, long_prompts):
         target.prefill(prompt)
     finally:
         target.f16_prefill_off = None
+    target.settle()
     own = _dequantize_q8_0(_layer0_keys(target.ctx.state_seq_get(0), 204))
     with NativeContext(target.model, n_ctx=512, n_batch=256, n_seq_max=1, n_threads=2,
-                       embeddings=False, type_k="f16", type_v="f16") as f16:
+                       features=False, type_k="f16", type_v="f16") as f16:
         target.batch.fill(prompt, list(range(len(prompt))), None, False)
         f16.decode(target.batch)
         blob = f16.state_seq_get(0)
@@ -85,11 +87,13 @@ def test_a_prompts_cells_do_not_depend_on_the_f16_contexts_history(model_path, l
     prompt = long_prompts[1]
     with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2)) as cold:
         cold.prefill(prompt)
+        cold.settle()
         want = cold.ctx.state_seq_get(0)
     with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2)) as warm:
         warm.prefill(prompt[:300])
         warm.reset()
         warm.prefill(prompt)
+        warm.settle()
         assert warm.ctx.state_seq_get(0) == want
 
 
@@ -99,12 +103,14 @@ def test_a_cold_reset_empties_the_f16_context_too(target, long_prompts):
     prompt = long_prompts[0]
     target.reset(cold=True)
     target.prefill(prompt)
+    target.settle()
     want = target.ctx.state_seq_get(0)
     target.reset()
-    assert target._f16_ctx.kv_pos_max(0) == len(prompt) - 1  # the whole prompt
+    assert target.prompts.f16_ctx.kv_pos_max(0) == len(prompt) - 1  # the whole prompt
     target.reset(cold=True)
-    assert target._f16_ctx.kv_pos_max(0) == -1
+    assert target.prompts.f16_ctx.kv_pos_max(0) == -1
     target.prefill(prompt)
+    target.settle()
     assert target.ctx.state_seq_get(0) == want
 
 
@@ -116,13 +122,15 @@ def test_features_of_a_long_prompt_leave_its_cells_as_plain_prefill_makes_them(
     prompt = long_prompts[0]
     target.reset()
     plain = target.prefill(prompt)
+    target.settle()
     plain_cells = target.ctx.state_seq_get(0)
     target.reset()
     target.set_features(True)
     try:
         tail = target.prefill(prompt, feature_tail=8)
+        target.settle()
         cells = target.ctx.state_seq_get(0)
-        assert target._f16_ctx.kv_pos_max(1) == -1  # sequence 1 is empty again
+        assert target.prompts.f16_ctx.kv_pos_max(1) == -1  # sequence 1 is empty again
         target.reset()
         target.f16_prefill_off = "test"
         try:
@@ -180,9 +188,9 @@ def test_a_chats_next_turn_does_not_evaluate_the_last_answer_again(target, model
                             {"role": "user", "content": follow_up}]
         prompt = t.chat_prompt(messages)
         assert len(answer) >= 200 and len(prompt) - t.n_past >= F16_PREFILL_MIN_TOKENS
-        held = list(t._f16_tokens)
+        held = list(t.prompts.f16_tokens)
         logits = t.prefill(prompt).logits
-        assert t._f16_tokens == held  # the F16 context was not used
+        assert t.prompts.f16_tokens == held  # the F16 context was not used
         return answer, logits
 
     answer, logits = second_turn(target)
@@ -203,13 +211,14 @@ def test_a_failed_move_falls_back_to_the_q8_0_prefill(model_path, long_prompts, 
         first = int(want_first.argmax())
         want_next = t.verify(first, DraftTree()).logits[0].copy()
     real = kv_transfer.f16_to_q8_0_keys
-    monkeypatch.setattr("engine.runtime.target.f16_to_q8_0_keys",
+    monkeypatch.setattr("engine.runtime.prefill.f16_to_q8_0_keys",
                         lambda blob, *a, **k: real(blob, *a, **k)[:-1000])  # cut short
     with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2)) as t:
-        with caplog.at_level(logging.WARNING, logger="engine.runtime.target"):
+        with caplog.at_level(logging.WARNING, logger="engine.runtime.prefill"):
             got_first = t.prefill(prompt).logits
             assert not caplog.text  # the move waits for the first use of the cache
             assert int(got_first.argmax()) == first
+            t.settle()
             assert t.n_past == len(prompt) and t.ctx.kv_pos_max(0) == len(prompt) - 1
         assert t.f16_prefill_off and "llama_state_seq_set_data" in t.f16_prefill_off
         assert "F16 prefill off" in caplog.text
@@ -218,19 +227,21 @@ def test_a_failed_move_falls_back_to_the_q8_0_prefill(model_path, long_prompts, 
 
 
 def test_the_first_token_does_not_wait_for_the_cells_to_move(target, long_prompts):
-    """The prefill's logits come before the move; the first use of the cache moves the
-    cells, and they are the ones an immediate move wrote."""
+    """The prefill's logits come before the move; ``settle`` (which every use of the
+    cache calls first) moves the cells, and they are the ones an immediate move wrote."""
     prompt = long_prompts[1]
     target.reset(cold=True)
     target.prefill(prompt)
-    assert target._ctx.kv_pos_max(0) == -1  # still in the F16 context
-    moved = target.ctx.state_seq_get(0)  # the first use moves them
-    assert target._ctx.kv_pos_max(0) == len(prompt) - 1
+    assert target.ctx.kv_pos_max(0) == -1  # still in the F16 context
+    target.settle()
+    moved = target.ctx.state_seq_get(0)
+    assert target.ctx.kv_pos_max(0) == len(prompt) - 1
     target.reset()  # a reset forgets cells not moved yet
     target.prefill(prompt)
     target.reset()
-    assert target._ctx.kv_pos_max(0) == -1 and target.n_past == 0
+    assert target.ctx.kv_pos_max(0) == -1 and target.n_past == 0
     target.prefill(prompt)
+    target.settle()
     assert target.ctx.state_seq_get(0) == moved
 
 
@@ -241,6 +252,7 @@ def test_blobs_of_another_layout_are_refused(target, long_prompts):
         target.prefill(long_prompts[0][:200])
     finally:
         target.f16_prefill_off = None
+    target.settle()
     q8_blob = target.ctx.state_seq_get(0)  # K already Q8_0
     with pytest.raises(kv_transfer.StateFormatError, match="not F16"):
         kv_transfer.f16_to_q8_0_keys(q8_blob, target.model.n_head_kv, rotate=True)
@@ -272,6 +284,7 @@ def test_a_regenerate_gets_the_first_tokens_logits_again(target, long_prompts):
     for prompt in (long_prompts[0], long_prompts[0][:2 * step]):
         target.reset(cold=True)
         cold = target.prefill(prompt)
+        target.settle()
         cells = target.ctx.state_seq_get(0)
         target.reset()
         target.set_features(True)  # its outputs are another batch's: no stale logits
@@ -282,6 +295,7 @@ def test_a_regenerate_gets_the_first_tokens_logits_again(target, long_prompts):
         target.reset()
         warm = target.prefill(prompt)
         np.testing.assert_array_equal(warm.logits, cold.logits)
+        target.settle()
         assert target.ctx.state_seq_get(0) == cells
 
 
@@ -310,14 +324,14 @@ def test_a_prompt_asked_again_with_its_answer_cached_answers_the_same(target, lo
 def test_the_moves_buffer_is_made_when_the_target_opens_and_kept(target, long_prompts):
     """Its pages are touched while the model opens, not before a long prompt's second
     token; a prompt of 1024 tokens fits it, and every move uses it again."""
-    made = target._move_buffer
+    made = target.prompts.move_buffer
     assert made is not None
     for prompt in long_prompts:
         target.reset(cold=True)
         target.prefill(prompt)
         target.settle()
-        assert target.f16_prefill_off is None and target._move_buffer is made
-        f16 = target._f16_ctx
+        assert target.f16_prefill_off is None and target.prompts.move_buffer is made
+        f16 = target.prompts.f16_ctx
         f16.kv_copy(0, 1, 0, -1)
         try:
             blob_bytes = len(f16.state_seq_array(1))

@@ -131,7 +131,7 @@ def test_added_gguf_is_offered_and_loaded(qtbot, db: Path, model_path: Path,
 def test_provisional_costs_are_measured_again_when_the_app_is_idle(qtbot, db: Path,
                                                                    model_path: Path,
                                                                    monkeypatch) -> None:
-    import engine.session as session
+    import engine.planning.plan_maker as session
     from engine.drafters import DEFAULT_EAGLE3_HEAD, DEFAULT_HEAD_DIR
     from engine.hub.model_store import data_dir
     from engine.planning.calibration import CalibrationCache, cache_key

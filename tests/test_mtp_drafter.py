@@ -125,7 +125,7 @@ def test_mtp_layers_not_loaded_are_refused_not_aborted(mtp_model: Path):
             MtpDrafter(target)
         with pytest.raises(ModelLoadError, match="not loaded"):
             NativeContext(target.model, n_ctx=256, n_batch=64, n_seq_max=1, n_threads=2,
-                          embeddings=False, mtp=True)
+                          features=False, mtp=True)
 
 
 def test_auto_measures_and_prices_the_mtp_block(mtp_model: Path, tmp_path: Path):

@@ -183,7 +183,7 @@ def _seed(cache_dir: Path, costs: CostProfile, model_path: Path, monkeypatch,
           busy_now: bool) -> None:
     """Put ``costs`` in the cache under the key the engine will use (the bundled head,
     2 threads, the target on the CPU), and set how busy the machine looks at start."""
-    import engine.session as session
+    import engine.planning.plan_maker as session
 
     reading = LoadReading(2.0 if busy_now else 0.0, 0.3, 0)
     monkeypatch.setattr(session, "look_at_load", lambda _threads: reading)
@@ -210,14 +210,14 @@ def test_provisional_costs_are_kept_while_busy_and_measured_again_when_quiet(
         assert status["provisional"] and "busy" in status["costs"]
         # What the app does when idle: measure again; a quiet result replaces the cache.
         engine.remeasure()
-        cached = CalibrationCache(tmp_path).get(engine._cache_key)
+        cached = CalibrationCache(tmp_path).get(engine.plans.cache_key)
         if engine.costs.provisional:  # this machine was busy: nothing replaced
             assert engine.remeasure_wanted and cached == _busy()
         else:
             assert not engine.remeasure_wanted and cached == engine.costs
             assert engine.plan_check.costs is engine.costs
-    CalibrationCache(tmp_path).put(engine._cache_key, _busy())
-    import engine.session as session
+    CalibrationCache(tmp_path).put(engine.plans.cache_key, _busy())
+    import engine.planning.plan_maker as session
 
     monkeypatch.setattr(session, "look_at_load", lambda _t: LoadReading(0.0, 0.3, 0))
     with _open(model_path, tmp_path) as engine:
@@ -250,12 +250,12 @@ def test_a_switched_plan_runs_its_drafter_and_output_stays_the_targets(
         # must not switch the plan between them (CI saw the check pick "memory" first).
         engine.plan_check = None
         # Each plan runs its own drafter, and the output stays the target's.
-        engine._switch_plan(_price(_busy()), "test: the head")
+        engine.apply_plan(_price(_busy()), "test: the head")
         assert engine.drafter_name == "head+memory" and engine.governor is not None
         assert engine.generate(prompt, GenerationConfig(24)).tokens == plain
-        engine._switch_plan(_price(_quiet()), "test: memory")
+        engine.apply_plan(_price(_quiet()), "test: memory")
         assert engine.drafter_name == "memory" and engine.governor is not None
         assert engine.plan_events[-1].why == "test: memory"
         assert engine.generate(prompt, GenerationConfig(24)).tokens == plain
         log = json.loads((tmp_path / "plan_log.json").read_text())
-        assert log[engine._cache_key][-1]["plan"] == engine.plan.layout_text()
+        assert log[engine.plans.cache_key][-1]["plan"] == engine.plan.layout_text()

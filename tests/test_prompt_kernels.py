@@ -15,8 +15,9 @@ from engine.decoding.budget import VerifyCostModel
 from engine.decoding.generation import GenerationConfig, generate
 from engine.drafters.lookup import PromptLookupDrafter
 from engine.runtime.native import kernel_settings, prompt_kernels, prompt_kernels_available
+from engine.runtime.prefill import F16_PREFILL_MIN_TOKENS
 from engine.runtime.prompt_weights import prompts_prefer_repacked
-from engine.runtime.target import F16_PREFILL_MIN_TOKENS, Target, TargetConfig
+from engine.runtime.target import Target, TargetConfig
 
 
 @pytest.fixture(scope="module")
@@ -134,5 +135,5 @@ def test_the_prompt_layout_follows_the_files_weight_types(model_path, f32_model_
                                         (model_path, False, True),
                                         (f32_model_path, True, None)):
         with Target(path, TargetConfig(n_ctx=512, n_threads=2, repack=repack)) as t:
-            copy = t._prefill_model
+            copy = t.prompts.prefill_model
             assert (copy.repack if copy is not None else None) == copy_repacked

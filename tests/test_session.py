@@ -38,7 +38,7 @@ def _engine(model_path, tmp_path, **options) -> Engine:
 
 
 def test_calibration_is_measured_once_then_cached(model_path, tmp_path, monkeypatch):
-    import engine.session as session
+    import engine.planning.plan_maker as session
     from engine.planning.machine_load import LoadReading
 
     # Costs measured while busy are measured again at a quiet start: the machine looks

@@ -13,6 +13,7 @@ PROMPT = [{"role": "user", "content": "List three colours of the rainbow."}]
 
 
 def _kv_matches_tokens(target: Target) -> None:
+    target.settle()
     assert target.ctx.kv_pos_max(0) == target.n_past - 1
     for s in range(1, target.park_seq):
         assert target.ctx.kv_pos_max(s) == -1, f"sequence {s} left behind"

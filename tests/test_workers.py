@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from app.loopback_worker import free_port, loopback_worker
+from engine.conversation import LOCAL_AGAIN, AnswerService, Question
 from engine.decoding.budget import VerifyCostModel
 from engine.decoding.generation import GenerationConfig, generate
 from engine.drafters import DrafterSpec, build_drafter
@@ -36,7 +37,7 @@ from engine.errors import (
 from engine.gguf.architectures import TinyShape, write_architecture_gguf
 from engine.runtime.target import Target, TargetConfig
 from engine.session import Engine, EngineConfig
-from engine.session_process import EngineProcess, reopen_locally
+from engine.session_process import EngineProcess
 from engine.workers.endpoints import check_bind, is_loopback, parse_workers
 from engine.workers.handshake import PROTOCOL, probe_worker
 from tests.conftest import REPO
@@ -256,6 +257,8 @@ def test_a_worker_killed_mid_answer_ends_the_answer_and_the_model_reopens_here(
     with running_worker() as (endpoint, worker_process):
         config = replace(engine_config, workers=(endpoint,))
         engine = EngineProcess(config)
+        notes: list[str] = []
+        service = AnswerService(engine, config, on_note=notes.append)
         try:
             prompt = engine.chat_prompt([{"role": "user", "content": "Tell me a long story."}])
             seen: list[str] = []
@@ -271,9 +274,12 @@ def test_a_worker_killed_mid_answer_ends_the_answer_and_the_model_reopens_here(
             assert len(seen) >= 5 and not engine.alive
             with pytest.raises(WorkerLostError):  # and it stays said, without hanging
                 engine.generate(prompt, GenerationConfig(4))
+            # The one answer path opens the model here, says so, and answers.
+            assert service.recover() and notes == [LOCAL_AGAIN]
+            local = service.engine
+            assert local is not None and not local.workers and local is not engine
+            assert service.answer(Question.chat([{"role": "user", "content": CHAT}],
+                                                GenerationConfig(4))).result.tokens
         finally:
+            service.close()
             engine.close()
-    local, note = reopen_locally(config)
-    with local:
-        assert "runs on this machine" in note and not local.workers
-        assert local.generate(prompt, GenerationConfig(4)).tokens

@@ -9,16 +9,15 @@ import time
 from pathlib import Path
 
 from app.cli.common import (
-    ServedEngine,
     add_model_args,
     add_sampling_args,
-    engine_config,
     generation_config,
-    open_engine,
+    open_service,
     stats_line,
 )
 from app.conversation_export import read_import, write_export
 from app.conversation_store import Conversation, Message
+from engine.conversation import AnswerService, Question
 from engine.decoding.generation import GenerationConfig, GenerationResult
 from engine.errors import TandemError, WorkerLostError
 from engine.runtime.context_fit import CONTEXT_POLICIES, DEFAULT_POLICY
@@ -68,16 +67,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"tandem: {exc}", file=sys.stderr)
             return 2
-    served = ServedEngine(open_engine(args), engine_config(args))
-    try:
-        return _chat_loop(served, chat, config, args)
-    finally:
-        served.close()
+    with open_service(args) as service:
+        return _chat_loop(service, chat, config, args)
 
 
-def _chat_loop(served: ServedEngine, chat: TerminalChat, config: GenerationConfig,
+def _chat_loop(service: AnswerService, chat: TerminalChat, config: GenerationConfig,
                args: argparse.Namespace) -> int:
-    engine = served()
+    engine = service.current()
     assert engine is not None
     print(f"Tandem chat on {engine.describe()}. {HELP}")
     if chat.turns:
@@ -101,10 +97,10 @@ def _chat_loop(served: ServedEngine, chat: TerminalChat, config: GenerationConfi
             continue
         chat.add("user", user)
         print("tandem> ", end="", flush=True)
-        result = _answer(served, chat, config, args)
+        result = _answer(service, chat, config, args)
         if result is None:
             chat.turns.pop()
-            if served.engine is None:
+            if service.engine is None:
                 return 1
             continue
         summary = stats_line(result.stats)
@@ -114,22 +110,24 @@ def _chat_loop(served: ServedEngine, chat: TerminalChat, config: GenerationConfi
         print("\n" + summary)
 
 
-def _answer(served: ServedEngine, chat: TerminalChat, config: GenerationConfig,
+def _answer(service: AnswerService, chat: TerminalChat, config: GenerationConfig,
             args: argparse.Namespace) -> GenerationResult | None:
     """The answer to the conversation so far, None when there is none (what went wrong is
     printed). A lost worker: the question is asked again of the model opened here."""
+    question = Question.chat(chat.messages(), config, args.context_policy)
+
+    def started(_n_prompt: int, n_dropped: int) -> None:
+        if n_dropped:
+            print(f"(the {n_dropped} oldest messages are left out to fit the context) ",
+                  end="")
+
     for _attempt in range(2):
-        engine = served()
-        if engine is None:
+        if service.current() is None:
             print("(no model is loaded: the worker was lost and the model does not fit here)")
             return None
         try:
-            fitted = engine.fit_chat(chat.messages(), config.max_tokens, args.context_policy)
-            if fitted.n_dropped:
-                print(f"(the {fitted.n_dropped} oldest messages are left out to fit the "
-                      "context) ", end="")
-            return engine.generate(fitted.tokens, config,
-                                   on_text=lambda s: print(s, end="", flush=True))
+            return service.answer(question, on_start=started,
+                                  on_text=lambda s: print(s, end="", flush=True)).result
         except KeyboardInterrupt:
             print("\n(stopped)")
             return None

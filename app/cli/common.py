@@ -9,14 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from engine.conversation import AnswerService
 from engine.decoding.generation import GenerationConfig
 from engine.decoding.sampling import CHAT_DEFAULTS, SamplingParams
 from engine.decoding.stats import GenerationStats
-from engine.errors import TandemError
 from engine.planning.planner import LAYOUTS, Overrides
 from engine.session import ENGINE_DRAFTERS, Engine, EngineConfig
-from engine.session_process import EngineProcess, reopen_locally
-from engine.session_process import open_engine as open_engine_for
+from engine.session_process import EngineProcess
 from engine.workers.endpoints import parse_workers
 
 
@@ -77,41 +76,33 @@ def engine_config(args: argparse.Namespace, drafter: str | None = None) -> Engin
                         worker_layers=getattr(args, "worker_layers", None))
 
 
-def open_engine(args: argparse.Namespace, drafter: str | None = None) -> Engine:
-    """The engine as asked (``auto``: as planned), its notes on stderr."""
-    def progress(what: str) -> None:
-        print(f"tandem: {what}...", file=sys.stderr, flush=True)
+def _progress(what: str) -> None:
+    print(f"tandem: {what}...", file=sys.stderr, flush=True)
 
-    engine = open_engine_for(engine_config(args, drafter), progress=progress)
-    if engine.plan is not None and args.verbose:
+
+def _say(note: str) -> None:
+    print(f"tandem: {note}", file=sys.stderr, flush=True)
+
+
+def open_service(args: argparse.Namespace, drafter: str | None = None) -> AnswerService:
+    """The engine as asked (``auto``: as planned) behind the one answer path, its notes
+    on stderr; a lost worker's model reopens here, said on stderr too."""
+    service = AnswerService.open(engine_config(args, drafter), _progress, on_note=_say)
+    engine = service.engine
+    assert engine is not None
+    if engine.plan is not None and getattr(args, "verbose", False):
         print(engine.plan.describe(), file=sys.stderr)
     for note in engine.notes:
-        print(f"tandem: {note}", file=sys.stderr)
+        _say(note)
+    return service
+
+
+def open_engine(args: argparse.Namespace, drafter: str | None = None
+                ) -> Engine | EngineProcess:
+    """The engine alone, for the commands that look into it (plan, bench)."""
+    engine = open_service(args, drafter).engine
+    assert engine is not None
     return engine
-
-
-class ServedEngine:
-    """The engine a long-running command uses (chat, serve). One whose worker was lost (its
-    answer ended with the error naming the worker) is replaced, when next asked for, by
-    the same model opened on this machine where it fits."""
-
-    def __init__(self, engine: Any, config: EngineConfig) -> None:
-        self.engine, self.config = engine, config
-
-    def __call__(self) -> Any:
-        if isinstance(self.engine, EngineProcess) and not self.engine.alive:
-            self.engine.close()
-            self.engine = None
-            try:
-                self.engine, note = reopen_locally(self.config)
-                print(f"tandem: {note}", file=sys.stderr, flush=True)
-            except TandemError as exc:
-                print(f"tandem: {exc}", file=sys.stderr, flush=True)
-        return self.engine
-
-    def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

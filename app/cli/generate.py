@@ -10,18 +10,21 @@ from app.cli.common import (
     add_model_args,
     add_sampling_args,
     generation_config,
-    open_engine,
+    open_service,
     stats_line,
 )
+from engine.conversation import Question
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     config = generation_config(args)
-    with open_engine(args) as engine:
-        prompt = (engine.target.tokenize(args.prompt) if args.raw
-                  else engine.chat_prompt([{"role": "user", "content": args.prompt}]))
+    with open_service(args) as service:
+        engine = service.current()
+        assert engine is not None
+        question = (Question.completion(args.prompt, config, special=True) if args.raw
+                    else Question.chat([{"role": "user", "content": args.prompt}], config))
         stream = None if args.json else (lambda s: print(s, end="", flush=True))
-        result = engine.generate(prompt, config, on_text=stream)
+        result = service.answer(question, on_text=stream).result
         plan = engine.plan.to_json() if engine.plan is not None else None
         exactness = engine.kernels.to_json() if engine.kernels is not None else None
         architecture = engine.architecture

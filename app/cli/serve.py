@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from app.cli.common import (
-    ServedEngine,
-    add_head_args,
-    add_model_args,
-    add_plan_args,
-    engine_config,
-    open_engine,
-)
+from app.cli.common import add_head_args, add_model_args, add_plan_args, open_service
 from engine.session import ENGINE_DRAFTERS
 
 
@@ -23,17 +16,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_binding(args.host, args.port, args.api_key)  # before the model loads
     if args.queue < 1 or args.max_tokens < 1:
         raise ValueError("--queue and --max-tokens must be at least 1")
-    served = ServedEngine(open_engine(args), engine_config(args))
-    try:
-        engine = served()
+    with open_service(args) as service:
+        engine = service.current()
         assert engine is not None
-        server = ApiServer(served, threading.Lock(), args.host, args.port,
+        server = ApiServer(lambda: service, threading.Lock(), args.host, args.port,
                            args.api_key, args.queue, min(args.max_tokens, engine.target.n_ctx))
         print(f"Tandem serving {engine.describe()} at {server.url} "
               f"(OpenAI API; Ctrl-C stops)", flush=True)
         server.run()
-    finally:
-        served.close()
     return 0
 
 

@@ -46,7 +46,7 @@ class ApiServerSwitch(QGroupBox):
         if self.server is not None:
             return
         try:
-            self.server = ApiServer(self.worker.current_engine, self.worker.engine_lock,
+            self.server = ApiServer(self.worker.current_service, self.worker.engine_lock,
                                     "127.0.0.1", self.port.value(),
                                     execute=self.worker.call_in_worker)
         except ValueError as exc:  # a port in use, for example

@@ -14,27 +14,29 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 from PySide6.QtCore import QObject, Signal, Slot
 
+from engine.conversation import AnswerService, Question, failure_of
 from engine.decoding.budget import MAX_DRAFT
 from engine.decoding.generation import GenerationConfig, GenerationResult
 from engine.decoding.sampling import SamplingParams
 from engine.decoding.stats import GenerationStats, StepStats
-from engine.errors import ContextFullError, InvalidSamplingError, TandemError, WorkerLostError
+from engine.drafters import OFFERED_DRAFTERS
+from engine.errors import TandemError, WorkerLostError
 from engine.planning.planner import Overrides
 from engine.runtime.context_fit import DEFAULT_POLICY
 from engine.runtime.target import Target
 from engine.session import Engine, EngineConfig
-from engine.session_process import EngineProcess, check_fits_here, open_engine
+from engine.session_process import EngineProcess
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-DRAFTER_CHOICES = ("auto", "head", "draft", "eagle3", "mtp", "lookup", "none")
+DRAFTER_CHOICES = OFFERED_DRAFTERS  # what the window offers (engine.drafters says)
 
 
 @dataclass(frozen=True)
@@ -136,8 +138,9 @@ class _Call:
 
 
 class EngineWorker(QObject):
-    """Owns the Target and drafter. Create in the GUI thread, ``moveToThread`` a
-    QThread, then drive by signals; call ``request_stop`` from any thread."""
+    """Owns the engine (through its ``AnswerService``). Create in the GUI thread,
+    ``moveToThread`` a QThread, then drive by signals; call ``request_stop`` from any
+    thread."""
 
     status = Signal(str)  # progress text (model preparation, loading)
     ready = Signal(object)  # EngineReady
@@ -152,9 +155,7 @@ class EngineWorker(QObject):
 
     def __init__(self) -> None:
         super().__init__()
-        self._engine: Engine | EngineProcess | None = None
-        self._choice: EngineChoice | None = None  # what was loaded, to reopen it locally
-        self._lost_note = ""  # said while a model runs here because its worker was lost
+        self._service: AnswerService | None = None
         self._requested = "auto"  # the drafter the user chose for the loaded engine
         # Held while the engine loads, generates or closes: the local API server
         # (app.server) runs its requests under it too, so they take turns with the chat.
@@ -193,9 +194,14 @@ class EngineWorker(QObject):
         finally:
             call.done.set()
 
-    def current_engine(self) -> Engine | None:
+    def current_service(self) -> AnswerService | None:
+        """The loaded engine's answer path (use it under ``engine_lock``), None while no
+        engine is loaded."""
+        return self._service
+
+    def current_engine(self) -> Engine | EngineProcess | None:
         """The loaded engine (use it under ``engine_lock``), None while none is."""
-        return self._engine
+        return self._service.engine if self._service is not None else None
 
     def _should_stop(self, request_id: int) -> bool:
         with self._lock:
@@ -206,7 +212,6 @@ class EngineWorker(QObject):
     def load(self, choice: EngineChoice) -> None:
         """Open the model and drafter (closing what was open); emits ready or failed."""
         with self.engine_lock:
-            self._lost_note = ""
             self._load(choice)
 
     def _load(self, choice: EngineChoice) -> None:
@@ -224,13 +229,13 @@ class EngineWorker(QObject):
             draft = choice.draft_model if choice.drafter in ("auto", "draft") else None
             if choice.workers:
                 self.status.emit(f"Connecting to {', '.join(choice.workers)}…")
-            engine = open_engine(EngineConfig(
+            self._service = AnswerService.open(EngineConfig(
                 model_path=choice.model_path, drafter=choice.drafter, head_dir=choice.head_dir,
                 overrides=overrides, n_ctx=choice.n_ctx, n_threads=choice.n_threads,
                 kv_cache=choice.kv_cache, draft_model=draft, workers=choice.workers),
-                progress=lambda what: self.status.emit(what[:1].upper() + what[1:] + "…"))
-            self._engine, self._requested, self._choice = engine, choice.drafter, choice
-            self.ready.emit(self._ready_info(engine))
+                progress=self._progress)
+            self._requested = choice.drafter
+            self.ready.emit(self._ready_info())
         except (TandemError, OSError, ValueError) as exc:
             self._close_engine()
             self.failed.emit(EngineFailure(-1, "load", str(exc)))
@@ -238,6 +243,9 @@ class EngineWorker(QObject):
             log.exception("loading failed")
             self._close_engine()
             self.failed.emit(EngineFailure(-1, "internal", f"{type(exc).__name__}: {exc}"))
+
+    def _progress(self, what: str) -> None:
+        self.status.emit(what[:1].upper() + what[1:] + "…")
 
     @Slot(object)
     def generate(self, request: GenerationRequest) -> None:
@@ -260,28 +268,27 @@ class EngineWorker(QObject):
     def _reopen_locally(self) -> None:
         """After a lost worker: the same model and drafter on this machine where it fits
         (ready, with a note), else failed with why; the conversation stays as it was."""
-        choice = self._choice
+        service = self._service
+        if service is None:
+            return
         with self.engine_lock:
-            self._close_engine()
-            if choice is None:
-                return
+            self.status.emit("The worker was lost: opening the model on this machine…")
             try:
-                check_fits_here(choice.model_path)
-            except TandemError as exc:
+                service.recover(self._progress)
+            except Exception as exc:  # noqa: BLE001 - a failed load reaches the UI as data
                 self.failed.emit(EngineFailure(-1, "load", str(exc)))
                 return
-            self.status.emit("The worker was lost: opening the model on this machine…")
-            self._lost_note = ("The worker was lost: the model now runs on this machine "
-                               "until it is loaded again.")
-            self._load(replace(choice, workers=()))
-            self._choice = choice  # the user's setting keeps its workers for next time
+            if service.engine is None:
+                self.failed.emit(EngineFailure(-1, "load", service.why_not_here))
+                return
+            self.ready.emit(self._ready_info())
 
     @Slot()
     def remeasure(self) -> None:
         """Measure this machine's costs again when the engine wants it (provisional
         costs, or a plan the answers changed); the GUI asks when the app is idle."""
         with self.engine_lock:
-            engine = self._engine
+            engine = self.current_engine()
             if engine is None or not engine.remeasure_wanted:
                 return
             self.status.emit("Measuring this machine again while the app is idle…")
@@ -303,7 +310,8 @@ class EngineWorker(QObject):
             return
         finally:
             self._forget(request.request_id)
-        drafter = self._engine.drafter_name if self._engine else "none"
+        engine = self.current_engine()
+        drafter = engine.drafter_name if engine is not None else "none"
         self.compared.emit(Comparison(request.request_id, drafter,
                                       with_dft.stats, plain.stats,
                                       with_dft.text == plain.text))
@@ -315,11 +323,15 @@ class EngineWorker(QObject):
         self.stopped.emit()
 
     # --- internals -------------------------------------------------------------------
-    def _ready_info(self, engine: Engine) -> EngineReady:
+    def _ready_info(self) -> EngineReady:
+        service = self._service
+        engine = self.current_engine()
+        assert service is not None and engine is not None
         target = engine.target
         gpu = engine.hardware.best_gpu
-        note = " ".join([self._lost_note] * bool(self._lost_note)
-                        + [n[:1].upper() + n[1:] + "." for n in engine.notes])
+        lost = ([service.lost_note[:1].upper() + service.lost_note[1:] + " until it is "
+                 "loaded again."] if service.lost_note else [])
+        note = " ".join(lost + [n[:1].upper() + n[1:] + "." for n in engine.notes])
         return EngineReady(str(target.path), engine.drafter_name, self._requested, note,
                            target.n_ctx, target.n_threads, engine.max_draft,
                            gpu.name if gpu else None,
@@ -329,23 +341,21 @@ class EngineWorker(QObject):
                            thinking_switch=target.template.thinking_switch)
 
     def _plan_moved(self) -> None:
-        engine = self._engine
+        engine = self.current_engine()
         if engine is not None and engine.plan is not None:
-            self.plan_changed.emit(self._ready_info(engine))
+            self.plan_changed.emit(self._ready_info())
 
     def _run(self, request: GenerationRequest, plain: bool, stream: bool
              ) -> GenerationOutcome:
-        engine = self._engine
-        if engine is None:
+        service = self._service
+        if service is None:
             raise TandemError("no model is loaded")
         rid = request.request_id
         t_start = time.perf_counter()
-        messages = [{"role": r, "content": c} for r, c in request.messages]
-        switch = engine.target.template.thinking_switch
-        fitted = engine.fit_chat(messages, request.max_tokens, request.context_policy,
-                                 request.thinking if switch else None)
-        prompt = fitted.tokens
-        config = GenerationConfig(max_tokens=request.max_tokens, sampling=request.sampling)
+        question = Question.chat([{"role": r, "content": c} for r, c in request.messages],
+                                 GenerationConfig(max_tokens=request.max_tokens,
+                                                  sampling=request.sampling),
+                                 request.context_policy, request.thinking)
 
         def on_step(step: StepStats) -> None:
             t_end = time.perf_counter()
@@ -353,14 +363,17 @@ class EngineWorker(QObject):
             self.step.emit(StepEvent(rid, t_verify - step.t_draft_s, t_verify, t_end, step))
 
         with self.engine_lock:
-            result = engine.generate(prompt, config,
-                                     on_text=(lambda s: self.text.emit(rid, s)) if stream
-                                     else None,
-                                     on_step=on_step if stream else None,
-                                     should_stop=lambda: self._should_stop(rid), plain=plain)
-        texts, kinds = _token_kinds(engine.target, result)
+            answer = service.answer(question,
+                                    on_text=(lambda s: self.text.emit(rid, s)) if stream
+                                    else None,
+                                    on_step=on_step if stream else None,
+                                    should_stop=lambda: self._should_stop(rid), plain=plain)
+            engine = service.engine
+            assert engine is not None
+            texts, kinds = _token_kinds(engine.target, answer.result)
+        result = answer.result
         return GenerationOutcome(rid, result.text, result.finish_reason, result.stats,
-                                 t_start, texts, kinds, fitted.n_dropped)
+                                 t_start, texts, kinds, answer.n_dropped)
 
     def _forget(self, request_id: int) -> None:
         with self._lock:
@@ -368,9 +381,9 @@ class EngineWorker(QObject):
 
     def _close_engine(self) -> None:
         with self.engine_lock:
-            if self._engine is not None:
-                self._engine.close()
-                self._engine = None
+            if self._service is not None:
+                self._service.close()
+                self._service = None
 
 
 def _token_kinds(target: Target, result: GenerationResult
@@ -386,14 +399,9 @@ def _token_kinds(target: Target, result: GenerationResult
 
 
 def _failure(request_id: int, exc: Exception) -> EngineFailure:
-    if isinstance(exc, ContextFullError):
-        return EngineFailure(request_id, "context", str(exc))
-    if isinstance(exc, InvalidSamplingError):
-        return EngineFailure(request_id, "sampling", str(exc))
-    if isinstance(exc, WorkerLostError):
-        return EngineFailure(request_id, "worker", f"{exc}. The answer stopped here; the "
-                             "model reopens on this machine if it fits")
-    if isinstance(exc, TandemError):
-        return EngineFailure(request_id, "engine", str(exc))
-    log.exception("generation failed")
-    return EngineFailure(request_id, "internal", f"{type(exc).__name__}: {exc}")
+    failure = failure_of(exc)
+    if failure.kind == "worker_lost":
+        return EngineFailure(request_id, "worker", f"{failure.message}. The answer stopped "
+                             "here; the model reopens on this machine if it fits")
+    kind = "engine" if failure.kind == "worker" else failure.kind
+    return EngineFailure(request_id, kind, failure.message)

@@ -24,8 +24,10 @@ from starlette.routing import Route
 
 from app.server.lane import EngineLane, Job
 from app.server.schema import ApiError, CompletionRequest, Limits, parse_request
+from engine.conversation import AnswerService
 from engine.decoding.generation import GenerationResult
 from engine.session import Engine
+from engine.session_process import EngineProcess
 
 # While a request waits for the model, how often to look for a client that left.
 _DISCONNECT_POLL_S = 0.25
@@ -42,9 +44,13 @@ class ClientGone(Exception):
 @dataclass
 class ServerState:
     lane: EngineLane
-    engine_of: Callable[[], Engine | None]
+    service_of: Callable[[], AnswerService | None]
     limits: Limits
     api_key: str | None = None
+
+    def engine_of(self) -> Engine | EngineProcess | None:
+        service = self.service_of()
+        return service.engine if service is not None else None
 
     def model_id(self) -> str:
         engine = self.engine_of()

@@ -1,9 +1,10 @@
 """One engine, one request at a time: a bounded queue in front of it and a thread that
 runs the queued requests in order.
 
-The engine is reached through ``engine_of()`` under ``lock``: ``tandem serve`` gives its
-own engine and a fresh lock; the desktop app gives its worker's engine and the lock the
-worker holds while it generates, so chat and API requests never run at once.
+The engine answers through its ``AnswerService`` (engine.conversation), reached through
+``service_of()`` under ``lock``: ``tandem serve`` gives its own service and a fresh lock;
+the desktop app gives its worker's service and the lock the worker holds while it
+generates, so chat and API requests never run at once.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from app.server.schema import ApiError, CompletionRequest
+from engine.conversation import AnswerService, Question, failure_of
 from engine.decoding.generation import GenerationConfig, GenerationResult
-from engine.errors import ContextFullError, TandemError, WorkerError
-from engine.session import Engine
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +53,12 @@ class EngineLane:
     app's worker) and waits for it.
     """
 
-    def __init__(self, engine_of: Callable[[], Engine | None],
+    def __init__(self, service_of: Callable[[], AnswerService | None],
                  lock: AbstractContextManager, max_waiting: int = 8,
                  own_thread: bool = True,
                  execute: Callable[[Callable[[], GenerationResult]], GenerationResult]
                  | None = None) -> None:
-        self._engine_of = engine_of
+        self._service_of = service_of
         self._lock = lock
         self._execute = execute or (lambda fn: fn())
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_waiting)
@@ -125,27 +125,24 @@ class EngineLane:
 
     def _run(self, job: Job) -> GenerationResult:
         with self._lock:
-            engine = self._engine_of()
-            if engine is None:
+            service = self._service_of()
+            if service is None or service.current() is None:
                 raise ApiError(503, "no model is loaded", kind="server_error")
             req = job.request
-            prompt = (engine.fit_chat([{"role": r, "content": c} for r, c in req.messages],
-                                      req.max_tokens, req.context_policy,
-                                      req.enable_thinking).tokens
-                      if req.is_chat else engine.target.tokenize(req.prompt or "",
-                                                                 special=False))
-            if len(prompt) + 1 > engine.target.n_ctx:  # before the client gets a 200
-                raise ContextFullError(len(prompt) + 1, engine.target.n_ctx)
-            job.emit("start", len(prompt))
             config = GenerationConfig(max_tokens=req.max_tokens, sampling=req.sampling,
                                       stop=req.stop)
+            question = (Question.chat([{"role": r, "content": c} for r, c in req.messages],
+                                      config, req.context_policy, req.enable_thinking)
+                        if req.is_chat else Question.completion(req.prompt or "", config))
             batcher = _TextBatcher(job.emit) if req.stream else None
-            result = engine.generate(prompt, config,
-                                     on_text=batcher.add if batcher else None,
-                                     should_stop=job.cancelled.is_set)
+            answer = service.answer(question,
+                                    on_start=lambda n_prompt, _dropped: job.emit("start",
+                                                                                 n_prompt),
+                                    on_text=batcher.add if batcher else None,
+                                    should_stop=job.cancelled.is_set)
             if batcher is not None:
                 batcher.flush()
-            return result
+            return answer.result
 
 
 class _TextBatcher:
@@ -172,14 +169,20 @@ class _TextBatcher:
             self._parts.clear()
 
 
+# The HTTP status of each kind of failure (engine.conversation.Failure): a lost worker's
+# next request runs on this machine if it can.
+_STATUS = {"context": 400, "sampling": 400, "worker_lost": 503, "worker": 503,
+           "engine": 500, "internal": 500}
+
+
 def _api_error(exc: Exception) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
-    if isinstance(exc, ContextFullError):
-        return ApiError(400, str(exc), code="context_length_exceeded")
-    if isinstance(exc, WorkerError):  # the next request runs on this machine if it can
-        return ApiError(503, str(exc), kind="server_error")
-    if isinstance(exc, TandemError):
-        return ApiError(500, str(exc), kind="server_error")
-    log.exception("generation failed")
-    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error")
+    failure = failure_of(exc)
+    if failure.kind == "context":
+        return ApiError(400, failure.message, code="context_length_exceeded")
+    message = (f"internal error: {failure.message}" if failure.kind == "internal"
+               else failure.message)
+    status = _STATUS[failure.kind]
+    return ApiError(status, message, kind="invalid_request_error" if status == 400
+                    else "server_error")

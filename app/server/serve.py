@@ -15,8 +15,8 @@ import uvicorn
 from app.server.http_api import ServerState, make_app
 from app.server.lane import EngineLane
 from app.server.schema import Limits
+from engine.conversation import AnswerService
 from engine.decoding.generation import GenerationResult
-from engine.session import Engine
 
 DEFAULT_PORT = 8080
 DEFAULT_QUEUE = 8
@@ -44,9 +44,10 @@ def check_binding(host: str, port: int, api_key: str | None) -> None:
 
 
 class ApiServer:
-    """The API over one engine. ``engine_of`` and ``lock``: see EngineLane."""
+    """The API over one engine. ``service_of`` and ``lock``: see EngineLane."""
 
-    def __init__(self, engine_of: Callable[[], Engine | None], lock: AbstractContextManager,
+    def __init__(self, service_of: Callable[[], AnswerService | None],
+                 lock: AbstractContextManager,
                  host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  api_key: str | None = None, max_waiting: int = DEFAULT_QUEUE,
                  max_tokens: int = 4096,
@@ -55,9 +56,9 @@ class ApiServer:
         """``execute``: how a job reaches the engine's thread (see EngineLane); None for
         ``run`` in the thread that made the engine."""
         check_binding(host, port, api_key)
-        self.lane = EngineLane(engine_of, lock, max_waiting,
+        self.lane = EngineLane(service_of, lock, max_waiting,
                                own_thread=execute is not None, execute=execute)
-        state = ServerState(self.lane, engine_of, Limits(max_tokens=max_tokens), api_key)
+        state = ServerState(self.lane, service_of, Limits(max_tokens=max_tokens), api_key)
         # Bind and listen now, so a port in use is an error here, port 0 gets its number,
         # and a client that connects as soon as the address is shown waits in the backlog
         # for the HTTP thread instead of being refused (it was, once, in CI).

@@ -90,7 +90,7 @@ class DraftModelDrafter(Drafter):
             # F16 K and V: the draft need not match any batch size bit for bit.
             self.ctx = NativeContext(self.model, n_ctx=n_ctx, n_batch=PREFILL_BATCH,
                                      n_seq_max=n_seqs, n_threads=n_threads,
-                                     embeddings=False, type_k="f16", type_v="f16")
+                                     features=False, type_k="f16", type_v="f16")
         except BaseException:
             self.model.close()
             raise

@@ -20,6 +20,7 @@ import numpy as np
 from engine.drafters.native_head import HEAD_BATCH, HeadChainConfig, NativeHeadDrafter
 from engine.errors import DrafterUnavailableError, IncompatibleDraftError
 from engine.gguf.draft_compat import mismatches
+from engine.gguf.eagle3 import EAGLE3_ARCHITECTURE
 from engine.gguf.header import read_tensor_infos
 from engine.runtime.native import NativeContext, NativeExtBatch, NativeModel
 
@@ -35,8 +36,8 @@ def check_eagle3_head(head: NativeModel, target: NativeModel,
     load, which carries neither; the head must be loaded whole (its layer ids)."""
     name = head.path.name
     arch = head.architecture().name
-    if arch != "eagle3":
-        raise IncompatibleDraftError(name, [("architecture", arch, "eagle3")])
+    if arch != EAGLE3_ARCHITECTURE:
+        raise IncompatibleDraftError(name, [("architecture", arch, EAGLE3_ARCHITECTURE)])
     found: list[tuple[str, object, object]] = []
     layers = head.target_layer_ids()
     n_layer, n_embd = shape or (target.n_layer, target.n_embd)
@@ -97,7 +98,7 @@ class Eagle3Drafter(NativeHeadDrafter):
             # F16 K and V: drafts need not match any batch size bit for bit.
             self.ctx = NativeContext(self.model, n_ctx=target.n_ctx, n_batch=HEAD_BATCH,
                                      n_seq_max=1, n_threads=target.n_threads,
-                                     embeddings=False, type_k="f16", type_v="f16",
+                                     features=False, type_k="f16", type_v="f16",
                                      ctx_other=target.ctx)
             self.ctx.enable_next_vectors()
             self.batch = NativeExtBatch(self.ctx)

@@ -70,7 +70,7 @@ class MtpDrafter(NativeHeadDrafter):
             # F16 K and V: drafts need not match any batch size bit for bit.
             self.ctx = NativeContext(target.model, n_ctx=target.n_ctx, n_batch=HEAD_BATCH,
                                      n_seq_max=1, n_threads=target.n_threads,
-                                     embeddings=False, type_k="f16", type_v="f16", mtp=True)
+                                     features=False, type_k="f16", type_v="f16", mtp=True)
             self.ctx.enable_next_vectors()
             self.batch = NativeExtBatch(self.ctx)
             target.set_next_features(True)

@@ -509,7 +509,7 @@ class NativeContext:
         n_batch: int,
         n_seq_max: int,
         n_threads: int,
-        embeddings: bool,
+        features: bool,
         type_k: str = "q8_0",
         type_v: str = "f16",
         unified_kv: bool = True,
@@ -527,7 +527,7 @@ class NativeContext:
         for weights kept on the CPU (fast prefill), so such a batch sums in another order
         than one token on the CPU (an H200: the probe's 33-token chain differed at every
         position, shorter ones were exact); off, every batch stays on the CPU.
-        ``feature_layers``: in embeddings mode, ``hidden_states`` gives these layers'
+        ``feature_layers``: with features on, ``features`` gives these layers'
         inputs side by side (an EAGLE-3 head's features) instead of the last layer's
         output. ``ctx_other``: the target context an eagle3 head borrows its token
         embedding and LM head from (it must outlive this one). ``mtp``: a context that
@@ -547,7 +547,7 @@ class NativeContext:
         params.n_seq_max = n_seq_max
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
-        params.embeddings = embeddings
+        params.embeddings = features
         params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE
         # Tree verification puts one token in several sequences: needs one shared KV buffer.
         # (Independent sequences, as in batched data generation, are cheaper in separate
@@ -590,8 +590,8 @@ class NativeContext:
         self.n_seq_max = n_seq_max
         self.n_vocab = model.n_vocab
         self.n_embd = model.n_embd
-        self._embeddings = embeddings
-        self._llama_embeddings = embeddings  # llama.cpp's own flag, as last set
+        self._features = features
+        self._llama_embeddings = features  # llama.cpp's own flag (embeddings mode), as last set
         self.feature_layers: tuple[int, ...] = ()
         self.next_features = False  # features are the trunk's output for an MTP block
         try:
@@ -626,7 +626,7 @@ class NativeContext:
             for layer in layers:
                 api["set"](self.handle, layer, True)  # type: ignore[operator]
         self.feature_layers = layers
-        self._sync_embeddings()
+        self._sync_features()
 
     def set_next_features(self, on: bool) -> None:
         """``hidden_states`` gives what an MTP block reads, the trunk's normed output of
@@ -639,7 +639,7 @@ class NativeContext:
         if on != self.next_features:
             llama_cpp_ext.llama_set_embeddings_nextn(self.handle, on, False)
             self.next_features = on
-            self._sync_embeddings()
+            self._sync_features()
 
     @property
     def feature_width(self) -> int:
@@ -670,22 +670,22 @@ class NativeContext:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def set_embeddings(self, on: bool) -> None:
+    def set_features(self, on: bool) -> None:
         """Output hidden states too; the caller then makes every token an output.
         With ``feature_layers`` llama.cpp's embeddings mode stays off: layer inputs come
         with every decode, and some graphs (LFM2) compute no logits in that mode."""
-        self._embeddings = on
-        self._sync_embeddings()
+        self._features = on
+        self._sync_features()
 
-    def _sync_embeddings(self) -> None:
-        wanted = self._embeddings and not self.feature_layers and not self.next_features
+    def _sync_features(self) -> None:
+        wanted = self._features and not self.feature_layers and not self.next_features
         if wanted != self._llama_embeddings:
             llama_cpp.llama_set_embeddings(self.handle, wanted)
             self._llama_embeddings = wanted
 
     @property
-    def embeddings(self) -> bool:
-        return self._embeddings
+    def features_on(self) -> bool:
+        return self._features
 
     def decode(self, batch: NativeBatch) -> None:
         """Run the batch. Raises ContextFullError (KV full) or NativeError."""
@@ -728,12 +728,12 @@ class NativeContext:
             self._row_view = (address, np.frombuffer(row, dtype=np.float32))
         return self._row_view[1]
 
-    def hidden_states(self, n_outputs: int) -> np.ndarray:
+    def features(self, n_outputs: int) -> np.ndarray:
         """Copy of the post-norm hidden states of the last decode, [n_outputs, n_embd];
         with ``feature_layers``, those layers' inputs, [n_outputs, n_layers * n_embd]
         (every token of the batch, which callers in features mode make outputs)."""
-        if not self._embeddings:
-            raise RuntimeError("hidden states need the context in embeddings mode")
+        if not self._features:
+            raise RuntimeError("features need the context made or set with features on")
         if self.next_features:
             return self.next_vectors(n_outputs)
         if not self.feature_layers:
