@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.gguf.eagle3 import shape_for_target, write_eagle3_head
+from engine.drafters import DEFAULT_EAGLE3_HEAD
+from engine.gguf.eagle3 import is_eagle3_head, shape_for_target, write_eagle3_head
 from engine.runtime.native import NativeModel
 
 
@@ -22,6 +23,19 @@ def test_a_head_for_the_bundled_model_loads_in_llama_cpp(model_path: Path, tmp_p
     with NativeModel(head) as model:
         assert model.architecture().name == "eagle3"
         assert (model.n_vocab, model.n_embd) == (49152, 576)
+
+
+def test_an_eagle3_head_is_known_by_its_header_not_its_name(model_path: Path,
+                                                           tmp_path: Path) -> None:
+    assert is_eagle3_head(DEFAULT_EAGLE3_HEAD)
+    renamed = tmp_path / "head.bin"
+    renamed.write_bytes(DEFAULT_EAGLE3_HEAD.read_bytes())
+    assert is_eagle3_head(renamed)
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"PK\x03\x04" + bytes(64))
+    assert not is_eagle3_head(model_path)  # a target GGUF
+    assert not is_eagle3_head(fake) and not is_eagle3_head(tmp_path / "missing.gguf")
+    assert not is_eagle3_head(tmp_path)
 
 
 def test_malformed_weights_are_refused_before_writing(model_path: Path, tmp_path: Path):

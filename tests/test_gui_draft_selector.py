@@ -152,18 +152,32 @@ def test_drafters_the_model_cannot_use_are_greyed_with_the_reason(
     assert not panel.drafter_box.model().item(panel.drafter_box.findData("eagle3")).isEnabled()
 
 
+def test_the_drafter_box_offers_the_engines_list(qtbot, home: Path, tmp_path: Path) -> None:
+    """The box lists the engine's offered drafters in its order (drafts from memory
+    among them), each a name the engine takes."""
+    from engine.drafters import DRAFTER_NAMES, OFFERED_DRAFTERS
+
+    store = ConversationStore(tmp_path / "chat.sqlite3")
+    panel = EnginePanel(store)
+    qtbot.addWidget(panel)
+    box = panel.drafter_box
+    assert [box.itemData(i) for i in range(box.count())] == list(OFFERED_DRAFTERS)
+    assert "memory" in OFFERED_DRAFTERS and set(OFFERED_DRAFTERS) <= {"auto", *DRAFTER_NAMES}
+    store.close()
+
+
 def test_an_added_eagle3_head_loads_the_eagle3_drafter(qtbot, home: Path, model_path: Path,
                                                        tmp_path: Path) -> None:
     """"Add head…" takes an EAGLE-3 GGUF as well as a torch head's folder: the head box
     lists it, the choice drafts with it, and the engine runs it (the drafter box's
     EAGLE-3 and MTP entries load, where they used to fail as unknown drafters)."""
-    from app.gui.engine_panel import is_eagle3_gguf
     from app.gui.engine_worker import EngineWorker
     from engine.drafters.eagle3 import Eagle3Drafter
+    from engine.gguf.eagle3 import is_eagle3_head
     from tests.test_eagle3_drafter import copying_head
 
     head = copying_head(tmp_path / "copying.gguf", model_path)
-    assert is_eagle3_gguf(head) and not is_eagle3_gguf(model_path)
+    assert is_eagle3_head(head) and not is_eagle3_head(model_path)
     store = ConversationStore(tmp_path / "chat.sqlite3")
     panel = EnginePanel(store)
     qtbot.addWidget(panel)

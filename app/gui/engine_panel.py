@@ -29,8 +29,9 @@ from PySide6.QtWidgets import (
 
 from app.conversation_store import ConversationStore
 from app.gui.engine_worker import EngineChoice, EngineReady
+from engine.drafters import DRAFTER_LABELS
 from engine.errors import InvalidSettingError
-from engine.gguf.header import read_file_facts
+from engine.gguf.eagle3 import is_eagle3_head
 from engine.hub.draft_pairing import (
     BUNDLED_DRAFT_FILE,
     LocalDraft,
@@ -44,17 +45,6 @@ from engine.runtime.model_info import read_model_info
 from engine.workers.endpoints import parse_workers
 
 log = logging.getLogger(__name__)
-
-DRAFTER_LABELS = {
-    "auto": "Auto (the planner decides)",
-    "head": "Draft head",
-    "draft": "Draft model",
-    "eagle3": "EAGLE-3 head (llama.cpp)",
-    "mtp": "MTP block (in the model)",
-    "lookup": "Prompt lookup",
-    "none": "None (plain decoding)",
-}
-
 
 DRAFT_PREFIX = "draft:"  # the selector's data for a draft model, beside head paths
 
@@ -105,14 +95,6 @@ def is_head_dir(path: Path) -> bool:
     return (path / "head.json").is_file() and (path / "head.safetensors").is_file()
 
 
-def is_eagle3_gguf(path: Path) -> bool:
-    """An EAGLE-3 head as llama.cpp loads it (a GGUF of architecture ``eagle3``)."""
-    try:
-        return read_file_facts(path).architecture == "eagle3"
-    except (OSError, ValueError):
-        return False
-
-
 class EnginePanel(QGroupBox):
     """Emits ``choice_changed`` when the user picks another model, head or drafter."""
 
@@ -124,7 +106,7 @@ class EnginePanel(QGroupBox):
         self.model_box = QComboBox()
         self.head_box = QComboBox()
         self.drafter_box = QComboBox()
-        for key, label in DRAFTER_LABELS.items():
+        for key, label in DRAFTER_LABELS.items():  # the drafters the engine offers
             self.drafter_box.addItem(label, key)
         add_model = QPushButton("Add GGUF…")
         add_model.clicked.connect(self._add_model)
@@ -191,7 +173,7 @@ class EnginePanel(QGroupBox):
         self.head_box.clear()
         self.head_box.addItem("Bundled head (SmolLM2)", "")
         for p in heads:
-            self.head_box.addItem(Path(p).name + (" (EAGLE-3)" if p.endswith(".gguf") else ""),
+            self.head_box.addItem(Path(p).name + (" (EAGLE-3)" if is_eagle3_head(p) else ""),
                                   p)
         model = self.model_box.currentData() or ""
         for d in _compatible_drafts(model, list(self.store.get_setting("models", []))):
@@ -237,7 +219,7 @@ class EnginePanel(QGroupBox):
         drafter = self.drafter_box.currentData() or "auto"
         draft = self._selected_draft()
         head = None if draft else (self.head_box.currentData() or None)
-        eagle3_head = bool(head) and str(head).endswith(".gguf")
+        eagle3_head = bool(head) and is_eagle3_head(head)
         if draft is not None and drafter == "head":
             drafter = "draft"
         elif draft is None and drafter == "draft":
@@ -285,8 +267,8 @@ class EnginePanel(QGroupBox):
         elif self.sender() is self.head_box and self._selected_draft() is not None:
             # Choosing a draft model means drafting with it.
             self._select(self.drafter_box, "draft")
-        elif self.sender() is self.head_box and str(self.head_box.currentData()).endswith(
-                ".gguf"):
+        elif self.sender() is self.head_box and is_eagle3_head(self.head_box.currentData()
+                                                               or ""):
             self._select(self.drafter_box, "eagle3")  # and an EAGLE-3 head, with it
         elif (self.sender() is self.drafter_box and self.drafter_box.currentData() == "draft"
               and self._selected_draft() is None):
@@ -330,9 +312,9 @@ class EnginePanel(QGroupBox):
         self.store.set_setting("head", str(path))
         self.store.set_setting("draft_model", "")
         drafter = self.drafter_box.currentData() or "auto"
-        if path.suffix == ".gguf":
+        if is_eagle3_head(path):
             drafter = "eagle3"
-        elif drafter in ("none", "lookup", "draft", "eagle3", "mtp"):
+        elif drafter != "auto":  # a torch head drafts as one, whatever was chosen
             drafter = "head"
         self.store.set_setting("drafter", drafter)
         self._fill()
@@ -353,14 +335,14 @@ class EnginePanel(QGroupBox):
         if not path:
             return
         chosen = Path(path)
-        if chosen.suffix == ".gguf":
-            if not is_eagle3_gguf(chosen):
-                QMessageBox.warning(self, "Not an EAGLE-3 head",
-                                    f"{chosen.name} is not an EAGLE-3 head GGUF (architecture "
-                                    "eagle3). A public head's safetensors folder converts with "
-                                    "`tandem models import-eagle3 FOLDER --model MODEL`.")
-                return
+        if is_eagle3_head(chosen):
             self.add_head(chosen)
+            return
+        if chosen.suffix == ".gguf":  # picked as a head GGUF: say how to make one
+            QMessageBox.warning(self, "Not an EAGLE-3 head",
+                                f"{chosen.name} is not an EAGLE-3 head GGUF (architecture "
+                                "eagle3). A public head's safetensors folder converts with "
+                                "`tandem models import-eagle3 FOLDER --model MODEL`.")
             return
         if not is_head_dir(chosen.parent):
             QMessageBox.warning(self, "Not a draft head",

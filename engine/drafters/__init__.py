@@ -32,6 +32,21 @@ HEAD_DRAFTERS = ("head", "head-chain", "head-multi", "head-ahead", "head+memory"
 # "eagle3": an EAGLE-3 head GGUF run by llama.cpp (engine.drafters.eagle3); "mtp": the
 # target GGUF's own next-token block (engine.drafters.mtp).
 DRAFTER_NAMES = ("none", "memory", "lookup", *HEAD_DRAFTERS, "draft", "eagle3", "mtp")
+# What the app's drafter selector offers, in its order, with the label a user reads
+# (``tandem models drafters`` and the selector's tooltips use the same labels). "auto"
+# (the planner decides) is the session's (engine.session.ENGINE_DRAFTERS), named here,
+# not imported: engine.session imports this package.
+DRAFTER_LABELS: dict[str, str] = {
+    "auto": "Auto (the planner decides)",
+    "head": "Draft head (torch)",
+    "draft": "Draft model",
+    "eagle3": "EAGLE-3 head (llama.cpp)",
+    "mtp": "MTP block (in the model)",
+    "memory": "Drafts from memory",
+    "lookup": "Prompt lookup",
+    "none": "None (plain decoding)",
+}
+OFFERED_DRAFTERS: tuple[str, ...] = tuple(DRAFTER_LABELS)
 # Drafters llama.cpp runs beside the target, which fall back to memory drafts.
 NATIVE_DRAFTERS = {"draft": "draft model", "eagle3": "EAGLE-3 head", "mtp": "MTP block"}
 # The head trained for the bundled model (README says how it was made).
@@ -195,6 +210,7 @@ def make_drafter(name: str, target: Target | None = None, head_dir: Path | None 
     return build_drafter(DrafterSpec(name, head_dir, device, dict(head_options)), target)
 
 
-__all__ = ["DEFAULT_EAGLE3_HEAD", "DEFAULT_HEAD_DIR", "DRAFTER_NAMES", "HEAD_DRAFTERS",
-           "Drafter", "DrafterSpec", "LookupConfig", "MemoryDrafter", "PromptLookupDrafter",
-           "build_drafter", "make_drafter", "open_drafter", "target_fingerprint"]
+__all__ = ["DEFAULT_EAGLE3_HEAD", "DEFAULT_HEAD_DIR", "DRAFTER_LABELS", "DRAFTER_NAMES",
+           "HEAD_DRAFTERS", "OFFERED_DRAFTERS", "Drafter", "DrafterSpec", "LookupConfig",
+           "MemoryDrafter", "PromptLookupDrafter", "build_drafter", "make_drafter",
+           "open_drafter", "target_fingerprint"]

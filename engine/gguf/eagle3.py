@@ -12,15 +12,42 @@ load before a head is trained.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from engine.errors import ModelLoadError
+from engine.gguf.header import read_file_facts
 from engine.gguf.synthetic import copy_tokenizer
 
 # Weight-matrix types: (general.file_type, what it is).
 MATRIX_TYPES = {"f32": (0, "F32"), "f16": (1, "F16"), "q8_0": (7, "Q8_0")}
+# The architecture llama.cpp loads an EAGLE-3 head by (its general.architecture).
+EAGLE3_ARCHITECTURE = "eagle3"
+
+
+def is_eagle3_head(path: Path | str) -> bool:
+    """Whether ``path`` is an EAGLE-3 head llama.cpp loads: a GGUF whose header names the
+    ``eagle3`` architecture. Decided by the header, never the name (a target is a .gguf
+    too; a head may be called anything). False for a folder, a missing or unreadable file
+    and any other file."""
+    try:
+        stat = Path(path).stat()
+    except OSError:
+        return False
+    return _eagle3_by_header(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _eagle3_by_header(path: str, mtime_ns: int, size: int) -> bool:
+    """Per file version: the GUI asks at every choice, and a header read is not free
+    (docs/benchmarks.md: figures behind the code's rules, "Reading GGUF headers")."""
+    try:
+        return read_file_facts(Path(path)).architecture == EAGLE3_ARCHITECTURE
+    except (OSError, ModelLoadError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -127,7 +154,7 @@ def write_eagle3_head(path: Path, target: Path, shape: Eagle3Shape | None = None
     rng = np.random.default_rng(seed)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    writer = GGUFWriter(str(path), "eagle3")
+    writer = GGUFWriter(str(path), EAGLE3_ARCHITECTURE)
     writer.add_name("EAGLE-3 draft head")
     # llama.cpp checks the types: lengths and counts u32, norms' epsilon and rope f32.
     writer.add_uint32("eagle3.context_length", shape.context_length)
@@ -181,8 +208,9 @@ def _largest(value: object) -> int:
 
 
 def _metadata(path: Path) -> dict[str, object]:
-    """A GGUF's key/values by Tandem's header reader over the mapped file (gguf-py's
-    reader parsed the whole vocabulary: 6 s for 49k tokens; this skips it)."""
+    """A GGUF's key/values by Tandem's header reader over the mapped file, which skips
+    the vocabulary gguf-py's reader parsed whole, for seconds (docs/benchmarks.md:
+    figures behind the code's rules, "Reading GGUF headers")."""
     import mmap
 
     from engine.gguf.header import read_kv_section

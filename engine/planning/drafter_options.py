@@ -11,11 +11,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.drafters import DEFAULT_EAGLE3_HEAD, DEFAULT_HEAD_DIR
+from engine.drafters import DEFAULT_EAGLE3_HEAD, DEFAULT_HEAD_DIR, DRAFTER_LABELS
 from engine.drafters.eagle3 import check_eagle3_head
 from engine.drafters.head import check_head_fits
 from engine.drafters.mtp import why_no_mtp_block
-from engine.errors import IncompatibleDraftError, TandemError
+from engine.errors import IncompatibleDraftError, ModelLoadError, TandemError
+from engine.gguf.eagle3 import EAGLE3_ARCHITECTURE
 from engine.gguf.header import GGUFFacts, read_file_facts
 from engine.hub.draft_pairing import compatible_local_drafts
 from engine.runtime.architecture import LAYER_INPUT_ARCHITECTURES
@@ -46,16 +47,12 @@ def drafter_options(info: ModelInfo, draft_candidates: Iterable[tuple[str, Path]
     ``eagle3_heads``: head GGUFs to try besides the bundled one; ``head_dir``: a torch
     head besides the bundled one."""
     if info.why_plain is not None:
-        return [DrafterOption(name, label, False, info.why_plain)
-                for name, label in (("memory", "Drafts from memory"),
-                                    ("lookup", "Prompt lookup"), ("draft", "Draft model"),
-                                    ("head", "Draft head (torch)"),
-                                    ("eagle3", "EAGLE-3 head (llama.cpp)"),
-                                    ("mtp", "MTP block (in the model)"))]
+        return [DrafterOption(name, DRAFTER_LABELS[name], False, info.why_plain)
+                for name in ("memory", "lookup", "draft", "head", "eagle3", "mtp")]
     return [
-        DrafterOption("memory", "Drafts from memory", True,
+        DrafterOption("memory", DRAFTER_LABELS["memory"], True,
                       "earlier answers and the conversation, no extra weights"),
-        DrafterOption("lookup", "Prompt lookup", True, "n-grams of the prompt"),
+        DrafterOption("lookup", DRAFTER_LABELS["lookup"], True, "n-grams of the prompt"),
         _draft_model_option(info, draft_candidates),
         _torch_head_option(info, head_dir),
         _eagle3_option(info, eagle3_heads),
@@ -65,7 +62,7 @@ def drafter_options(info: ModelInfo, draft_candidates: Iterable[tuple[str, Path]
 
 def _draft_model_option(info: ModelInfo, candidates: Iterable[tuple[str, Path]]
                         ) -> DrafterOption:
-    label = "Draft model"
+    label = DRAFTER_LABELS["draft"]
     try:
         drafts = compatible_local_drafts(info.path, candidates)
     except (TandemError, ValueError, OSError) as exc:
@@ -78,7 +75,7 @@ def _draft_model_option(info: ModelInfo, candidates: Iterable[tuple[str, Path]]
 
 
 def _torch_head_option(info: ModelInfo, head_dir: Path | None) -> DrafterOption:
-    label = "Draft head (torch)"
+    label = DRAFTER_LABELS["head"]
     reasons = []
     for folder in ([head_dir] if head_dir else []) + [DEFAULT_HEAD_DIR]:
         try:
@@ -103,8 +100,9 @@ def find_eagle3_head(info: ModelInfo, heads: Sequence[Path] = ()) -> tuple[Path 
                                                                         list[str]]:
     """The first EAGLE-3 head GGUF that fits the model: ``heads``, then the imported ones,
     then the bundled one; None with the reasons each was refused. Reads headers and
-    vocabularies only, and the model's vocabulary only for a head whose header fits (auto
-    looks at every start: the vocabulary-only loads took ~170 ms on the bundled model)."""
+    vocabularies only, and the model's vocabulary only for a head whose header fits: auto
+    looks at every start, and a vocabulary-only load is not free (docs/benchmarks.md:
+    figures behind the code's rules, "Reading GGUF headers")."""
     imported = sorted(eagle3_heads_dir().glob("*.gguf"))
     reasons: list[str] = []
     candidates = []
@@ -133,10 +131,10 @@ def _header_misfit(head: Path, info: ModelInfo) -> str | None:
     first checks); None when the header leaves it possible."""
     try:
         facts = read_file_facts(head)
-    except (OSError, ValueError):
+    except (OSError, ValueError, ModelLoadError):
         return None  # the full check says what is wrong with the file
-    if facts.architecture != "eagle3":
-        found = [("architecture", facts.architecture, "eagle3")]
+    if facts.architecture != EAGLE3_ARCHITECTURE:
+        found = [("architecture", facts.architecture, EAGLE3_ARCHITECTURE)]
     elif facts.hidden_size and info.n_embd and facts.hidden_size != info.n_embd:
         found = [("hidden size", facts.hidden_size, info.n_embd)]
     else:
@@ -145,7 +143,7 @@ def _header_misfit(head: Path, info: ModelInfo) -> str | None:
 
 
 def _eagle3_option(info: ModelInfo, heads: Sequence[Path]) -> DrafterOption:
-    label = "EAGLE-3 head (llama.cpp)"
+    label = DRAFTER_LABELS["eagle3"]
     arch = info.header.architecture or "unknown"
     if arch not in LAYER_INPUT_ARCHITECTURES:
         return DrafterOption("eagle3", label, False,
@@ -196,5 +194,5 @@ def shipped_acceptance(head: Path) -> tuple[tuple[float, ...], str] | None:
 def mtp_option(header: GGUFFacts) -> DrafterOption:
     """From the header alone (``nextn_predict_layers``): a file not downloaded yet too."""
     why = why_no_mtp_block(header.architecture or "unknown", header.mtp_layers)
-    return DrafterOption("mtp", "MTP block (in the model)", why is None,
+    return DrafterOption("mtp", DRAFTER_LABELS["mtp"], why is None,
                          why or "its own next-token block, no download")

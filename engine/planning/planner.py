@@ -37,6 +37,13 @@ from engine.decoding.budget import MAX_DRAFT, MAX_DRAFT_LIMIT, MAX_MEMORY_DRAFT
 from engine.errors import InvalidSettingError
 from engine.planning.calibration import CostProfile
 from engine.runtime.hardware import HardwareProfile
+from engine.runtime.memory_fit import (
+    draft_need,
+    fits_gpu,
+    head_need,
+    layers_that_fit,
+    target_need,
+)
 from engine.runtime.model_info import ModelFacts
 
 LAYOUTS = ("dovetail", "duodecoding", "cpu", "plain")
@@ -44,14 +51,12 @@ MIN_GAIN = 0.05  # below this predicted gain, drafting is not worth its risk
 # Estimates used only when a cost could not be measured here (no such device):
 GPU_VERIFY_SHARE = 0.15  # a GPU-resident small model decodes ~7x faster than 2-4 cores
 GPU_LEVEL_S = 0.0006  # one head level on a GPU: a few kernel launches
-HEAD_VRAM_OVERHEAD = 1.3  # head weights + target embeddings/LM head copy + workspace
 DEFAULT_ACCEPTANCE = (0.45, 0.4, 0.38, 0.36, 0.35, 0.34, 0.33, 0.32)
 # A same-family draft model, before this pair has been measured: acceptance of a 0.5-1B
 # draft for a 7-8B target at greedy is 0.6-0.8 per token in llama.cpp and vLLM reports
 # (drafts-for-real-models.md); the prior sits at the cautious end and a pair's own
 # record replaces it (engine.planning.draft_record).
 DRAFT_MODEL_ACCEPTANCE = (0.65, 0.62, 0.6, 0.58, 0.56, 0.55, 0.54, 0.53)
-DRAFT_VRAM_OVERHEAD = 1.2  # a draft model's weights plus its compute buffers
 # A model's own MTP block, before its answers are measured: trained with the model on its
 # own hidden states, it guesses the next token better than a separate draft model (Qwen
 # and DeepSeek report 0.8-0.9 for the first), but fed its own output deeper down it
@@ -296,18 +301,17 @@ def _layout_placements(hw: HardwareProfile, model: ModelFacts, head: HeadFacts |
     gpu = hw.best_gpu
     if gpu is None:
         return out
-    need_target = model.size_bytes * 1.1 + model.kv_bytes
-    head_bytes = head.size_bytes * HEAD_VRAM_OVERHEAD if head else 0
-    if head_bytes and head_bytes < gpu.free_bytes:
+    target_fits = fits_gpu(target_need(model.size_bytes, model.kv_bytes), gpu.free_bytes)
+    head_bytes = head_need(head.size_bytes) if head else 0
+    if head_bytes and fits_gpu(head_bytes, gpu.free_bytes):
         layers, share = 0, 0.0
         if hw.llama_gpu_offload and model.exact_on_gpu:
-            left = gpu.free_bytes - head_bytes
-            per_layer = need_target / max(1, model.n_layers)
-            layers = min(model.n_layers, int(left // per_layer))
+            layers = layers_that_fit(model.size_bytes, model.kv_bytes, model.n_layers,
+                                     gpu.free_bytes - head_bytes)
             share = layers / max(1, model.n_layers)
             layers = -1 if layers >= model.n_layers else layers
         out.append(("dovetail", gpu.device, layers, share))
-    if hw.llama_gpu_offload and model.exact_on_gpu and need_target < gpu.free_bytes:
+    if hw.llama_gpu_offload and model.exact_on_gpu and target_fits:
         out.append(("duodecoding", "cpu", -1, 1.0))
     return out
 
@@ -320,17 +324,17 @@ def _draft_placements(hw: HardwareProfile, model: ModelFacts, draft: DraftModelF
     gpu = hw.best_gpu
     if gpu is None or not hw.llama_gpu_offload:
         return out
-    need_target = model.size_bytes * 1.1 + model.kv_bytes
-    need_draft = draft.size_bytes * DRAFT_VRAM_OVERHEAD + draft.kv_bytes
-    if need_draft < gpu.free_bytes:
-        per_layer = need_target / max(1, model.n_layers)
-        layers = min(model.n_layers, int((gpu.free_bytes - need_draft) // per_layer))
+    need_draft = draft_need(draft.size_bytes, draft.kv_bytes)
+    if fits_gpu(need_draft, gpu.free_bytes):
+        layers = layers_that_fit(model.size_bytes, model.kv_bytes, model.n_layers,
+                                 gpu.free_bytes - need_draft)
         if not model.exact_on_gpu:  # verification stays on the CPU
             layers = 0
         share = layers / max(1, model.n_layers)
         out.append(("dovetail", gpu.device, -1 if layers >= model.n_layers else layers,
                     share))
-    if model.exact_on_gpu and need_target < gpu.free_bytes:
+    if model.exact_on_gpu and fits_gpu(target_need(model.size_bytes, model.kv_bytes),
+                                       gpu.free_bytes):
         out.append(("duodecoding", "cpu", -1, 1.0))
     return out
 
@@ -413,8 +417,8 @@ def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
     placements = _layout_placements(hw, model, head)
     # Plain decoding on the best placement of the target alone.
     plain_options = [(0, 0.0)]
-    if hw.best_gpu and hw.llama_gpu_offload and model.size_bytes * 1.1 + model.kv_bytes < (
-            hw.best_gpu.free_bytes):
+    if hw.best_gpu and hw.llama_gpu_offload and fits_gpu(
+            target_need(model.size_bytes, model.kv_bytes), hw.best_gpu.free_bytes):
         plain_options.append((-1, 1.0))
     plain_layers, plain_share = min(
         plain_options, key=lambda o: _verify_time(costs, o[1], 1)[0])

@@ -4,11 +4,10 @@ wizard and a lost worker's fallback use, so a wizard's label and a plan cannot d
 What a target needs on one device is its weights with a margin, its KV cache (exact, from
 the header: ``engine.runtime.kv_cache``) and llama.cpp's compute buffers. The margin
 scales with the model, not with the device: what llama.cpp adds to a file's bytes grows
-with the file (tensor padding, repacked copies' slack), while a fixed fraction of free
-memory would hold back 8 GiB of an 80 GiB GPU for nothing. It fits a GPU when that
-need is at most the free VRAM; it fits the RAM when it is at most four fifths of the
-available RAM, which the OS, this app and the user's other programs share and grow into
-(nothing else grows into the VRAM Tandem takes at load).
+with the file, while a fraction of free memory (the wizard's old 90%) would hold back
+8 GiB of an 80 GiB GPU for nothing. It fits a GPU when that need is at most the free
+VRAM, read just before the load; it fits the RAM when it is at most four fifths of the
+available RAM, which the OS, this app and the user's other programs share and grow into.
 """
 
 from __future__ import annotations

@@ -1,0 +1,114 @@
+"""The one memory-fit rule (engine.runtime.memory_fit): its arithmetic at the edge, and the
+model wizard's label agreeing with the planner's placement for the same numbers. Pure."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from engine.gguf.header import GGUFFacts
+from engine.hub.fit import FITS_GPU, FITS_RAM, TOO_LARGE, MachineMemory, estimate_fit
+from engine.planning.calibration import CostProfile
+from engine.planning.planner import DraftModelFacts, _draft_placements, choose_plan
+from engine.runtime.hardware import HardwareProfile, load_profile
+from engine.runtime.kv_cache import kv_cache_bytes
+from engine.runtime.memory_fit import (
+    COMPUTE_OVERHEAD_BYTES,
+    RAM_HEADROOM,
+    WEIGHTS_MARGIN,
+    draft_need,
+    fits_gpu,
+    fits_ram,
+    layers_that_fit,
+    target_need,
+)
+from engine.runtime.model_info import ModelFacts
+from tests.conftest import PROFILES
+
+GiB = 2**30
+N_CTX = 4096
+# A 7-8B-shaped header: 32 layers, 8 KV heads of 128 (~0.3 GiB of Tandem's cache at 4096).
+FACTS = GGUFFacts(architecture="llama", n_layers=32, hidden_size=4096, n_heads=32,
+                  n_kv_heads=8, head_dim_k=128, head_dim_v=128, context_length=8192,
+                  vocab_size=32000)
+DRAFT_FACTS = replace(FACTS, n_layers=16, hidden_size=1024, n_heads=16, n_kv_heads=4,
+                      head_dim_k=64, head_dim_v=64)
+
+
+def test_the_need_is_weights_with_the_margin_kv_and_compute() -> None:
+    assert target_need(4 * GiB, GiB // 2) == (int(4 * GiB * WEIGHTS_MARGIN) + GiB // 2
+                                              + COMPUTE_OVERHEAD_BYTES)
+
+
+def test_a_need_just_under_the_free_vram_fits_and_just_over_does_not() -> None:
+    need = target_need(7 * GiB, GiB // 4)
+    assert fits_gpu(need, need) and fits_gpu(need, need + 1)
+    assert not fits_gpu(need + 1, need)
+    # A 7 GiB model on an 8 GiB GPU fits only with a small cache: 7.7 + 0.25 GiB + KV.
+    assert fits_gpu(target_need(7 * GiB, 0), 8 * GiB)
+    assert not fits_gpu(target_need(7 * GiB, GiB // 4), 8 * GiB)
+
+
+def test_ram_keeps_its_headroom() -> None:
+    available = 10 * GiB
+    assert fits_ram(available * RAM_HEADROOM, available)
+    assert not fits_ram(available * RAM_HEADROOM + 1, available)
+    assert not fits_ram(available, available)  # the OS and programs keep a share
+
+
+def test_layers_that_fit_agree_with_the_whole() -> None:
+    weights, kv, n = 4 * GiB, GiB // 2, 32
+    need = target_need(weights, kv)
+    assert layers_that_fit(weights, kv, n, need) == n
+    assert layers_that_fit(weights, kv, n, need - 1) == n - 1
+    assert 0 < layers_that_fit(weights, kv, n, need // 2) < n
+    assert layers_that_fit(weights, kv, n, COMPUTE_OVERHEAD_BYTES) == 0
+    assert layers_that_fit(weights, kv, n, 0) == 0
+
+
+def _hardware(free_vram: int) -> HardwareProfile:
+    hw = load_profile(PROFILES / "synthetic_large_gpu.json")
+    return replace(hw, gpus=tuple(replace(g, free_bytes=free_vram) for g in hw.gpus))
+
+
+def _costs() -> CostProfile:
+    data = json.loads((PROFILES / "synthetic_costs_large_gpu_1p7b.json").read_text())
+    return CostProfile.from_json(data)
+
+
+@pytest.mark.parametrize("delta", [-1, 0, 1, 64 << 20])
+def test_the_wizards_gpu_label_and_the_planners_placement_agree(delta: int) -> None:
+    """A model whose need is just under, exactly at or over the free VRAM: the wizard
+    says "fits on GPU" exactly when the plan puts the whole target there."""
+    weights = 6 * GiB
+    kv = kv_cache_bytes(FACTS, N_CTX, weights)
+    free = target_need(weights, kv) - delta
+    memory = MachineMemory(ram_total=64 * GiB, ram_available=32 * GiB, vram_free=free)
+    label = estimate_fit(weights, 0, N_CTX, FACTS, memory).label
+    plan = choose_plan(_hardware(free), _costs(), ModelFacts(weights, 32, kv), None)
+    assert (label == FITS_GPU) == (plan.target_gpu_layers == -1) == (delta <= 0)
+    assert label in (FITS_GPU, FITS_RAM)
+
+
+@pytest.mark.parametrize("delta", [-1, 0, 1, 64 << 20])
+def test_with_a_draft_model_the_label_and_the_placement_agree(delta: int) -> None:
+    """Target and draft model both on the GPU (the wizard's "fits on GPU") exactly when
+    the planner's GPU placement of the draft leaves room for every target layer."""
+    weights, draft_bytes = 6 * GiB, GiB // 2
+    kv = kv_cache_bytes(FACTS, N_CTX, weights)
+    draft_kv = kv_cache_bytes(DRAFT_FACTS, N_CTX, draft_bytes, "f16", "f16")
+    free = target_need(weights, kv) + draft_need(draft_bytes, draft_kv) - delta
+    memory = MachineMemory(ram_total=64 * GiB, ram_available=32 * GiB, vram_free=free)
+    fit = estimate_fit(weights, 0, N_CTX, FACTS, memory, draft_bytes=draft_bytes,
+                       draft_facts=DRAFT_FACTS)
+    placements = _draft_placements(_hardware(free), ModelFacts(weights, 32, kv),
+                                   DraftModelFacts("draft.gguf", draft_bytes, draft_kv))
+    dovetail = [layers for layout, _, layers, _ in placements if layout == "dovetail"]
+    assert dovetail and (fit.label == FITS_GPU) == (dovetail[0] == -1) == (delta <= 0)
+
+
+def test_too_large_for_both() -> None:
+    memory = MachineMemory(ram_total=16 * GiB, ram_available=8 * GiB, vram_free=4 * GiB)
+    assert estimate_fit(8 * GiB, 0, N_CTX, FACTS, memory).label == TOO_LARGE
