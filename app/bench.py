@@ -69,7 +69,8 @@ def engine_runner(engine: Engine) -> Runner:
         if warm:  # a follow-up turn: the conversation so far is cached, as in a chat
             engine.target.prefill(warm, None)
             # In a chat the cells moved while the last answer was written; moved inside
-            # the timed turn they cost its first token 10-35 ms that no chat pays.
+            # the timed turn they would cost its first token what no chat pays
+            # (docs/benchmarks.md: figures behind the code's rules, "Reading prompts").
             engine.target.settle()
         result = engine.generate(prompt, GenerationConfig(max_tokens=max_tokens),
                                  remember=remember)
@@ -270,10 +271,10 @@ def run_bench(
     run is repeated, interleaved, and the fastest kept: a shared machine's noise only
     ever adds time (``RUN_ONCE`` runners run once). The first token and the decode are
     two measurements, each the fastest of its runs: the run with the fastest decode
-    carries one of its first tokens, which alone varied by ±10% between runs.
+    carries one of its first tokens, which alone varies between runs.
     ``pause_s`` of rest before each run: a run right after llama-server's started while
-    the server's threads still spun on the 2 cores (a first token 6% later back to back
-    than with a pause).
+    the server's threads still spun on the cores, and its first token came later
+    (docs/benchmarks.md: figures behind the code's rules, "The bench").
 
     ``all_turns``: a prompt's turns are one conversation per runner, each continuing
     from its own answers; a follow-up turn starts with the conversation so far cached

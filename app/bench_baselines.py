@@ -128,8 +128,9 @@ def server_runner(name: str, target: Target, binary: str) -> Runner:
 
     ``server`` and ``server-ngram`` get the target's KV-cache types (``--kv-cache``): the
     cache's numbers decide greedy near-ties, so with other types it writes another answer
-    (with llama-server's default F16 K, 33 of 39 dev answers differed from Tandem's exact
-    mode), and a speed comparison on different texts mostly measures which text loops.
+    (with llama-server's default F16 K, most dev answers differed from Tandem's exact
+    mode; docs/benchmarks.md: figures behind the code's rules, "The bench"), and a speed
+    comparison on different texts mostly measures which text loops.
     Times are the server's own (``timings``): prompt processing is the TTFT, generation
     time the decode time; no HTTP overhead is charged to it.
     """

@@ -46,8 +46,8 @@ class EngineLane:
     already waiting (one more may be running).
 
     Every llama.cpp call must come from the thread that made the engine: with llama.cpp's
-    OpenMP build, a decode from another thread ran at 60% of the speed (119 against 187
-    tok/s here; measured in the note of issue 17). So jobs run where the engine lives:
+    OpenMP build, a decode from another thread runs far slower (docs/benchmarks.md:
+    figures behind the code's rules, "The API"). So jobs run where the engine lives:
     ``own_thread`` False runs them in the caller's ``run_forever`` (``tandem serve``:
     the main thread), and ``execute(fn)`` hands each one to the engine's thread (the
     app's worker) and waits for it.
@@ -148,8 +148,8 @@ class EngineLane:
 class _TextBatcher:
     """Text deltas for a stream, at most one event per ``interval_s``. Waking the HTTP
     thread for every token costs the generation: on a 2-core laptop whose cores both
-    run llama.cpp, each wake-up preempts a decode thread (one event per token made API
-    answers 40% slower than the CLI's)."""
+    run llama.cpp, each wake-up preempts a decode thread (docs/benchmarks.md: figures
+    behind the code's rules, "The API")."""
 
     def __init__(self, emit: Callable[[str, object], None], interval_s: float = 0.05) -> None:
         self._emit, self._interval_s = emit, interval_s

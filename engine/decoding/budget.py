@@ -1,7 +1,8 @@
 """How much to draft: as many nodes as maximise expected tokens per second.
 
-A CPU target does not verify for free (here a batch of 4 costs ~1.8x one token, 8
-costs ~3x), so each cycle keeps the draft nodes whose estimated acceptance pays for the
+A CPU target does not verify for free (a batch costs more than one token, and more the
+longer it is; docs/benchmarks.md: figures behind the code's rules, "Verification costs"),
+so each cycle keeps the draft nodes whose estimated acceptance pays for the
 extra verification time (EAGLE-2's rule: a cycle yields 1 + the sum of the kept nodes'
 path probabilities; divide by the measured cost of verifying them).
 """

@@ -175,7 +175,8 @@ def sample_at(probs: np.ndarray, u: float) -> int:
     vocabulary order: with ``u`` uniform, a draw from ``probs``.
 
     Two-level search (block sums, then within one block): a cumulative sum over the
-    whole 49k vocabulary costs ~0.5 ms, more than a fifth of a decode step here.
+    whole vocabulary costs a sizeable share of a decode step (docs/benchmarks.md:
+    figures behind the code's rules, "Per-step costs").
     """
     n = probs.shape[0]
     n_blocks = -(-n // _BLOCK)

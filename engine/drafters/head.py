@@ -58,8 +58,9 @@ class HeadDrafterConfig:
     # DuoDecoding's overlap: while the target verifies a draft, continue its likeliest
     # path (assuming the target takes all of it) so the next step's draft is ready.
     draft_ahead: bool = False
-    # On a CPU: "int8" weights read a quarter of float32's bytes per level (about 3x
-    # faster, top-1 agreement with the float head about 0.9), or "float".
+    # On a CPU: "int8" weights read a quarter of float32's bytes per level (faster, and
+    # mostly the float head's top-1; docs/benchmarks.md: figures behind the code's
+    # rules, "Per-step costs"), or "float".
     weights: str = "int8"
 
     def __post_init__(self) -> None:

@@ -54,7 +54,8 @@ def softmax_top(logits: np.ndarray, k: int, ids: np.ndarray | None = None
                 ) -> list[tuple[int, float]]:
     """The ``k`` best tokens and their probabilities, best first. ``ids``: the only
     tokens the head scores (its draft vocabulary; the rest of the row is -inf), so the
-    work follows the head's vocabulary, not the target's (0.5 ms a level at 49152)."""
+    work follows the head's vocabulary, not the target's (docs/benchmarks.md: figures
+    behind the code's rules, "Per-step costs")."""
     scores = logits if ids is None else logits[ids]
     if k == 1:
         top = np.array([int(scores.argmax())])

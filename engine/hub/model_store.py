@@ -51,8 +51,8 @@ def default_model_path() -> Path:
     """The model Tandem runs when none is named: the bundled one, requantized to Q4_0.
 
     llama.cpp repacks Q4_0 weights for the CPU's SIMD units; its batch decode is much
-    cheaper than the shipped Q4_1 (a 4-token verification costs 1.44x a single token
-    instead of 2.07x), which is what speculative decoding on a CPU lives on. The copy
+    cheaper than the shipped Q4_1's (docs/benchmarks.md: figures behind the code's rules,
+    "Verification costs"), which is what speculative decoding on a CPU lives on. The copy
     is made once (a few seconds) and kept in the data directory.
     """
     src = bundled_model_path()

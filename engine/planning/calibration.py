@@ -47,8 +47,9 @@ VERIFY_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, MAX_MEMORY_DRAFT + 1)
 # What a spot check between answers measures (engine.planning.plan_check).
 SPOT_SIZES = (1, 2, 4, 8)
 # Repeats of one measurement further apart than this (interquartile range relative to the
-# median) are not trusted: a quiet 2-core machine gives 0.03-0.09, one shared with
-# another decode 0.35-0.45.
+# median) are not trusted: a quiet machine stays well under it, one shared with another
+# decode well over (docs/benchmarks.md: figures behind the code's rules, "Measuring on a
+# busy machine").
 SPREAD_LIMIT = 0.2
 # A neutral filler for the calibration context: the cost of a decode depends on how
 # many tokens are cached, not on which.

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import psutil
 
 # Other programs' average use, in cores, that a measurement tolerates beyond the cores
-# the target does not use. A desktop idles at 0.02-0.1 cores; a second decode, a build
-# or an indexer takes 1 or more.
+# the target does not use. An idle desktop uses a small fraction of a core; a second
+# decode, a build or an indexer takes 1 or more (docs/benchmarks.md: figures behind the
+# code's rules, "Measuring on a busy machine").
 BUSY_MARGIN_CORES = 0.25
 QUICK_LOOK_S = 0.3  # a look at the machine before deciding to measure again
 

@@ -10,10 +10,10 @@ again; a different choice that pays is adopted between answers.
 Thresholds, and why:
 - *Beyond the noise*: a batch size's median over the answer, or the drafter's time per
   step, off the calibrated figure by more than ``NOISE_FLOOR`` (15%) or three times the
-  calibration's own repeat spread, whichever is larger. On a quiet 2-core machine the
-  repeats of one size sit within 3-9% of each other and an answer's medians within ~10%
-  of the calibration; a machine shared with another decode is off by 30% to 5x. "Off"
-  is a ratio either way (1.2x dearer or 1.2x cheaper). A provisional calibration's spread
+  calibration's own repeat spread, whichever is larger. On a quiet machine an answer's
+  medians sit within the floor; one shared with another decode is off by far more
+  (docs/benchmarks.md: figures behind the code's rules, "Measuring on a busy machine").
+  "Off" is a ratio either way (1.2x dearer or 1.2x cheaper). A provisional calibration's spread
   is its own instability, so it keeps the floor.
 - ``MIN_SAMPLES`` (3) decodes of a size before its median counts: one decode the
   scheduler slowed does not move a median of three.
@@ -210,10 +210,10 @@ def reprice(costs: CostProfile, factors: dict[int, float], draft_factor: float |
     """``costs`` with the target's curve on ``device`` scaled by what answers measured
     (``factors``: observed / calibrated, by batch size) and the running drafter's costs
     by ``draft_factor``. Drafters that did not run keep their measured costs: under the
-    same load a draft head's level stretched 2.5-5x (3.4 -> 8.7-12.4 ms) while one
-    token's decode stretched 3-250x (12.6 ms -> 38 ms to 3.2 s), so scaling the head as
-    the target would make it look free; kept as measured, a drafter no answer has shown
-    is not switched to on a guess."""
+    same load a draft head's level stretched far less than one token's decode
+    (docs/benchmarks.md: figures behind the code's rules, "Measuring on a busy machine"),
+    so scaling the head as the target would make it look free; kept as measured, a
+    drafter no answer has shown is not switched to on a guess."""
     curve, slowest = {}, 0.0
     for n, t in sorted(costs.verify_s[device].items()):
         slowest = max(slowest, t * _factor_at(factors, n))  # never cheaper for more tokens

@@ -1,9 +1,10 @@
 """Move a sequence's KV cells from an F16 cache into Tandem's Q8_0-K cache.
 
 llama.cpp's CPU flash attention prefills an F16/F16 cache with a tiled kernel that a
-Q8_0 K cache cannot use, so a long prompt's first token takes ~1.4x as long with Q8_0 K.
-Decoding needs Q8_0 K (one kernel for every batch size: speculative output identical to
-plain decoding). So Tandem prefills in an F16 context and moves the cells: this module
+Q8_0 K cache cannot use, so a long prompt's first token comes later with Q8_0 K
+(docs/benchmarks.md: figures behind the code's rules, "Reading prompts"). Decoding
+needs Q8_0 K (one kernel for every batch size: speculative output identical to plain
+decoding). So Tandem prefills in an F16 context and moves the cells: this module
 rewrites llama.cpp's sequence-state blob (``llama_state_seq_get_data``), keeping V as it
 is and storing K the way llama.cpp stores a quantized K itself: rotated by an orthonormal
 Walsh-Hadamard matrix over blocks of the head (llama-kv-cache.cpp, ``attn_rot_k``), then
@@ -60,7 +61,8 @@ def rotate_blocks(rows: np.ndarray, block: int, out: np.ndarray | None = None) -
     """``rows`` times ``hadamard(block)`` over each block of ``block`` values, as two
     small products: Sylvester's H(a*16) is H(a) (x) H(16), so a block seen as an a x 16
     matrix X becomes H(a) X H(16). A sixth of the multiplications of one block x block
-    product, 2.4x faster at block 128. ``out`` (rows' shape, float32) may be ``rows``."""
+    product, and faster (docs/benchmarks.md: figures behind the code's rules, "Moving a
+    prompt's cells"). ``out`` (rows' shape, float32) may be ``rows``."""
     inner = min(block, 16)
     outer = block // inner
     mixed = _scratch("rotate", rows.shape).reshape(-1, inner)
@@ -80,7 +82,8 @@ _per_thread = threading.local()
 
 def _scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
     """A float32 array of ``shape`` this thread reuses: a fresh one per layer faulted in
-    new pages (~1 ms a layer at a 1.7B shape, more than its rotation)."""
+    new pages, which cost more than the layer's rotation (docs/benchmarks.md: figures
+    behind the code's rules, "Moving a prompt's cells")."""
     size = int(np.prod(shape))
     buffer = getattr(_per_thread, name, None)
     if buffer is None or buffer.size < size:
@@ -151,10 +154,11 @@ def _threadpools() -> ThreadpoolController:
 
 def f16_to_q8_0_keys(blob: bytes | np.ndarray, n_head_kv: int, rotate: bool) -> np.ndarray:
     """``_f16_to_q8_0_keys`` with numpy's BLAS on one thread (its idle threads spin for a
-    while after a call and slowed llama.cpp's next decode by up to ~100 ms on 2 cores).
-    A writable array is rewritten in place: every part is written at or before where it
-    was read (Q8_0 K is smaller than F16 K), and fresh pages for a second 76 MB array
-    cost ~50 ms at a 1.7B shape. Bytes are written into a new array."""
+    while after a call and slowed llama.cpp's next decode). A writable array is rewritten
+    in place: every part is written at or before where it was read (Q8_0 K is smaller
+    than F16 K), and fresh pages for a second array of the same size are not free
+    (docs/benchmarks.md: figures behind the code's rules, "Moving a prompt's cells").
+    Bytes are written into a new array."""
     in_place = isinstance(blob, np.ndarray) and blob.flags.writeable
     out = _Writer(blob if in_place else np.empty(len(blob), dtype=np.uint8))
     with _threadpools().limit(limits=1, user_api="blas"):

@@ -83,7 +83,9 @@ def _native_errors_since(mark: int) -> str:
 
 
 class GgmlRowKernels:
-    """ggml's own SIMD row conversions (libggml-cpu), ~3x numpy's for moving KV cells."""
+    """ggml's own SIMD row conversions (libggml-cpu), faster than numpy's for moving KV
+    cells (docs/benchmarks.md: figures behind the code's rules, "Moving a prompt's
+    cells")."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._to_f32 = lib.ggml_cpu_fp16_to_fp32
@@ -159,8 +161,9 @@ def prompt_kernels_available() -> bool:
 @contextlib.contextmanager
 def prompt_kernels(on: bool = True) -> Iterator[bool]:
     """llama.cpp's fastest batch kernels for the decodes inside (this thread's; others
-    wait): llamafile's sgemm (float, Q8_0, Q5_0, Q4_0 weights; 1.5-1.8x faster prompts)
-    and the tiled K-quant matmul (K-quants that are not repacked). A batch of 2+ rows then
+    wait): llamafile's sgemm (float, Q8_0, Q5_0, Q4_0 weights) and the tiled K-quant
+    matmul (K-quants that are not repacked), for faster prompts (docs/benchmarks.md:
+    figures behind the code's rules, "Reading prompts"). A batch of 2+ rows then
     sums in another order than one token, so only a prefill that plain and drafted
     answers share may use them, never a verification. Yields whether they are on."""
     switch = _prompt_kernel_switch() if on else None
@@ -558,8 +561,8 @@ class NativeContext:
         # a batch is then computed differently from the same tokens one by one (logits
         # off by ~0.5): greedy speculative output would drift from plain decoding.
         # K in Q8_0, V in F16 keeps every batch size on one kernel (bit-identical
-        # logits here) at F16's decode speed (llama-bench, 2 threads, depth 600/1500:
-        # 56.6/43.5 tok/s vs 59.6/42.1 for F16/F16; Q8_0 V would cost ~15%).
+        # logits here) at about F16's decode speed; Q8_0 V would cost more
+        # (docs/benchmarks.md: figures behind the code's rules, "The KV cache's types").
         params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                   else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         params.n_rs_seq = n_rs_seq
@@ -601,7 +604,7 @@ class NativeContext:
             raise
         # The last logits row's view, by the address llama.cpp gave: plain decoding reads
         # one row every step, and numpy's ctypes route rebuilt an array type each time
-        # (~50 us a step on a cache the decode had just flushed, ~1% of a token).
+        # (docs/benchmarks.md: figures behind the code's rules, "Per-step costs").
         self._row_view: tuple[int, np.ndarray] = (0, np.empty(0, np.float32))
 
     def set_feature_layers(self, layers: tuple[int, ...]) -> None:
@@ -807,9 +810,9 @@ class NativeContext:
 
     def state_seq_array(self, seq_id: int, into: np.ndarray | None = None) -> np.ndarray:
         """``state_seq_get`` as a uint8 array, with no copy. A fresh ``bytes`` (or a ctypes
-        array) of a 680-token prompt's 76 MB at a 1.7B shape took ~200 ms to touch page by
-        page; numpy's large arrays get huge pages (10-20 ms, ~100 ms where the kernel must
-        compact memory for them first). ``into``: a uint8 array to write it in when it is
+        array) of a long prompt's cells is touched page by page; numpy's large arrays get
+        huge pages, much sooner (docs/benchmarks.md: figures behind the code's rules,
+        "Moving a prompt's cells"). ``into``: a uint8 array to write it in when it is
         big enough (the result is a view of it)."""
         mark = _log_mark()
         size = int(llama_cpp.llama_state_seq_get_size(self.handle, seq_id))

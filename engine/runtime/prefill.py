@@ -87,8 +87,9 @@ class PromptReader:
     """The prompt machinery of one ``Target`` (see the module docstring)."""
 
     def __init__(self, target: Target) -> None:
-        """Opens the F16 context where it applies (made now: made on the first long
-        prompt, it cost that prompt's first token ~0.3 s)."""
+        """Opens the F16 context where it applies: made now, not on the first long prompt,
+        whose first token would wait for it (docs/benchmarks.md: figures behind the
+        code's rules, "Reading prompts")."""
         self.target = target
         self.f16_ctx: NativeContext | None = None
         self.f16_tokens: list[int] = []  # what the F16 context's sequence 0 holds

@@ -2,10 +2,9 @@
 
 With the prompt kernels on (engine.runtime.native.prompt_kernels), K-quants and most
 i-quants go through ggml's tiled matmul, but only where they are not repacked: the tiled
-kernel leaves repacked weights to repack's own GEMM. Measured with ``Target`` on the
-AVX-512 EPYC (2 threads, 660-token prompt, F16 prefill): a Qwen3-1.7B-shaped Q4_K_M 2.59 s
-plain against 4.16 s repacked; the bundled Q4_0, which has no tiled kernel, 0.79 s plain
-(llamafile's sgemm) against 0.45 s repacked."""
+kernel leaves repacked weights to repack's own GEMM. So a Q4_K_M prompt is sooner with
+plain weights, and a Q4_0 one (no tiled kernel) with repacked weights (docs/benchmarks.md:
+figures behind the code's rules, "Reading prompts")."""
 
 from __future__ import annotations
 

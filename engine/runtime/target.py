@@ -187,7 +187,8 @@ class Target:
         convolution state, so a hybrid pays for the longest draft it may take back: none
         when it drafts nothing, 2 for memory drafts of 2. Switched between answers: a new
         decoding context takes the sequence's cells (llama.cpp's sequence state is the
-        same with or without snapshots), ~0.1 s. Only with no drafter attached: feature
+        same with or without snapshots; docs/benchmarks.md: "Hybrids' snapshots"). Only
+        with no drafter attached: feature
         settings go back to their defaults. Raises ModelLoadError (no memory for it)."""
         tokens = max(0, min(tokens, RS_ROLLBACK_TOKENS)) if self.arch.rs_rollback else 0
         if tokens == self._snapshots:
