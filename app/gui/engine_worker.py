@@ -36,7 +36,7 @@ from engine.session_process import EngineProcess
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-DRAFTER_CHOICES = OFFERED_DRAFTERS  # what the window offers (engine.drafters says)
+DRAFTER_CHOICES = OFFERED_DRAFTERS  # what the window offers: engine.drafters has the one list
 
 
 @dataclass(frozen=True)

@@ -608,7 +608,7 @@ class NativeContext:
         self._row_view: tuple[int, np.ndarray] = (0, np.empty(0, np.float32))
 
     def set_feature_layers(self, layers: tuple[int, ...]) -> None:
-        """Which layers' inputs ``hidden_states`` gives (none: the last layer's output).
+        """Which layers' inputs ``features`` gives (none: the last layer's output).
         Raises ModelLoadError for a layer the model lacks or a build that cannot."""
         layers = tuple(layers)
         if layers == self.feature_layers:
@@ -632,7 +632,7 @@ class NativeContext:
         self._sync_features()
 
     def set_next_features(self, on: bool) -> None:
-        """``hidden_states`` gives what an MTP block reads, the trunk's normed output of
+        """``features`` gives what an MTP block reads, the trunk's normed output of
         every token in a batch (llama.cpp's unmasked next-token rows), with llama.cpp's
         embeddings mode off: those rows come with every decode."""
         from llama_cpp import llama_cpp_ext
@@ -646,7 +646,7 @@ class NativeContext:
 
     @property
     def feature_width(self) -> int:
-        """Floats per token in ``hidden_states``."""
+        """Floats per token in ``features``."""
         return self.n_embd * max(1, len(self.feature_layers))
 
     @property

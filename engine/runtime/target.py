@@ -155,7 +155,12 @@ class Target:
         self.park_seq = n_seq_max - 1
         self.n_parked = 0  # cells parked (see module docstring)
         self._parked_from = 0  # every parked cell sits at a position >= this
-        self.prompts = PromptReader(self)
+        try:
+            self.prompts = PromptReader(self)
+        except BaseException:
+            for handle in (self.batch, self.ctx, self.model):
+                handle.close()
+            raise
 
     def _op_offload(self) -> bool:
         if self.config.workers:  # it would send local weights over the network per batch
@@ -217,9 +222,7 @@ class Target:
 
     # --- lifecycle -------------------------------------------------------------------
     def close(self) -> None:
-        prompts = getattr(self, "prompts", None)  # absent when __init__ failed before it
-        if prompts is not None:
-            prompts.close()
+        self.prompts.close()
         for handle in (self.batch, self.ctx, self.model):
             handle.close()
 
