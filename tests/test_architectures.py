@@ -457,3 +457,36 @@ def _memory_drafts_equal_plain(target: Target, text: str) -> int:
                    cost=VerifyCostModel(slope=0.0, learn=False), remember=False)
     assert out.tokens == plain
     return sum(s.n_accepted for s in out.stats.steps)
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "lfm2"])
+def test_a_hybrids_answer_ended_at_eos_leaves_the_next_turn_as_plain_decoding_does(
+        arch: str, tiny_models: dict[str, Path]) -> None:
+    """An answer that ends at an end-of-generation token keeps every token it decoded,
+    drafted or not: plain decoding, whose state keeps no snapshots, takes nothing back
+    (it would have to read the whole conversation again, in other sums), and the next
+    turn's first-token logits are bit for bit the same with and without drafts."""
+    path = tiny_models[arch]
+    with Target(path, TargetConfig(n_ctx=512, n_threads=2, state_snapshots=False)) as plain:
+        prompt = plain.tokenize(PROMPTS[1], special=False)
+        answer = generate(plain, prompt, None, GenerationConfig(16)).tokens
+        end = next(i for i in range(6, 16) if answer[i] not in answer[:i])
+        plain.model.eog_ids = frozenset({answer[end]})  # the answer ends there
+        plain.reset(cold=True)
+        first = generate(plain, prompt, None, GenerationConfig(32))
+        assert first.finish_reason == "eos" and first.tokens == answer[:end]
+        follow = prompt + first.tokens + [answer[end]] + plain.tokenize(" and then",
+                                                                        special=False)
+        want = plain.prefill(follow)
+        assert want.n_reused == len(prompt) + end  # nothing read again
+    with Target(path, TargetConfig(n_ctx=512, n_threads=2)) as drafted:
+        drafted.model.eog_ids = frozenset({answer[end]})
+        memory = SuffixIndex()
+        memory.insert(prompt + _perturbed(answer, 4, 1))
+        out = generate(drafted, prompt, MemoryDrafter(memory), GenerationConfig(32),
+                       cost=VerifyCostModel(slope=0.0, learn=False), remember=False)
+        assert out.tokens == first.tokens and out.finish_reason == "eos"
+        assert sum(s.n_accepted for s in out.stats.steps) > 0
+        got = drafted.prefill(follow)
+        assert got.n_reused == want.n_reused
+        np.testing.assert_array_equal(got.logits, want.logits)

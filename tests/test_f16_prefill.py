@@ -339,3 +339,29 @@ def test_the_moves_buffer_is_made_when_the_target_opens_and_kept(target, long_pr
             f16.kv_remove(1, -1, -1)
         # What a 1024-token prompt needs, by this prompt's bytes per token.
         assert made.nbytes >= blob_bytes / len(prompt) * 1024
+
+
+def test_a_regenerate_with_features_gets_plain_decodings_first_token(target, long_prompts):
+    """A short follow-up read in the target's own cache keeps the features of the tokens
+    it evaluated, fewer than a drafter asks for: asked again (a regenerate), it still
+    gets the first token's logits plain decoding got, not a decode of its last token
+    alone, and the features it asks for."""
+    if not target.prompts.fast_prompts:
+        pytest.skip("this build lacks the prompt kernels: nothing is remembered")
+    base, follow = long_prompts[0][:100], long_prompts[1][:9]
+    prompt = base + follow
+    target.reset(cold=True)
+    target.prefill(base)
+    plain = target.prefill(prompt).logits.copy()
+    target.reset(cold=True)
+    target.set_features(True)
+    try:
+        target.prefill(base, feature_tail=32)
+        first = target.prefill(prompt, feature_tail=32)
+        np.testing.assert_array_equal(first.logits, plain)
+        again = target.prefill(prompt, feature_tail=32)
+        np.testing.assert_array_equal(again.logits, plain)
+        assert again.features is not None and len(again.features) == 32
+        assert again.n_reused == len(prompt)
+    finally:
+        target.set_features(False)

@@ -6,6 +6,7 @@ sampling, with drafts accepted."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from engine.decoding.budget import VerifyCostModel
@@ -15,6 +16,7 @@ from engine.drafters import make_drafter
 from engine.drafters.draft_model import DraftModelConfig, DraftModelDrafter
 from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
 from engine.drafters.memory import MemoryDrafter
+from engine.runtime.draft_tree import DraftTree
 from engine.runtime.prompt_weights import prompts_prefer_repacked
 from engine.runtime.target import Target, TargetConfig
 from tests.conftest import drafted_equals_plain, pick_per_category, plain_answers
@@ -143,3 +145,33 @@ def test_short_prompts_take_the_fast_kernels_and_a_regenerate_answers_the_same(
                           cost=VerifyCostModel(slope=0.0, learn=False)).tokens
                  for d in (None, PromptLookupDrafter(LookupConfig()))]
         assert turns[0] == turns[1]
+
+
+def test_freeing_parked_cells_keeps_plain_decodings_cache(k_quant_target, prompts_and_plain):
+    """Parked cells are freed by evaluating the tokens after them again, in batches the
+    kernels keep exact (3 rows where repacked Q4_K sums otherwise from 4 on): the next
+    token's logits are plain decoding's bit for bit."""
+    t = k_quant_target
+    rows, plain = prompts_and_plain
+    prompt = plain[rows[0]["question_id"]][0]
+    t.reset()
+    ref = [int(np.argmax(t.prefill(prompt).logits))]
+    ref_logits = []
+    for _ in range(8):  # plain decoding, one token at a time
+        ver = t.verify(ref[-1], DraftTree())
+        ref_logits.append(ver.logits[0].copy())
+        t.commit(ver, [0], [ref[-1]])
+        ref.append(int(np.argmax(ref_logits[-1])))
+    t.reset()
+    t.prefill(prompt)
+    tree = DraftTree()
+    tree.add((ref[1] + 1) % t.n_vocab, -1)  # rejected, and before the accepted node
+    tree.add(ref[1], -1)
+    ver = t.verify(ref[0], tree)
+    t.commit(ver, [0, 2], [ref[0], ref[1]])
+    assert t.n_parked == 1
+    for token in ref[2:7]:
+        t.commit(t.verify(token, DraftTree()), [0], [token])
+    t.compact()  # six tokens evaluated again
+    assert t.n_parked == 0 and t.tokens[-7:] == ref[:7]
+    np.testing.assert_array_equal(t.verify(ref[7], DraftTree()).logits[0], ref_logits[7])

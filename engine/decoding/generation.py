@@ -300,11 +300,14 @@ def _finish(run: _Run, prompt: list[int], t0: float, remember: bool) -> Generati
     """Close the text stream, let the drafter remember the answer, fill the figures."""
     reason = run.emitter.close()
     tokens = run.emitter.tokens
-    # Leave the cache as plain decoding does, without the last token: a verified batch
-    # may have evaluated it (or more), and a next turn that shifts its cache over dropped
-    # turns would then keep a token plain decoding evaluates afresh.
-    plain_past = len(prompt) + len(tokens) - 1
-    if tokens and run.target.n_past > plain_past:
+    # Leave the cache as plain decoding leaves it: every token but the last, which plain
+    # decoding has not evaluated yet, except after an end of generation, which the last
+    # token's decode predicted. A verified batch may have evaluated more; a next turn
+    # that shifts its cache over dropped turns would then keep a token plain decoding
+    # evaluates afresh. (Taking back a token plain decoding keeps would make a hybrid
+    # without snapshots read the whole conversation again, in other sums.)
+    plain_past = len(prompt) + len(tokens) - (0 if reason == "eos" else 1)
+    if run.target.n_past > plain_past >= len(prompt):
         run.target.rollback(plain_past)
     if run.drafter is not None and remember:
         try:

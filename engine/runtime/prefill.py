@@ -239,13 +239,16 @@ class PromptReader:
         last = next((e for e in self.remembered if e[0] == key), None)
         if last is None or n_same < len(prompt):
             return None
+        t.rollback(len(prompt))
         features = None
         if t.ctx.features_on:
-            want = 1 if feature_tail is None else max(1, feature_tail)
-            if last[2] is None or len(last[2]) < want:
-                return None
-            features = last[2][-want:]
-        t.rollback(len(prompt))
+            want = 1 if feature_tail is None else max(1, min(feature_tail, len(prompt)))
+            kept = last[2]
+            # Fewer kept than asked (a short prompt read in the target's own cache kept
+            # as many as it evaluated): evaluated again beside the prompt. Never a
+            # decode of the last token alone, whose logits would not be plain's.
+            features = kept[-want:] if kept is not None and len(kept) >= want \
+                else t.features_again(want)
         return Prefill(logits=last[1].copy(), features=features, n_reused=len(prompt))
 
     def _remember(self, prompt: list[int], logits: np.ndarray,

@@ -40,6 +40,9 @@ from engine.runtime.template_choice import choose_template
 
 log = logging.getLogger(__name__)
 
+# Tokens re-evaluated per batch when parked cells are freed, where any batch is exact.
+COMPACT_CHUNK = 8
+
 
 @dataclass(frozen=True)
 class TargetConfig:
@@ -381,14 +384,15 @@ class Target:
 
     def compact(self) -> None:
         """Free the parked cells by re-evaluating the tokens committed since the first
-        of them, in small batches (batch sizes verification uses, so the cache holds
-        the same values). For when the context runs short."""
+        of them, in batches verification may use (at most ``max_batch`` rows where the
+        kernels are exact only that far), so the cache holds the same values. For when
+        the context runs short."""
         if not self.n_parked:
             return
         start = self._parked_from
         redo = self.tokens[start:]
         self.rollback(start)
-        self.evaluate(redo, chunk_size=8)
+        self.evaluate(redo, chunk_size=self.config.max_batch or COMPACT_CHUNK)
 
     def set_features(self, on: bool) -> None:
         self.ctx.set_features(on)  # a flag: no need to move cells first
