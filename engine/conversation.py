@@ -1,5 +1,6 @@
-"""The one way a front end answers: the CLI's chat and generate, the window's worker, the
-API's lane and the bench all ask an ``AnswerService``.
+"""The one way a front end answers: the CLI's chat and generate, the window's worker and
+the API's lane all ask an ``AnswerService`` (the bench drives ``Engine.generate`` itself,
+to time each drafter on the same prompt tokens).
 
 It holds the engine (in this process, or in a child when the target runs on workers),
 and for each ``Question``: fits the conversation into the context (or tokenizes a text
@@ -36,8 +37,8 @@ LOCAL_AGAIN = "the worker was lost: the model now runs on this machine"
 
 @dataclass(frozen=True)
 class Question:
-    """What to answer: a conversation (``messages``, system prompt first) or, without
-    messages, ``text`` to continue as it is (a completion)."""
+    """What to answer: a conversation (``messages``, system prompt first) or, when
+    ``text`` is given, that text to continue as it is (a completion)."""
 
     messages: tuple[dict[str, str], ...] = ()
     text: str | None = None
@@ -97,24 +98,30 @@ class AnswerService:
     worker whose model does not fit here. A context manager; ``close()`` is idempotent."""
 
     def __init__(self, engine: Engine | EngineProcess, config: EngineConfig,
-                 on_note: Progress | None = None) -> None:
+                 on_note: Progress | None = None, auto_recover: bool = True) -> None:
+        """``auto_recover`` False: a lost worker's model reopens only when ``recover`` is
+        called (the window does, to show the load and the note), never inside an
+        answer."""
         self.engine: Engine | EngineProcess | None = engine
         self.config = config  # what was asked: a reopened engine keeps its workers' wish
         self._on_note = on_note or (lambda _note: None)
+        self._auto_recover = auto_recover
         self.lost_note = ""  # said while the model runs here because its worker was lost
         self.why_not_here = ""  # why a lost worker's model could not open here
 
     @classmethod
     def open(cls, config: EngineConfig, progress: Progress | None = None,
-             on_note: Progress | None = None) -> AnswerService:
+             on_note: Progress | None = None, auto_recover: bool = True) -> AnswerService:
         """The engine ``config`` asks for (in a child process when it uses workers).
         Raises what ``Engine`` raises."""
-        return cls(open_engine(config, progress), config, on_note)
+        return cls(open_engine(config, progress), config, on_note, auto_recover)
 
     # --- the engine, and its recovery ------------------------------------------------------
     def current(self) -> Engine | EngineProcess | None:
-        """The engine to answer with: a lost worker's is replaced here first."""
-        self.recover()
+        """The engine to answer with: a lost worker's is replaced here first (unless
+        recovery is left to the caller)."""
+        if self._auto_recover:
+            self.recover()
         return self.engine
 
     def recover(self, progress: Progress | None = None) -> bool:
@@ -141,7 +148,7 @@ class AnswerService:
     def prompt_of(self, question: Question) -> tuple[list[int], int]:
         """The prompt's tokens and how many of the oldest messages were left out."""
         engine = self._engine()
-        if not question.messages:
+        if question.text is not None:
             return engine.target.tokenize(question.text or "", special=question.special), 0
         thinking = question.thinking if engine.target.template.thinking_switch else None
         fitted = engine.fit_chat(list(question.messages), question.generation.max_tokens,

@@ -164,16 +164,14 @@ class Engine:
         self.memory: SuffixIndex | None = None
         self._memory_path: Path | None = None
         setup, opened, why = self._first_setup(say)
-        target = self._place_target(setup.gpu_layers, opened)
+        self.target = self._place_target(setup.gpu_layers, opened)
+        self._placed_for = setup.gpu_layers  # asked of the target (the GPU may refuse)
         try:
-            check_first_forward(target)
-            self._note_what_the_target_is(target)
-            self.target = target
+            check_first_forward(self.target)
+            self._note_what_the_target_is(self.target)
             self.apply(setup, why)
         except BaseException:
-            if self.drafter is not None:
-                self.drafter.close()
-            target.close()
+            self.close()
             raise
         # The budget starts from the calibrated curve where there is one and learns on.
         costs = self.plans.costs
@@ -298,7 +296,10 @@ class Engine:
         7. a plan's change is logged with ``why``.
         """
         self._detach_drafter()
-        self.target = target = self._place_target(setup.gpu_layers, self.target)
+        if setup.gpu_layers != self._placed_for:  # a target the GPU refused stays put
+            self.target = self._place_target(setup.gpu_layers, self.target)
+            self._placed_for = setup.gpu_layers
+        target = self.target
         spec = setup.spec
         most = RS_ROLLBACK_TOKENS if target.arch.rs_rollback else 0
         budget = _capped(setup.max_draft, target.max_draft_with(most))
@@ -444,7 +445,9 @@ class Engine:
         if not same_choice(plan, self.plan):
             self.apply_plan(plan, "costs measured again while the app was idle")
             return True
-        self.plan, self.setup = plan, replace(self.setup, plan=plan)
+        # The same choice: the drafter in use stays; a later re-apply takes the new budget.
+        self.plan = plan
+        self.setup = self.plans.setup_for(plan, self.config.overrides.max_draft)
         return False
 
     def plan_status(self) -> dict[str, object] | None:

@@ -233,7 +233,7 @@ class EngineWorker(QObject):
                 model_path=choice.model_path, drafter=choice.drafter, head_dir=choice.head_dir,
                 overrides=overrides, n_ctx=choice.n_ctx, n_threads=choice.n_threads,
                 kv_cache=choice.kv_cache, draft_model=draft, workers=choice.workers),
-                progress=self._progress)
+                progress=self._progress, auto_recover=False)
             self._requested = choice.drafter
             self.ready.emit(self._ready_info())
         except (TandemError, OSError, ValueError) as exc:

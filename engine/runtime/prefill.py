@@ -15,7 +15,7 @@ that a verification does not.
 
 ``Target`` keeps sequence 0 (evaluate, verify, commit, roll back) and calls ``read`` to
 prefill. A prompt's cells may still sit in the F16 context after ``read`` returns; they
-move on ``settle``, which the target calls before any use of its cache's cells.
+move on ``settle``, which the target calls before it decodes, copies or removes them.
 Figures behind the thresholds: docs/benchmarks.md ("Reading prompts").
 """
 
@@ -112,7 +112,11 @@ class PromptReader:
             self.f16_off = f"no memory for it: {exc}"
             log.warning("F16 prefill off, prompts are prefilled in the Q8_0 cache: %s", exc)
         else:
-            self._prefault_move_buffer()
+            try:
+                self._prefault_move_buffer()
+            except BaseException:
+                self.close()
+                raise
 
     def close(self) -> None:
         self.unmoved_from = None  # nothing left to move into a closing context

@@ -13,8 +13,9 @@ nodes after the last accepted one are freed: later tokens refill them in order.
 
 Prompts are read by ``engine.runtime.prefill.PromptReader`` (the F16 context, the prefill
 copy, remembered prefills, the context shift); a long prompt's cells may wait in the F16
-context until ``settle``, which every method here that uses the cache's cells calls
-first.
+context until ``settle``. Every method here that decodes, copies or removes sequence 0's
+cells settles first (``commit`` follows a ``verify``, which settled); ``reset`` drops
+cells not moved yet.
 """
 
 from __future__ import annotations
@@ -237,8 +238,9 @@ class Target:
 
     # --- facts -----------------------------------------------------------------------
     def settle(self) -> None:
-        """Move the last long prompt's cells into the cache now (``PromptReader``): every
-        method here that uses the cells calls it first; a chat calls it between turns."""
+        """Move the last long prompt's cells into the cache now (``PromptReader``); the
+        methods that use the cells call it first, and a caller that reads the cache's
+        state directly (a test, the bench) calls it before."""
         self.prompts.settle()
 
     @property
@@ -503,6 +505,7 @@ class Target:
 
     def forget_sequence(self, seq: int) -> None:
         """Drop every cached cell of ``seq`` (independent sequences only)."""
+        self.settle()
         self.ctx.kv_remove(seq, -1, -1)
 
     # --- verification ----------------------------------------------------------------
