@@ -42,8 +42,9 @@ class ConversationListModel(QAbstractListModel):
         conv = self._items[index.row()]
         if role == Qt.ItemDataRole.DisplayRole:
             return f"⚠ {conv.title}" if conv.n_interrupted else conv.title
-        if role == Qt.ItemDataRole.ToolTipRole and conv.n_interrupted:
-            return "An answer in this conversation was interrupted (Tandem closed mid-answer)."
+        if role == Qt.ItemDataRole.ToolTipRole:  # the whole title: the list elides it
+            return conv.title + ("\nAn answer in this conversation was interrupted (Tandem "
+                                 "closed mid-answer)." if conv.n_interrupted else "")
         if role == CONVERSATION_ROLE:
             return conv
         return None
@@ -79,6 +80,10 @@ class ConversationList(QWidget):
         self.view.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.view.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.view.setSpacing(2)
+        # A long title ends in "…" at the list's width (its tooltip has it whole).
+        self.view.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.view.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.view.setUniformItemSizes(True)
         self.view.clicked.connect(self._clicked)
         self.view.activated.connect(self._clicked)
         new_button = QPushButton("New chat")

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 from app.gui.dashboard_plots import AcceptancePlot, ComparisonPlot, TimelinePlot
 from app.gui.engine_worker import Comparison, EngineReady, GenerationOutcome, StepEvent
 from app.gui.loop_monitor import LoopLag
+from app.gui.plan_words import plan_in_words
 from app.gui.resource_sampler import ResourceSampler
 from app.gui.token_view import TokenView
 from engine.decoding.budget import MAX_DRAFT_LIMIT
@@ -75,24 +76,42 @@ class DashboardWidget(QScrollArea):
         self.tau = _Metric("tokens per verification")
         self.accept = _Metric("draft tokens accepted")
         self.lag = _Metric("UI delay while generating (max / p95)")
+        # Two tiles a row: the panel is a side panel, and a caption wraps, never cut.
         metrics = QGridLayout()
         for i, m in enumerate((self.tok_s, self.ttft, self.tau, self.accept, self.lag)):
-            metrics.addWidget(m, i // 3, i % 3)
+            metrics.addWidget(m, i // 2, i % 2)
 
         plan_box = QGroupBox("Plan")
+        # The plan in a sentence; the planner's and the kernels' details one click away.
+        self.plan_summary = QLabel("Loading the model…")
+        self.plan_summary.setWordWrap(True)
+        self.details_button = QPushButton("Details")
+        self.details_button.setCheckable(True)
+        self.plan_details = QWidget()
         self.plan_layout, self.plan_budget, self.plan_reason = QLabel(), QLabel(), QLabel()
         self.plan_measured, self.plan_changed = QLabel(), QLabel()
-        for label in (self.plan_reason, self.plan_measured, self.plan_changed):
+        for label in (self.plan_layout, self.plan_budget, self.plan_reason,
+                      self.plan_measured, self.plan_changed):
             label.setWordWrap(True)
-        plan_grid = QGridLayout(plan_box)
+        plan_grid = QGridLayout(self.plan_details)
+        plan_grid.setContentsMargins(0, 0, 0, 0)
         for row, (name, label) in enumerate((("Layout", self.plan_layout),
                                              ("Budget", self.plan_budget),
                                              ("Why", self.plan_reason),
                                              ("Measured", self.plan_measured),
                                              ("Changed", self.plan_changed))):
-            plan_grid.addWidget(QLabel(f"<b>{name}</b>"), row, 0)
+            plan_grid.addWidget(QLabel(f"<b>{name}</b>"), row, 0,
+                                Qt.AlignmentFlag.AlignTop)
             plan_grid.addWidget(label, row, 1)
         plan_grid.setColumnStretch(1, 1)
+        self.plan_details.hide()
+        self.details_button.toggled.connect(self.plan_details.setVisible)
+        plan_top = QHBoxLayout()
+        plan_top.addWidget(self.plan_summary, 1)
+        plan_top.addWidget(self.details_button, 0, Qt.AlignmentFlag.AlignTop)
+        plan_layout = QVBoxLayout(plan_box)
+        plan_layout.addLayout(plan_top)
+        plan_layout.addWidget(self.plan_details)
 
         self.acceptance = AcceptancePlot()
         self.timeline = TimelinePlot()
@@ -106,10 +125,8 @@ class DashboardWidget(QScrollArea):
         self.compare_result.setWordWrap(True)
         compare_box = QGroupBox("Comparison")
         compare_layout = QVBoxLayout(compare_box)
-        row = QHBoxLayout()
-        row.addWidget(self.compare_button)
-        row.addWidget(self.compare_result, 1)
-        compare_layout.addLayout(row)
+        compare_layout.addWidget(self.compare_button, 0, Qt.AlignmentFlag.AlignLeft)
+        compare_layout.addWidget(self.compare_result)
         compare_layout.addWidget(self.comparison)
 
         tokens_box = QGroupBox("Last answer by token origin")
@@ -128,7 +145,7 @@ class DashboardWidget(QScrollArea):
         self.setWidget(body)
         self.setWidgetResizable(True)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.setMinimumWidth(480)
+        self.setMinimumWidth(340)
 
         self._refresh = QTimer(self)
         self._refresh.setInterval(250)  # redraws are coalesced: at most 4 per second
@@ -152,6 +169,7 @@ class DashboardWidget(QScrollArea):
         self.plan_changed.setText(info.changed)
 
     def on_engine_ready(self, ready: EngineReady) -> None:
+        self.plan_summary.setText(plan_in_words(ready))
         self._drafter = ready.drafter
         self.gpu = ready.gpu is not None
         self.sampler.set_gpu_available(self.gpu)

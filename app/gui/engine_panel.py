@@ -40,6 +40,7 @@ from engine.hub.draft_pairing import (
 )
 from engine.hub.fit import human_bytes
 from engine.hub.local_models import ModelRegistry
+from engine.hub.model_store import PREPARED_FILE
 from engine.planning.drafter_options import DrafterOption, drafter_options
 from engine.runtime.model_info import read_model_info
 from engine.workers.endpoints import parse_workers
@@ -96,13 +97,17 @@ def is_head_dir(path: Path) -> bool:
 
 
 class EnginePanel(QGroupBox):
-    """Emits ``choice_changed`` when the user picks another model, head or drafter."""
+    """Emits ``choice_changed`` when the user picks another model, head or drafter.
+    The model and drafter boxes live in ``picker``, a bar the window puts above the
+    chat; the group itself (what drafts, workers, the engine's state) goes with the
+    settings."""
 
     choice_changed = Signal(object)  # EngineChoice
 
     def __init__(self, store: ConversationStore, parent: QWidget | None = None) -> None:
-        super().__init__("Model and drafting (all conversations)", parent)
+        super().__init__("Drafting and workers (all conversations)", parent)
         self.store = store
+        self.default_model: Path | None = None  # what the bundled entry opens, if not it
         self.model_box = QComboBox()
         self.head_box = QComboBox()
         self.drafter_box = QComboBox()
@@ -126,9 +131,24 @@ class EnginePanel(QGroupBox):
             "The protocol has no authentication: use a worker on this machine or one "
             "reached through an SSH tunnel.")
         self.workers_edit.editingFinished.connect(self._workers_edited)
+        self.picker = QWidget()
+        picker = QHBoxLayout(self.picker)
+        picker.setContentsMargins(0, 0, 0, 0)
+        model_label, drafter_label = QLabel("&Model"), QLabel("&Drafter")
+        model_label.setBuddy(self.model_box)
+        drafter_label.setBuddy(self.drafter_box)
+        self.model_box.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.model_box.setMinimumContentsLength(16)
+        self.drafter_box.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.drafter_box.setMinimumContentsLength(14)
+        picker.addWidget(model_label)
+        picker.addLayout(model_row, 3)
+        picker.addSpacing(8)
+        picker.addWidget(drafter_label)
+        picker.addWidget(self.drafter_box, 2)
         form = QFormLayout()
-        form.addRow("Model", model_row)
-        form.addRow("Drafter", self.drafter_box)
         form.addRow("Drafts with", head_row)
         form.addRow("Workers", self.workers_edit)
         self.state = QLabel("Starting…")
@@ -360,6 +380,21 @@ class EnginePanel(QGroupBox):
                            f"{ready.n_ctx} tokens.")
         self.note.setText(ready.note)
         self.note.setVisible(bool(ready.note))
+        self._show_loaded_model(ready.model_path)
+
+    def _show_loaded_model(self, path: str) -> None:
+        """The model box names the file that is loaded (the bundled entry only for the
+        bundled model), listing it when the box did not have it."""
+        bundled = (self.default_model is not None and Path(path) == self.default_model) \
+            or Path(path).name == PREPARED_FILE
+        key = "" if bundled else path
+        index = self.model_box.findData(key)
+        if index < 0:
+            self.model_box.addItem(Path(path).name, path)
+            index = self.model_box.count() - 1
+        self.model_box.blockSignals(True)
+        self.model_box.setCurrentIndex(index)
+        self.model_box.blockSignals(False)
 
     def show_failure(self, message: str) -> None:
         self.state.setText(f"Could not load the model: {message}")

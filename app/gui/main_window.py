@@ -1,6 +1,7 @@
-"""The main window: conversations and settings on the left, the chat in the middle, the
-speed dashboard docked on the right. It wires widgets to the controller and the worker;
-the engine itself runs in the worker's thread."""
+"""The main window, chat first: conversations at the side, the model and drafter above
+the chat, the settings in a drawer that folds away, and the speed dashboard a side panel
+the user opens. It opens inside the screen's available area (app.gui.window_fit). It
+wires widgets to the controller and the worker; the engine runs in the worker's thread."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QDockWidget,
     QFileDialog,
+    QHBoxLayout,
     QMainWindow,
     QMessageBox,
+    QScrollArea,
     QSplitter,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -37,9 +41,13 @@ from app.gui.engine_worker import (
 from app.gui.resource_sampler import ResourceSampler
 from app.gui.settings_panel import SettingsPanel
 from app.gui.transcript_model import TranscriptModel
+from app.gui.window_fit import MINIMUM, initial_geometry, screen_area
 from app.gui.worker_switch import WorkerSwitch
 
 IDLE_REMEASURE_MS = 30_000
+# Side columns at their narrowest, so the chat keeps the rest of a 1366-px laptop screen.
+CONVERSATIONS_WIDTH = 190
+DRAWER_WIDTH = 360
 
 
 class MainWindow(QMainWindow):
@@ -56,7 +64,8 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.engine_info: EngineReady | None = None
         self.setWindowTitle("Tandem")
-        self.resize(1440, 900)
+        self.setGeometry(initial_geometry(screen_area()))
+        self.setMinimumSize(MINIMUM)
         self.default_model = default_model
         self.n_threads = n_threads
         self.store = ConversationStore(db_path)
@@ -80,25 +89,8 @@ class MainWindow(QMainWindow):
         self.sampler = ResourceSampler(parent=self)
         self.dashboard = DashboardWidget(self.sampler)
 
-        left = QWidget()
-        left_layout = QVBoxLayout(left)
-        left_layout.setContentsMargins(0, 0, 0, 0)
-        left_layout.addWidget(self.conversations, 1)
-        left_layout.addWidget(self.engine_panel)
-        left_layout.addWidget(self.settings_panel)
-        left_layout.addWidget(self.api_switch)
-        left_layout.addWidget(self.worker_switch)
-        splitter = QSplitter()
-        splitter.addWidget(left)
-        splitter.addWidget(self.chat)
-        splitter.setStretchFactor(1, 1)
-        splitter.setSizes([330, 600])
-        self.setCentralWidget(splitter)
-        self.dashboard_dock = QDockWidget("Speed dashboard", self)
-        self.dashboard_dock.setObjectName("dashboard")
-        self.dashboard_dock.setWidget(self.dashboard)
-        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.dashboard_dock)
-        self.resizeDocks([self.dashboard_dock], [600], Qt.Orientation.Horizontal)
+        self.engine_panel.default_model = default_model
+        self._lay_out()
 
         # Provisional costs (or a plan the answers changed) are measured again once the
         # app has been idle this long: no answer waits on it.
@@ -113,6 +105,72 @@ class MainWindow(QMainWindow):
         self.sampler.start()
         self._start_conversations()
         self.load_engine(self.engine_panel.choice())
+
+    def _lay_out(self) -> None:
+        """Conversations | the chat under the model and drafter | the settings drawer
+        (folded); the dashboard docks on the right when opened."""
+        self.settings_toggle = QToolButton()
+        self.settings_toggle.setText("Settings")
+        self.settings_toggle.setCheckable(True)
+        self.settings_toggle.setToolTip("Sampling, system prompt, drafting, serving "
+                                        "(Ctrl+,)")
+        self.dashboard_toggle = QToolButton()
+        self.dashboard_toggle.setText("Dashboard")
+        self.dashboard_toggle.setCheckable(True)
+        self.dashboard_toggle.setToolTip("Speed, drafts and the plan (Ctrl+D)")
+        top = QHBoxLayout()
+        top.addWidget(self.engine_panel.picker, 1)
+        top.addWidget(self.settings_toggle)
+        top.addWidget(self.dashboard_toggle)
+        center = QWidget()
+        column = QVBoxLayout(center)
+        column.setContentsMargins(4, 4, 4, 0)
+        column.addLayout(top)
+        column.addWidget(self.engine_panel.note)  # why a choice fell back, in sight
+        column.addWidget(self.chat, 1)
+
+        drawer = QWidget()
+        drawer_layout = QVBoxLayout(drawer)
+        for part in (self.settings_panel, self.engine_panel, self.api_switch,
+                     self.worker_switch):
+            drawer_layout.addWidget(part)
+        drawer_layout.addStretch(1)
+        self.settings_drawer = QScrollArea()
+        self.settings_drawer.setWidget(drawer)
+        self.settings_drawer.setWidgetResizable(True)
+        self.settings_drawer.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        # As wide as its widest row needs: it scrolls up and down, never sideways.
+        scrollbar = self.settings_drawer.verticalScrollBar().sizeHint().width()
+        self.settings_drawer.setMinimumWidth(max(DRAWER_WIDTH, drawer.minimumSizeHint().width()
+                                                 + scrollbar + 4))
+        self.settings_drawer.hide()
+        self.settings_toggle.toggled.connect(self.settings_drawer.setVisible)
+
+        self.conversations.setMinimumWidth(CONVERSATIONS_WIDTH)
+        splitter = QSplitter()
+        splitter.addWidget(self.conversations)
+        splitter.addWidget(center)
+        splitter.addWidget(self.settings_drawer)
+        splitter.setStretchFactor(1, 1)
+        splitter.setCollapsible(1, False)
+        splitter.setSizes([CONVERSATIONS_WIDTH, 900, self.settings_drawer.minimumWidth()])
+        self.setCentralWidget(splitter)
+
+        self.dashboard_dock = QDockWidget("Speed dashboard", self)
+        self.dashboard_dock.setObjectName("dashboard")
+        self.dashboard_dock.setWidget(self.dashboard)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.dashboard_dock)
+        self.resizeDocks([self.dashboard_dock], [420], Qt.Orientation.Horizontal)
+        self.dashboard_dock.hide()
+        self.dashboard_dock.visibilityChanged.connect(self.dashboard_toggle.setChecked)
+        self.dashboard_toggle.toggled.connect(self.dashboard_dock.setVisible)
+
+    def open_model_picker(self) -> None:
+        """Ctrl+K: the model box, open."""
+        box = self.engine_panel.model_box
+        if box.isEnabled():
+            box.setFocus()
+            box.showPopup()
 
     # --- wiring ----------------------------------------------------------------------
     def _wire(self) -> None:
@@ -131,6 +189,7 @@ class MainWindow(QMainWindow):
 
         c.busy_changed.connect(self.chat.set_busy)
         c.busy_changed.connect(lambda busy: self.engine_panel.setEnabled(not busy))
+        c.busy_changed.connect(lambda busy: self.engine_panel.picker.setEnabled(not busy))
         c.conversations_changed.connect(self._refresh_conversations)
         c.conversation_opened.connect(self._on_opened)
         c.started.connect(self.dashboard.on_started)
@@ -173,8 +232,14 @@ class MainWindow(QMainWindow):
         self._action(chat_menu, "&Regenerate", self.controller.regenerate,
                      QKeySequence("Ctrl+R"))
         self._action(chat_menu, "&Compare with plain decoding", self.controller.compare)
+        self._action(chat_menu, "Choose the &model…", self.open_model_picker,
+                     QKeySequence("Ctrl+K"))
         view_menu = self.menuBar().addMenu("&View")
-        view_menu.addAction(self.dashboard_dock.toggleViewAction())
+        dashboard = self.dashboard_dock.toggleViewAction()
+        dashboard.setShortcut(QKeySequence("Ctrl+D"))
+        view_menu.addAction(dashboard)
+        self._action(view_menu, "&Settings", self.settings_toggle.toggle,
+                     QKeySequence("Ctrl+,"))
 
     def _action(self, menu: object, text: str, slot: object,
                 shortcut: QKeySequence | QKeySequence.StandardKey | None = None) -> QAction:

@@ -1,0 +1,90 @@
+"""The window at a laptop's screen size, looked at: screenshots of the first start, a
+chat, the dashboard and the settings open, and every label or button whose text does not
+fit (app.gui.window_fit.cut_texts). Exits 1 when one does, or when the window leaves the
+screen.
+
+    .venv/bin/python -m app.gui.laptop_shots --screen 1366x768 --out docs/images/
+
+Runs offscreen on a screen of that size (or on the real display with ``--display``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+
+def _offscreen(width: int, height: int, folder: Path) -> None:
+    config = folder / "screen.json"
+    config.write_text(json.dumps({"screens": [{
+        "name": "laptop", "x": 0, "y": 0, "width": width, "height": height,
+        "logicalDpi": 96, "logicalBaseDpi": 96, "dpr": 1}]}))
+    os.environ["QT_QPA_PLATFORM"] = f"offscreen:configfile={config}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m app.gui.laptop_shots", description=__doc__)
+    p.add_argument("--screen", default="1366x768", help="WIDTHxHEIGHT of the screen")
+    p.add_argument("--out", type=Path, required=True, help="folder for the PNG files")
+    p.add_argument("--model", type=Path, default=None, help="GGUF (default: bundled)")
+    p.add_argument("--display", action="store_true",
+                   help="use the real display (Xvfb) instead of an offscreen screen")
+    args = p.parse_args(argv)
+    width, height = (int(v) for v in args.screen.lower().split("x"))
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.display:
+            _offscreen(width, height, Path(tmp))
+        return _shoot(args.out, args.model, Path(tmp), f"{width}x{height}")
+
+
+def _shoot(out: Path, model: Path | None, folder: Path, tag: str) -> int:
+    from PySide6.QtWidgets import QApplication
+
+    from app.gui.main_window import MainWindow
+    from app.gui.screenshots import _settle, _wait
+    from app.gui.window_fit import cut_texts, outside
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    out.mkdir(parents=True, exist_ok=True)
+    w = MainWindow(folder / "chat.sqlite3", default_model=model)
+    w.show()
+    _wait(w.engine_ready)
+    _settle()
+    problems: list[str] = []
+
+    def look(name: str) -> None:
+        _settle(300)
+        screen = app.primaryScreen().availableGeometry()
+        if not screen.contains(w.frameGeometry()):
+            problems.append(f"{name}: the window {w.frameGeometry().getRect()} leaves the "
+                            f"screen {screen.getRect()}")
+        problems.extend(f"{name}: {p}" for p in cut_texts(w))
+        problems.extend(f"{name}: {p} not in the window"
+                        for p in outside(w, [w.chat.composer, w.chat.send_button]))
+        path = out / f"{name}-{tag}.png"
+        w.grab().save(str(path))
+        print(path)
+
+    look("first-start")
+    w.settings_panel.max_tokens.setValue(120)
+    w.controller.send("Explain what a Python list comprehension is, with a short example.")
+    _wait(w.controller.answer_finished)
+    look("chat")
+    w.dashboard_toggle.setChecked(True)
+    w.dashboard.details_button.setChecked(True)
+    look("dashboard")
+    w.dashboard_toggle.setChecked(False)
+    w.settings_toggle.setChecked(True)
+    look("settings")
+    w.shutdown()
+    for line in problems:
+        print(line, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
