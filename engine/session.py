@@ -59,6 +59,7 @@ from engine.planning.plan_check import PlanChange, PlanCheck, same_choice
 from engine.planning.plan_log import PlanEvent
 from engine.planning.plan_maker import PlanMaker, Setup
 from engine.planning.planner import Overrides, Plan
+from engine.planning.thread_choice import ThreadFollower
 from engine.runtime.architecture import RS_ROLLBACK_TOKENS
 from engine.runtime.chat_template import OWN_TEMPLATE
 from engine.runtime.context_fit import DEFAULT_POLICY, FittedPrompt, fit_messages
@@ -179,6 +180,11 @@ class Engine:
         self.cost = VerifyCostModel.from_curve(curve) if curve else VerifyCostModel()
         if self.plan is not None:
             self.plans.watch(self.plan, self._target_device)
+        # Threads asked for by the user stay; else each answer decodes with the cores
+        # other programs leave (engine.planning.thread_choice).
+        self.threads = ThreadFollower(self.n_threads) if config.n_threads is None else None
+        if self.threads is not None:
+            self.threads.idle()
 
     # --- building, in order ------------------------------------------------------------
     def _make_target_config(self, say: Callable[[str], None]) -> TargetConfig:
@@ -485,10 +491,15 @@ class Engine:
         Raises what ``engine.decoding.generation.generate`` raises."""
         config = replace(config or GenerationConfig(),
                          max_draft=0 if plain else self.max_draft)
-        result = generate(self.target, prompt, None if plain else self.drafter, config,
-                          on_text=on_text, on_step=on_step, should_stop=should_stop,
-                          cost=self.cost, governor=None if plain else self.governor,
-                          remember=remember)
+        self._follow_the_load()
+        try:
+            result = generate(self.target, prompt, None if plain else self.drafter, config,
+                              on_text=on_text, on_step=on_step, should_stop=should_stop,
+                              cost=self.cost, governor=None if plain else self.governor,
+                              remember=remember)
+        finally:
+            if self.threads is not None:
+                self.threads.idle()
         if not plain and remember:
             self._save_memory()
         if not plain and self._draft_pair is not None:
@@ -497,6 +508,22 @@ class Engine:
         if not plain:
             self._check_plan(result)
         return result
+
+    def _follow_the_load(self) -> None:
+        """The threads for this answer, from the machine's load since the last one."""
+        if self.threads is None:
+            return
+        n = self.threads.next_answer().n_threads
+        self.target.set_threads(n)
+        if self.drafter is not None:
+            self.drafter.set_threads(n)
+
+    @property
+    def threads_text(self) -> str:
+        """How many threads decode, and why."""
+        if self.threads is None:
+            return f"{self.n_threads} threads, as asked"
+        return self.threads.choice.why
 
     @property
     def guarantee(self) -> str:

@@ -51,7 +51,8 @@ if TYPE_CHECKING:  # the child imports them; the parent only names them
 # may change with the answers).
 _SNAPSHOT = ("notes", "plan", "costs", "hardware", "model", "kernels", "n_threads",
              "max_draft", "calibrated_now", "remeasure_wanted", "config", "plan_events",
-             "drafter_name", "guarantee", "architecture", "kv_cache_text", "workers")
+             "drafter_name", "guarantee", "architecture", "kv_cache_text", "workers",
+             "threads_text")
 _TARGET_SNAPSHOT = ("path", "n_ctx", "n_threads", "n_vocab", "template", "arch",
                     "n_gpu_layers", "f16_prefill_off")
 POLL_S = 0.05  # how often a waiting call looks at should_stop and the child's health
@@ -339,6 +340,10 @@ class EngineProcess:
     @property
     def workers(self) -> tuple[WorkerInfo, ...]:
         return self._state.get("workers") or ()
+
+    @property
+    def threads_text(self) -> str:
+        return self._state.get("threads_text") or ""
 
     # the engine's methods (through the pipe) ----------------------------------------
     def _engine_call(self, name: str, *args: Any, **kwargs: Any) -> Any:

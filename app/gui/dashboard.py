@@ -183,8 +183,8 @@ class DashboardWidget(QScrollArea):
             budget = _budget_text(plan["budget"]) if ready.drafter != "none" else budget
             why = plan["reason"][:1].upper() + plan["reason"][1:] + speed
             status = ready.plan_status or {}
-            self.set_plan(PlanInfo(f"{plan['layout_text']}; {ready.n_threads} CPU threads; "
-                                   f"{device}", budget,
+            threads = ready.threads or f"{ready.n_threads} CPU threads"
+            self.set_plan(PlanInfo(f"{plan['layout_text']}; {threads}; {device}", budget,
                                    f"{why} {ready.note} {_sentence(ready.kv_cache)} "
                                    f"{_guarantee(ready.guarantee)}".strip(),
                                    _sentence(str(status.get("costs") or "")) or "–",

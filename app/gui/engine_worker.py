@@ -76,6 +76,7 @@ class EngineReady:
     thinking_switch: bool = False  # the chat template can turn thinking off
     # When and how the plan's costs were measured and its last change (Engine.plan_status)
     plan_status: dict | None = None
+    threads: str = ""  # how many threads the last answer decoded with, and why
 
 
 @dataclass(frozen=True)
@@ -338,7 +339,8 @@ class EngineWorker(QObject):
                            engine.plan.to_json() if engine.plan else None,
                            engine.kv_cache_text, engine.guarantee, target.template.completion,
                            plan_status=engine.plan_status(),
-                           thinking_switch=target.template.thinking_switch)
+                           thinking_switch=target.template.thinking_switch,
+                           threads=engine.threads_text)
 
     def _plan_moved(self) -> None:
         engine = self.current_engine()

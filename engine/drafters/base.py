@@ -56,5 +56,9 @@ class Drafter(ABC):
         """Drafter-specific counters for the dashboard."""
         return {}
 
+    def set_threads(self, n_threads: int) -> None:  # noqa: B027
+        """Draft with ``n_threads`` CPU threads from the next answer on (llama.cpp
+        drafters; the others keep theirs)."""
+
     def close(self) -> None:  # noqa: B027
         """Free what the drafter holds outside Python (a draft model's context)."""

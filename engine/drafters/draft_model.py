@@ -187,6 +187,9 @@ class DraftModelDrafter(Drafter):
                 "side_sequences_per_call": self._n_side_sequences / calls,
                 "served_ahead": float(self._n_served_ahead)}
 
+    def set_threads(self, n_threads: int) -> None:
+        self.ctx.set_n_threads(n_threads)
+
     def close(self) -> None:
         self.batch.close()
         self.ctx.close()

@@ -174,6 +174,10 @@ class NativeHeadDrafter(Drafter):
                 "head_levels_per_call": self._n_levels / calls,
                 "level_ms": 1000 * self._level_s}
 
+    def set_threads(self, n_threads: int) -> None:
+        if self.ctx is not None:
+            self.ctx.set_n_threads(n_threads)
+
     def close(self) -> None:
         target = getattr(self, "target", None)
         if target is not None and self.ctx is not None:

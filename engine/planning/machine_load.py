@@ -24,14 +24,16 @@ BUSY_MARGIN_CORES = 0.25
 QUICK_LOOK_S = 0.3  # a look at the machine before deciding to measure again
 
 
-def _machine_busy_s() -> float:
+def _machine_busy_s() -> tuple[float, float]:
     """CPU seconds all processes spent busy, summed over the logical cores (guest time is
-    inside user time on Linux, so it is not added again)."""
+    inside user time on Linux, so it is not added again), and the part of it niced
+    processes spent (they give way to ours)."""
     t = psutil.cpu_times()
-    busy = t.user + t.system + getattr(t, "nice", 0.0)
+    niced = getattr(t, "nice", 0.0)
+    busy = t.user + t.system + niced
     for extra in ("irq", "softirq", "steal"):  # steal: a hypervisor gave our core away
         busy += getattr(t, extra, 0.0)
-    return busy
+    return busy, niced
 
 
 # Processes whose CPU time is this engine's own work: a worker on this machine computes
@@ -67,6 +69,12 @@ class LoadReading:
     others_cores: float  # their average use, in cores
     wall_s: float
     spare_cores: float  # physical cores the measured work left free
+    niced_cores: float = 0.0  # the part at a lower priority than ours (they give way)
+
+    @property
+    def competing_cores(self) -> float:
+        """Other programs' use at our priority or above: cores they hold against ours."""
+        return max(0.0, self.others_cores - self.niced_cores)
 
     @property
     def busy(self) -> bool:
@@ -88,15 +96,25 @@ class LoadMeter:
 
     def __enter__(self) -> LoadMeter:
         self._t0 = time.perf_counter()
-        self._machine0 = _machine_busy_s()
+        self._machine0, self._niced0 = _machine_busy_s()
         self._own0 = _own_busy_s(self._process)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.reading = self.read()
+
+    def read(self) -> LoadReading:
+        """Other programs' use since the meter started (it goes on)."""
         wall = max(1e-6, time.perf_counter() - self._t0)
-        others = (_machine_busy_s() - self._machine0) - (_own_busy_s(self._process) - self._own0)
-        # The two clocks tick at different moments: a tiny negative is zero.
-        self.reading = LoadReading(max(0.0, others) / wall, wall, self.spare_cores)
+        machine, niced = _machine_busy_s()
+        own = _own_busy_s(self._process) - self._own0
+        others = (machine - self._machine0) - own
+        niced -= self._niced0
+        if os.getpriority(os.PRIO_PROCESS, 0) > 0:  # a niced Tandem's own time is in it
+            niced -= own
+        # The clocks tick at different moments: a tiny negative is zero.
+        return LoadReading(max(0.0, others) / wall, wall, self.spare_cores,
+                           min(max(0.0, niced), max(0.0, others)) / wall)
 
 
 def look_at_load(n_threads: int, seconds: float = QUICK_LOOK_S) -> LoadReading:

@@ -673,6 +673,11 @@ class NativeContext:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def set_n_threads(self, n_threads: int) -> None:
+        """Decode with ``n_threads`` threads from the next decode on (one-token decodes
+        and batches alike)."""
+        llama_cpp.llama_set_n_threads(self.handle, n_threads, n_threads)
+
     def set_features(self, on: bool) -> None:
         """Output hidden states too; the caller then makes every token an output.
         With ``feature_layers`` llama.cpp's embeddings mode stays off: layer inputs come

@@ -152,6 +152,10 @@ class PromptReader:
             self.f16_ctx.kv_clear()
             self.f16_tokens = []
 
+    def set_threads(self, n_threads: int) -> None:
+        if self.f16_ctx is not None:
+            self.f16_ctx.set_n_threads(n_threads)
+
     def set_feature_layers(self, layers: tuple[int, ...]) -> None:
         if self.f16_ctx is not None:
             self.f16_ctx.set_feature_layers(layers)

@@ -185,6 +185,15 @@ class Target:
                              flash_attn=self.config.flash_attn,
                              op_offload=self._op_offload())
 
+    def set_threads(self, n_threads: int) -> None:
+        """Decode and read prompts with ``n_threads`` threads from now on (between
+        answers: the engine follows the machine's load)."""
+        if n_threads == self.n_threads:
+            return
+        self.n_threads = n_threads
+        self.ctx.set_n_threads(n_threads)
+        self.prompts.set_threads(n_threads)
+
     @property
     def state_snapshots(self) -> int:
         """How many tokens of recurrent state can be taken back (0: none kept)."""

@@ -1,0 +1,93 @@
+"""Decoding follows the machine's load: as many threads as the physical cores that
+programs at our priority leave (niced ones give way), chosen between answers, and the
+answers stay the same whatever the thread count."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from engine.planning.machine_load import LoadReading, look_at_load
+from engine.planning.thread_choice import ThreadFollower, threads_for
+from engine.runtime.draft_tree import DraftTree
+from engine.runtime.target import Target, TargetConfig
+
+PHYSICAL = psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+
+
+def test_threads_are_the_cores_programs_at_our_priority_leave() -> None:
+    quiet = LoadReading(0.1, 1.0, 0)
+    one_busy = LoadReading(1.0, 1.0, 0)
+    niced = LoadReading(1.9, 1.0, 0, niced_cores=1.9)
+    assert threads_for(quiet, 2, physical=2).n_threads == 2
+    assert "quiet" in threads_for(quiet, 2, physical=2).why
+    assert threads_for(one_busy, 2, physical=2).n_threads == 1
+    assert "hold 1.0 of 2 cores" in threads_for(one_busy, 2, physical=2).why
+    assert threads_for(niced, 2, physical=2).n_threads == 2
+    assert "give way" in threads_for(niced, 2, physical=2).why
+    assert threads_for(LoadReading(1.5, 1.0, 0), 8, physical=8).n_threads == 6
+    assert threads_for(LoadReading(7.5, 1.0, 0), 8, physical=8).n_threads == 1  # never 0
+    assert threads_for(quiet, 1, physical=8).n_threads == 1  # never more than asked
+
+
+@contextmanager
+def _busy_loop(nice: int = 0) -> Iterator[None]:
+    loop = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                            preexec_fn=(lambda: __import__("os").nice(nice)) if nice else None)
+    try:
+        time.sleep(0.3)  # started and spinning
+        yield
+    finally:
+        loop.kill()
+        loop.wait()
+
+
+@pytest.mark.skipif(PHYSICAL < 2, reason="one core: nothing to give up")
+def test_a_busy_program_takes_a_thread_and_a_niced_one_does_not() -> None:
+    if look_at_load(PHYSICAL, 0.6).competing_cores > 0.5:
+        pytest.skip("another program keeps a core busy already")
+    follower = ThreadFollower(PHYSICAL)
+    with _busy_loop():
+        follower.idle()
+        time.sleep(0.6)
+        busy = follower.next_answer()
+    assert busy.n_threads == PHYSICAL - 1, busy.why
+    with _busy_loop(nice=19):
+        follower.idle()
+        time.sleep(0.6)
+        niced = follower.next_answer()
+    assert niced.n_threads == PHYSICAL and "give way" in niced.why, niced.why
+    follower.next_answer()  # no look since: the last choice stands
+    assert follower.choice == niced
+
+
+def test_a_conversation_decodes_alike_on_any_thread_count(model_path: Path,
+                                                          dev_prompts: list[dict]) -> None:
+    """Logits are bit for bit the same with 2 threads throughout and with the threads
+    changed between turns (a long prompt through the F16 context, a verified chain)."""
+    rag = next(r for r in dev_prompts if r["category"] == "rag")["turns"][0]
+    rows = {}
+    for switch in (False, True):
+        with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2)) as t:
+            prompt = t.chat_prompt([{"role": "user", "content": rag}])
+            got = [t.prefill(prompt).logits.copy()]
+            last = int(np.argmax(got[-1]))
+            for i in range(12):
+                if switch and i == 6:
+                    t.set_threads(1)
+                ver = t.verify(last, DraftTree.chain([last, last]) if i % 4 == 3
+                               else DraftTree())
+                got.append(ver.logits.copy())
+                t.commit(ver, [0], [last])
+                last = int(np.argmax(got[-1][0]))
+            rows[switch] = got
+    for a, b in zip(rows[False], rows[True], strict=True):
+        np.testing.assert_array_equal(a, b)
