@@ -148,7 +148,13 @@ class Engine:
             path = default_model_path()
         self.hardware = hardware or probe_hardware()
         self.model: ModelInfo = read_model_info(path)
-        self.n_threads = config.n_threads or default_threads()
+        # Threads asked for stay; else each answer decodes with the cores other programs
+        # leave (engine.planning.thread_choice), and the start (the kernel probe, a first
+        # measurement) with what a quick look leaves now: on a busy machine, one thread
+        # that runs beats two that wait for each other.
+        self.threads = ThreadFollower(default_threads()) if config.n_threads is None \
+            else None
+        self.n_threads = config.n_threads or self.threads.at_start().n_threads
         # Asked before llama.cpp connects: it aborts the process on a failed handshake.
         self.workers: tuple[WorkerInfo, ...] = tuple(probe_worker(w) for w in config.workers)
         self.plans = PlanMaker(self.model, self.hardware, self.n_threads, config.overrides,
@@ -180,9 +186,6 @@ class Engine:
         self.cost = VerifyCostModel.from_curve(curve) if curve else VerifyCostModel()
         if self.plan is not None:
             self.plans.watch(self.plan, self._target_device)
-        # Threads asked for by the user stay; else each answer decodes with the cores
-        # other programs leave (engine.planning.thread_choice).
-        self.threads = ThreadFollower(self.n_threads) if config.n_threads is None else None
         if self.threads is not None:
             self.threads.idle()
 

@@ -15,11 +15,13 @@ from dataclasses import dataclass
 
 import psutil
 
-from engine.planning.machine_load import LoadMeter, LoadReading
+from engine.planning.machine_load import LoadMeter, LoadReading, look_at_load
 
 # The shortest look at the machine worth deciding from: between two requests that follow
 # each other at once, the last choice stands.
 MIN_LOOK_S = 0.2
+# The look at the machine before the model opens.
+START_LOOK_S = 0.2
 # Other programs' use, in cores, that still leaves a core ours (a browser tab, a terminal).
 NOISE_CORES = 0.25
 
@@ -55,6 +57,11 @@ class ThreadFollower:
         self.most = most
         self.choice = ThreadChoice(most, f"{most} threads: not looked yet")
         self._meter: LoadMeter | None = None
+
+    def at_start(self) -> ThreadChoice:
+        """The threads for opening the model, from a quick look at the machine now."""
+        self.choice = threads_for(look_at_load(self.most, START_LOOK_S), self.most)
+        return self.choice
 
     def idle(self) -> None:
         """An answer ended: watch the machine until the next begins."""

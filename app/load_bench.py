@@ -1,0 +1,143 @@
+"""Decoding beside other programs: plain decoding on 1 thread, on 2 and following the load
+(Tandem's default), quiet and beside a busy program at normal priority, a niced one and
+a niced compile; and how long a start takes on a busy machine. Prints a table, writes JSON.
+
+    .venv/bin/python -m app.load_bench --json load.json [--model M.gguf] [--tokens 128]
+
+The loads are real processes: a Python busy loop, the same at nice 10, and gcc compiling
+a generated C file again and again at nice 10 (two jobs, as `nice make -j2`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+PROMPT = "Write a long story about a lighthouse keeper and the sea."
+SETTLE_S = 1.0  # a load runs this long before an answer starts
+
+
+def _c_source(folder: Path) -> Path:
+    """A C file that takes gcc -O2 about a second: many small functions."""
+    path = folder / "load.c"
+    body = "\n".join(f"double f{i}(double x) {{ double s = 0; for (int k = 0; k < {i % 7 + 3};"
+                     f" k++) s += x * k + {i}; return s; }}" for i in range(2500))
+    path.write_text(body + "\nint main(void) { return (int) f1(1.0); }\n")
+    return path
+
+
+@contextmanager
+def _load(kind: str, folder: Path) -> Iterator[None]:
+    """``kind``: "quiet", "busy", "niced-busy" or "niced-compile" (two jobs)."""
+    procs: list[subprocess.Popen] = []
+    loop = [sys.executable, "-c", "while True: pass"]
+    if kind == "busy":
+        procs.append(subprocess.Popen(loop))
+    elif kind == "niced-busy":
+        procs.append(subprocess.Popen(["nice", "-n", "10", *loop]))
+    elif kind == "niced-compile":
+        src = _c_source(folder)
+        job = (f"while true; do gcc -O2 -c {src} -o {folder}/load-$$.o; done")
+        procs += [subprocess.Popen(["nice", "-n", "10", "sh", "-c", job]) for _ in range(2)]
+    try:
+        time.sleep(SETTLE_S if procs else 0.2)
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        subprocess.run(["pkill", "-f", f"{folder}/load"], check=False)
+
+
+def _decode(engine: object, prompt: list[int], tokens: int) -> dict[str, float]:
+    from engine.decoding.generation import GenerationConfig
+
+    result = engine.generate(prompt, GenerationConfig(max_tokens=tokens),  # type: ignore[attr-defined]
+                             remember=False)
+    s = result.stats
+    return {"tok_per_s": round(s.tok_per_s, 1), "ttft_ms": round(s.ttft_s * 1000, 1),
+            "threads": engine.target.n_threads}  # type: ignore[attr-defined]
+
+
+def run(model: Path | None, tokens: int, out: Path, say: Callable[[str], None]) -> dict:
+    from engine.session import Engine, EngineConfig
+
+    results: dict = {"machine": os.uname().machine, "cores": os.cpu_count(),
+                     "tokens": tokens, "decode": {}, "start_s": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        cache = folder / "cache"
+        runners = {"1 thread": 1, "2 threads": 2, "follows the load": None}
+        engines = {name: Engine(EngineConfig(model_path=model, drafter="none", n_threads=n,
+                                             cache_dir=cache, memory_dir=folder / "memory"))
+                   for name, n in runners.items()}
+        try:
+            prompt = next(iter(engines.values())).chat_prompt(
+                [{"role": "user", "content": PROMPT}])
+            for kind in ("quiet", "busy", "niced-busy", "niced-compile"):
+                row = results["decode"][kind] = {}
+                for name, engine in engines.items():
+                    with _load(kind, folder):
+                        engine.target.reset()
+                        row[name] = _decode(engine, prompt, tokens)
+                    say(f"{kind:14} {name:17} {row[name]['tok_per_s']:7.1f} tok/s "
+                        f"({row[name]['threads']} threads)")
+                    out.write_text(json.dumps(results, indent=1))
+        finally:
+            for engine in engines.values():
+                engine.close()
+        # A first start (auto: the kernel probe and the machine's costs measured) quiet
+        # and beside a busy program, each from an empty cache.
+        for kind in ("quiet", "busy"):
+            with _load(kind, folder):
+                t0 = time.perf_counter()
+                Engine(EngineConfig(model_path=model, drafter="auto",
+                                    cache_dir=folder / f"start-{kind}",
+                                    memory_dir=folder / "memory")).close()
+                results["start_s"][kind] = round(time.perf_counter() - t0, 1)
+            say(f"first start, {kind}: {results['start_s'][kind]} s")
+            out.write_text(json.dumps(results, indent=1))
+    return results
+
+
+def table(results: dict) -> str:
+    decode = results["decode"]
+    quiet = decode["quiet"]
+    lines = ["| load | 1 thread | 2 threads | follows the load (threads) | vs quiet 1 thread |",
+             "|---|---|---|---|---|"]
+    for kind, row in decode.items():
+        follow = row["follows the load"]
+        lines.append(f"| {kind} | {row['1 thread']['tok_per_s']} | "
+                     f"{row['2 threads']['tok_per_s']} | {follow['tok_per_s']} "
+                     f"({follow['threads']}) | "
+                     f"{follow['tok_per_s'] / quiet['1 thread']['tok_per_s']:.2f}x |")
+    starts = results["start_s"]
+    if starts:
+        lines.append("")
+        lines.append(f"first start (auto, empty cache): quiet {starts.get('quiet')} s, "
+                     f"beside a busy program {starts.get('busy')} s")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m app.load_bench", description=__doc__)
+    p.add_argument("--json", type=Path, required=True, help="where the results go")
+    p.add_argument("--model", type=Path, default=None, help="GGUF (default: bundled)")
+    p.add_argument("--tokens", type=int, default=128)
+    args = p.parse_args(argv)
+    results = run(args.model, args.tokens, args.json,
+                  lambda line: print(line, file=sys.stderr, flush=True))
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
