@@ -1,0 +1,290 @@
+"""A differential test of whole conversations: a plain session and one session per
+drafter, driven through the same random user actions, must stay identical.
+
+    .venv/bin/python -m tests.differential --seed 1 --minutes 60 [--model M.gguf]
+        [--drafters memory,lookup,head,eagle3] [--out cases/]
+    .venv/bin/python -m tests.differential --replay cases/case-1.json
+
+Each session is the real answer path (``engine.conversation.AnswerService`` over an
+``Engine`` with the drafter named, two threads). The actions are a user's: a new chat, a
+follow-up, a regenerate, an edit of an earlier message, a stop after a few tokens, a long
+(RAG) prompt or a short one, seeded sampling, a small token limit, and a chat that outgrows
+the context (its oldest turns dropped and the cache shifted). After each action every
+session's answer must be the plain session's token for token, and the first-token logits
+of a fixed next question must be bit for bit the same (the caches alike). A divergence is
+written as a replayable case (seed, model, drafter, the actions) and shrunk to the fewest
+actions that still part. ``tests/test_differential.py`` runs a fixed-seed slice in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from engine.errors import TandemError
+
+PROBE = "In one sentence, what did we just talk about?"
+KINDS = ("new_chat", "follow_up", "regenerate", "edit", "stop", "long", "sampled",
+         "short_limit")
+
+
+@dataclass
+class Action:
+    kind: str
+    text: str = ""
+    max_tokens: int = 24
+    seed: int | None = None  # sampling at temperature 0.8 with this seed; None: greedy
+    edit_at: int = 0  # for "edit": which user message (from the start) is replaced
+    stop_after: int = 0  # for "stop": the answer stops after this many text pieces
+
+
+@dataclass
+class Divergence:
+    action: int  # index of the action whose answer or probe parted
+    drafter: str
+    what: str
+
+
+@dataclass
+class Case:
+    seed: int
+    model: str
+    drafters: list[str]
+    n_ctx: int
+    actions: list[Action] = field(default_factory=list)
+
+
+def random_actions(rng: random.Random, prompts: list[dict], n: int) -> list[Action]:
+    """``n`` actions a user could take, from the dev prompts' texts."""
+    short = [r["turns"][0] for r in prompts if len(r["turns"][0]) < 400]
+    long = [r["turns"][0] for r in prompts if r["category"] in ("rag", "summarization")]
+    actions = [Action("new_chat", rng.choice(short), rng.randint(8, 32))]
+    for _ in range(n - 1):
+        kind = rng.choice(KINDS)
+        text = rng.choice(long if kind == "long" else short)
+        action = Action(kind, text, rng.randint(4, 32))
+        if kind == "sampled":
+            action.seed = rng.randint(0, 2**31 - 1)
+        elif kind == "edit":
+            action.edit_at = rng.randint(0, 3)
+        elif kind == "stop":
+            action.stop_after = rng.randint(1, 6)
+        elif kind == "short_limit":
+            action.max_tokens = rng.randint(1, 3)
+        actions.append(action)
+    return actions
+
+
+class Sessions:
+    """One AnswerService per drafter ("none" first), on one model."""
+
+    def __init__(self, model: Path, drafters: list[str], n_ctx: int, work: Path) -> None:
+        from engine.conversation import AnswerService
+        from engine.session import Engine, EngineConfig
+
+        self.names = ["none", *drafters]
+        self.services = {}
+        for name in self.names:
+            config = EngineConfig(model_path=model, drafter=name, n_threads=2, n_ctx=n_ctx,
+                                  cache_dir=work / "cache", memory_dir=work / f"mem-{name}")
+            self.services[name] = AnswerService(Engine(config), config)
+        self.messages: list[dict[str, str]] = []
+        self.n_actions = 0
+        self.n_tokens = 0  # generated, all sessions together
+        # Draft tokens kept and taken back per session: identical output is only worth
+        # something where drafts were accepted and rejected.
+        self.accepted = dict.fromkeys(self.names, 0)
+        self.rejected = dict.fromkeys(self.names, 0)
+
+    def close(self) -> None:
+        for service in self.services.values():
+            service.close()
+
+    def run(self, action: Action) -> Divergence | None:
+        """Apply ``action`` to every session; the first way they part, if any."""
+        from engine.conversation import Question
+        from engine.decoding.generation import GenerationConfig
+        from engine.decoding.sampling import SamplingParams
+
+        index, self.n_actions = self.n_actions, self.n_actions + 1
+        messages = self._messages_for(action)
+        sampling = (SamplingParams(temperature=0.8, seed=action.seed)
+                    if action.seed is not None else SamplingParams())
+        question = Question.chat(messages, GenerationConfig(action.max_tokens,
+                                                            sampling=sampling))
+        answers: dict[str, list[int] | str] = {}
+        for name, service in self.services.items():
+            pieces: list[str] = []
+
+            def stop(pieces: list[str] = pieces) -> bool:
+                return bool(action.stop_after) and len(pieces) >= action.stop_after
+
+            try:
+                result = service.answer(question, on_text=pieces.append,
+                                        should_stop=stop).result
+                answers[name] = result.tokens
+                steps = result.stats.steps
+                self.accepted[name] += sum(s.n_accepted for s in steps)
+                self.rejected[name] += sum(s.n_proposed - s.n_accepted for s in steps)
+            except TandemError as exc:  # the same refusal everywhere is the same outcome
+                answers[name] = type(exc).__name__
+        plain = answers["none"]
+        if isinstance(plain, str):
+            odd = [n for n in self.names[1:] if answers[n] != plain]
+            return Divergence(index, odd[0], f"{answers[odd[0]]} where plain raised "
+                              f"{plain}") if odd else None
+        if action.kind == "stop":  # a drafted step stops at its end: compare the prefix
+            plain = plain[:min(len(a) for a in answers.values())]
+        self.n_tokens += len(plain) * len(self.names)
+        for name in self.names[1:]:
+            got = answers[name]
+            if isinstance(got, str) or got[:len(plain)] != plain or (
+                    action.kind != "stop" and got != plain):
+                return Divergence(index, name, f"answer {got if isinstance(got, str) else ''}"
+                                  f" parts from plain's")
+        text = self.services["none"].engine.target.detokenize(plain)
+        self.messages = messages + [{"role": "assistant", "content": text}]
+        return self._probe(index)
+
+    def _messages_for(self, action: Action) -> list[dict[str, str]]:
+        user = {"role": "user", "content": action.text}
+        if action.kind == "new_chat" or not self.messages:
+            return [user]
+        if action.kind == "regenerate":
+            return self.messages[:-1]
+        if action.kind == "edit":
+            users = [i for i, m in enumerate(self.messages) if m["role"] == "user"]
+            cut = users[min(action.edit_at, len(users) - 1)]
+            return self.messages[:cut] + [user]
+        return self.messages + [user]
+
+    def _probe(self, index: int) -> Divergence | None:
+        """The first-token logits of a fixed next question, as the next answer's prefill
+        reads them (with the features its drafter asks for)."""
+        logits = {}
+        for name, service in self.services.items():
+            engine = service.engine
+            prompt = engine.fit_chat(self.messages + [{"role": "user", "content": PROBE}],
+                                     8).tokens
+            drafter = engine.drafter
+            tail = drafter.prompt_features if drafter is not None else None
+            if drafter is None:
+                engine.target.set_features(False)
+            logits[name] = engine.target.prefill(prompt, tail).logits.copy()
+        for name in self.names[1:]:
+            if not np.array_equal(logits[name], logits["none"]):
+                diff = float(np.max(np.abs(logits[name] - logits["none"])))
+                return Divergence(index, name, f"next first-token logits {diff:.3g} apart")
+        return None
+
+
+def play(case: Case, work: Path) -> tuple[Divergence | None, int]:
+    """Run ``case``; the divergence (None if none) and the tokens generated."""
+    sessions = Sessions(Path(case.model), case.drafters, case.n_ctx, work)
+    try:
+        for action in case.actions:
+            found = sessions.run(action)
+            if found is not None:
+                return found, sessions.n_tokens
+    finally:
+        sessions.close()
+    return None, sessions.n_tokens
+
+
+def shrink(case: Case, work: Path) -> Case:
+    """The fewest actions (keeping order) that still part: drop one at a time."""
+    actions = list(case.actions)
+    i = 1  # the first action opens the chat
+    while i < len(actions):
+        trial = Case(case.seed, case.model, case.drafters, case.n_ctx,
+                     actions[:i] + actions[i + 1:])
+        if play(trial, work)[0] is not None:
+            actions = trial.actions
+        else:
+            i += 1
+    return Case(case.seed, case.model, case.drafters, case.n_ctx, actions)
+
+
+def run_for(seed: int, minutes: float, model: Path, drafters: list[str], n_ctx: int,
+            prompts: list[dict], out: Path, work: Path, max_actions: int | None = None,
+            first: list[Action] | None = None) -> dict:
+    """``first`` actions, then random ones for ``minutes`` (or until ``max_actions`` in
+    all, whichever ends first); a divergence is shrunk and written to ``out``."""
+    rng = random.Random(seed)
+    deadline = time.monotonic() + minutes * 60
+    sessions = Sessions(model, drafters, n_ctx, work)
+    done: list[Action] = []
+    planned = list(first or [])
+    result = {"seed": seed, "model": str(model), "drafters": drafters, "actions": 0,
+              "tokens": 0, "divergences": 0, "cases": [], "wall_s": 0.0}
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() < deadline and (max_actions is None
+                                                  or len(done) < max_actions):
+            action = planned.pop(0) if planned else \
+                random_actions(rng, prompts, 2)[1] if done else \
+                random_actions(rng, prompts, 1)[0]
+            done.append(action)
+            found = sessions.run(action)
+            result["actions"], result["tokens"] = len(done), sessions.n_tokens
+            result["wall_s"] = round(time.monotonic() - t0, 1)
+            result["accepted"], result["rejected"] = sessions.accepted, sessions.rejected
+            if found is not None:
+                result["divergences"] += 1
+                case = shrink(Case(seed, str(model), [found.drafter], n_ctx, done), work)
+                out.mkdir(parents=True, exist_ok=True)
+                path = out / f"case-{seed}-{len(done)}.json"
+                path.write_text(json.dumps({"divergence": asdict(found), **asdict(case)},
+                                           indent=1))
+                result["cases"].append(str(path))
+                break
+    finally:
+        sessions.close()
+    return result
+
+
+def load_case(path: Path) -> Case:
+    data = json.loads(path.read_text())
+    return Case(data["seed"], data["model"], data["drafters"], data["n_ctx"],
+                [Action(**a) for a in data["actions"]])
+
+
+def main(argv: list[str] | None = None) -> int:
+    import tempfile
+
+    from engine.hub.model_store import default_model_path
+
+    p = argparse.ArgumentParser(prog="python -m tests.differential", description=__doc__)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--minutes", type=float, default=5.0)
+    p.add_argument("--model", type=Path, default=None, help="GGUF (default: bundled)")
+    p.add_argument("--drafters", default="memory,lookup,head,eagle3")
+    p.add_argument("--ctx", type=int, default=1024, help="small: long chats shift")
+    p.add_argument("--prompts", type=Path,
+                   default=Path(__file__).resolve().parents[2] / "shared" / "data"
+                   / "spec_bench_dev.jsonl")
+    p.add_argument("--out", type=Path, default=Path("differential-cases"))
+    p.add_argument("--replay", type=Path, default=None, help="a case file to run again")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.replay is not None:
+            found, _ = play(load_case(args.replay), Path(tmp))
+            print(json.dumps(asdict(found) if found else "no divergence"))
+            return 1 if found else 0
+        prompts = [json.loads(line) for line in args.prompts.read_text().splitlines()
+                   if line.strip()]
+        result = run_for(args.seed, args.minutes, args.model or default_model_path(),
+                         args.drafters.split(","), args.ctx, prompts, args.out, Path(tmp))
+    print(json.dumps(result, indent=1))
+    return 1 if result["divergences"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

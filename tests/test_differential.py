@@ -1,0 +1,48 @@
+"""A fixed-seed slice of the differential test (tests/differential.py): a plain session
+and drafted ones through the same random chat actions stay identical, answers and caches,
+with drafts accepted and rejected on the way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.differential import Action, Case, play, random_actions, run_for
+
+DRAFTERS = ["memory", "lookup", "head", "eagle3"]
+
+
+def test_a_fixed_slice_of_random_actions_parts_nowhere(model_path: Path,
+                                                       dev_prompts: list[dict],
+                                                       tmp_path: Path) -> None:
+    # First a question asked again with sampling: memory drafts its first answer and
+    # the sampled ones part from it (drafts rejected); then random actions.
+    question = "Describe a rainy afternoon in a small town."
+    first = [Action("new_chat", question, 24), Action("regenerate", question, 24, seed=5),
+             Action("regenerate", question, 24, seed=11)]
+    result = run_for(7, 10.0, model_path, DRAFTERS, 1024, dev_prompts, tmp_path / "cases",
+                     tmp_path / "work", max_actions=16, first=first)
+    assert result["divergences"] == 0, result["cases"]
+    assert result["actions"] == 16 and result["tokens"] > 0
+    for name in DRAFTERS:  # identity that was tested on both outcomes
+        assert result["accepted"][name] > 0 and result["rejected"][name] > 0, (
+            name, result["accepted"], result["rejected"])
+
+
+def test_the_actions_of_a_seed_are_the_same_every_time(dev_prompts: list[dict]) -> None:
+    import random
+
+    a = random_actions(random.Random(3), dev_prompts, 30)
+    b = random_actions(random.Random(3), dev_prompts, 30)
+    assert a == b and {x.kind for x in a} >= {"new_chat", "follow_up", "regenerate"}
+
+
+@pytest.mark.parametrize("kind", ["edit", "regenerate"])
+def test_a_case_replays(model_path: Path, tmp_path: Path, kind: str) -> None:
+    """A case file's actions run again (what a shrunk divergence is replayed with)."""
+    actions = [Action("new_chat", "Name three rivers.", 12),
+               Action("follow_up", "And three mountains?", 12),
+               Action(kind, "Name three lakes.", 12)]
+    found, tokens = play(Case(1, str(model_path), ["memory"], 1024, actions), tmp_path)
+    assert found is None and tokens > 0
