@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
 from app.conversation_store import Message
 from app.gui.message_delegate import MessageDelegate
 from app.gui.transcript_model import MESSAGE_ROLE, TranscriptModel
+from app.gui.welcome import WelcomePanel
 
 
 class Composer(QPlainTextEdit):
@@ -108,6 +109,8 @@ class ChatView(QWidget):
         model.rowsInserted.connect(self._follow)
         model.dataChanged.connect(self._follow)
         model.modelReset.connect(self._update_actions)
+        for change in (model.modelReset, model.rowsInserted, model.rowsRemoved):
+            change.connect(self._show_welcome_when_empty)
 
         self.copy_button = QPushButton("Copy")
         self.edit_button = QPushButton("Edit && resend")
@@ -146,11 +149,15 @@ class ChatView(QWidget):
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
+        # An empty chat shows the machine, the model and models that fit, instead.
+        self.welcome = WelcomePanel()
+        layout.addWidget(self.welcome, 1)
         layout.addWidget(self.transcript, 1)
         layout.addLayout(actions)
         layout.addWidget(self.edit_banner)
         layout.addLayout(composer_row)
         self._update_actions()
+        self._show_welcome_when_empty()
 
     # --- state -----------------------------------------------------------------------
     def set_completion_mode(self, on: bool) -> None:
@@ -179,6 +186,11 @@ class ChatView(QWidget):
         self.stop_button.setEnabled(self._busy)
         self.send_button.setEnabled(not self._busy)
         self.cancel_edit_button.setVisible(self._editing is not None)
+
+    def _show_welcome_when_empty(self, *_: object) -> None:
+        empty = not self.model.messages
+        self.welcome.setVisible(empty)
+        self.transcript.setVisible(not empty)
 
     def _follow(self, *_: object) -> None:
         # Keep the newest text in sight while streaming, unless the user scrolled up.

@@ -27,8 +27,12 @@ from engine.decoding.sampling import SamplingParams
 from engine.decoding.stats import GenerationStats, StepStats
 from engine.drafters import OFFERED_DRAFTERS
 from engine.errors import TandemError, WorkerLostError
+from engine.hub.fit import MachineMemory
+from engine.hub.model_store import data_dir
+from engine.hub.suggestions import memory_bandwidth, suggestions
 from engine.planning.planner import Overrides
 from engine.runtime.context_fit import DEFAULT_POLICY
+from engine.runtime.hardware import HardwareProfile, machine_line
 from engine.runtime.target import Target
 from engine.session import Engine, EngineConfig
 from engine.session_process import EngineProcess
@@ -77,6 +81,9 @@ class EngineReady:
     # When and how the plan's costs were measured and its last change (Engine.plan_status)
     plan_status: dict | None = None
     threads: str = ""  # how many threads the last answer decoded with, and why
+    machine: str = ""  # this computer in one line (cores, memory, GPU)
+    # Models that fit this machine, for a first start: (description, Hub repository)
+    suggested: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -157,6 +164,7 @@ class EngineWorker(QObject):
     def __init__(self) -> None:
         super().__init__()
         self._service: AnswerService | None = None
+        self._suggestions: tuple[tuple[str, str], ...] | None = None
         self._requested = "auto"  # the drafter the user chose for the loaded engine
         # Held while the engine loads, generates or closes: the local API server
         # (app.server) runs its requests under it too, so they take turns with the chat.
@@ -340,7 +348,22 @@ class EngineWorker(QObject):
                            engine.kv_cache_text, engine.guarantee, target.template.completion,
                            plan_status=engine.plan_status(),
                            thinking_switch=target.template.thinking_switch,
-                           threads=engine.threads_text)
+                           threads=engine.threads_text, machine=machine_line(engine.hardware),
+                           suggested=self._suggested(engine.hardware))
+
+    def _suggested(self, hardware: HardwareProfile) -> tuple[tuple[str, str], ...]:
+        """Models that fit this machine, measured once per worker (a 0.1 s copy)."""
+        if self._suggestions is None:
+            memory = MachineMemory(hardware.ram_total_bytes, hardware.ram_available_bytes,
+                                   hardware.best_gpu.free_bytes if hardware.best_gpu
+                                   else None)
+            try:
+                bandwidth = memory_bandwidth(data_dir() / "cache")
+            except OSError:  # a read-only disk: measured each time
+                bandwidth = memory_bandwidth()
+            self._suggestions = tuple((s.describe(), s.model.repo)
+                                      for s in suggestions(memory, bandwidth))
+        return self._suggestions
 
     def _plan_moved(self) -> None:
         engine = self.current_engine()

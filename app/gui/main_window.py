@@ -209,6 +209,7 @@ class MainWindow(QMainWindow):
         self.settings_panel.changed.connect(c.update_settings)
         self.engine_panel.choice_changed.connect(self.load_engine)
         self.dashboard.compare_requested.connect(c.compare)
+        self.chat.welcome.get_requested.connect(self.open_model_wizard)
         # On shutdown the worker quits its own thread, whatever the GUI
         # thread is doing (it waits on the thread in closeEvent).
         w.stopped.connect(self.thread_.quit, Qt.ConnectionType.DirectConnection)
@@ -273,7 +274,7 @@ class MainWindow(QMainWindow):
         self.engine_panel.show_loading("Loading the model…")
         self.load_request.emit(choice)
 
-    def open_model_wizard(self) -> None:
+    def open_model_wizard(self, query: str = "") -> None:
         try:
             from app.gui.model_wizard import ModelWizardDialog
         except ImportError:
@@ -282,6 +283,9 @@ class MainWindow(QMainWindow):
                                     "yet. Use File ▸ Add local GGUF… for a model on disk.")
             return
         dialog = ModelWizardDialog(self)
+        if query:  # a suggested model: its repository, searched at once
+            dialog.query.setText(query)
+            dialog.start_search()
         added: list[object] = []
         dialog.model_added.connect(added.append)
         dialog.exec()
@@ -355,6 +359,8 @@ class MainWindow(QMainWindow):
         self.chat.set_completion_mode(ready.completion)
         self.settings_panel.set_thinking_switch(ready.thinking_switch)
         self.dashboard.on_engine_ready(ready)
+        self.chat.welcome.show_engine(ready.machine, self.engine_panel.model_box.currentText(),
+                                      ready.suggested)
         self._arm_remeasure()
         # The start-up notice about interrupted answers outranks the drafter's note.
         self.statusBar().showMessage(self._notice or ready.note or "Ready.", 15000)

@@ -118,6 +118,16 @@ class HardwareProfile:
         return "; ".join(parts)
 
 
+def machine_line(hw: HardwareProfile) -> str:
+    """This computer in one line: "2 cores (AMD EPYC), 23.5 GB memory, no GPU"."""
+    cpu = f" ({hw.cpu_model})" if hw.cpu_model else ""
+    gpu = hw.best_gpu
+    gpus = (f"GPU {gpu.name} ({gpu.free_bytes / GB:.1f} GB free)" if gpu is not None
+            else "no GPU")
+    return (f"{hw.physical_cores} cores{cpu}, {hw.ram_total_bytes / GB:.1f} GB memory, "
+            f"{gpus}")
+
+
 def load_profile(path: str | os.PathLike[str]) -> HardwareProfile:
     """A recorded profile (JSON written by ``to_json``)."""
     return HardwareProfile.from_json(json.loads(Path(path).read_text()))
