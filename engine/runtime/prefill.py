@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -46,7 +46,8 @@ from engine.runtime.prompt_weights import prompts_prefer_repacked
 from engine.runtime.sequences import common_prefix_length, find_cut
 
 if TYPE_CHECKING:
-    from engine.runtime.target import Target
+    from engine.runtime.architecture import ArchitectureFacts
+    from engine.runtime.native import NativeBatch
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +84,56 @@ class Prefill:
     n_reused: int  # prompt tokens found already in the cache
 
 
-class PromptReader:
-    """The prompt machinery of one ``Target`` (see the module docstring)."""
+class SequenceZero(Protocol):
+    """What the reader asks of the target that owns it (``engine.runtime.target.Target``):
+    its sequence 0 and the primitives that append to it or take it back."""
 
-    def __init__(self, target: Target) -> None:
+    ctx: NativeContext
+    batch: NativeBatch
+    model: NativeModel
+    tokens: list[int]
+    path: Path
+    arch: ArchitectureFacts
+    n_threads: int
+    n_gpu_layers: int
+    park_seq: int
+    n_parked: int
+
+    @property
+    def config(self): ...  # noqa: ANN201 - the target's TargetConfig
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    @property
+    def n_past(self) -> int: ...
+
+    @property
+    def n_vocab(self) -> int: ...
+
+    @property
+    def feature_width(self) -> int: ...
+
+    def settle(self) -> None: ...
+
+    def rollback(self, n_keep: int) -> None: ...
+
+    def reset(self, cold: bool = False) -> None: ...
+
+    def evaluate(self, tokens: list[int], chunk_size: int
+                 ) -> tuple[np.ndarray, list[np.ndarray]]: ...
+
+    def evaluate_prompt(self, tokens: list[int]) -> tuple[np.ndarray, list[np.ndarray]]: ...
+
+    def evaluate_cells_only(self, tokens: list[int]) -> None: ...
+
+    def features_again(self, n: int) -> np.ndarray: ...
+
+
+class PromptReader:
+    """The prompt machinery of one target (see the module docstring)."""
+
+    def __init__(self, target: SequenceZero) -> None:
         """Opens the F16 context where it applies: made now, not on the first long prompt,
         whose first token would wait for it (docs/benchmarks.md: figures behind the
         code's rules, "Reading prompts")."""
