@@ -175,3 +175,29 @@ def test_freeing_parked_cells_keeps_plain_decodings_cache(k_quant_target, prompt
     t.compact()  # six tokens evaluated again
     assert t.n_parked == 0 and t.tokens[-7:] == ref[:7]
     np.testing.assert_array_equal(t.verify(ref[7], DraftTree()).logits[0], ref_logits[7])
+
+
+def test_a_regenerate_with_features_gets_plain_decodings_first_token_on_q4_k_m(
+        k_quant_target, dev_prompts):
+    """A 9-token follow-up read with the prompt kernels, then asked again with features
+    on (a feature drafter's regenerate): the first-token logits are plain decoding's,
+    not a decode of the last token alone (0.55 apart on Q4_K_M unrepacked before)."""
+    t = k_quant_target
+    if not t.prompts.fast_prompts:
+        pytest.skip("this build lacks the prompt kernels: nothing is remembered")
+    base = t.chat_prompt([{"role": "user", "content": dev_prompts[0]["turns"][0]}])
+    prompt = base + t.tokenize(" Say it again in other words.", special=False)[:9]
+    t.reset(cold=True)
+    t.prefill(base)
+    plain = t.prefill(prompt).logits.copy()
+    t.reset(cold=True)
+    t.set_features(True)
+    try:
+        t.prefill(base, feature_tail=32)
+        first = t.prefill(prompt, feature_tail=32).logits.copy()
+        again = t.prefill(prompt, feature_tail=32)
+    finally:
+        t.set_features(False)
+    np.testing.assert_array_equal(first, plain)
+    np.testing.assert_array_equal(again.logits, plain)
+    assert again.features is not None and len(again.features) == 32
