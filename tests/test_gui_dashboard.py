@@ -96,9 +96,14 @@ def test_plan_widget_takes_a_dict_or_dataclass(qtbot, db: Path, model_path: Path
     assert w.dashboard.plan_layout.text() == "head on GPU"
     w.dashboard.set_plan(PlanInfo("CPU", "4", "slow GPU"))
     assert w.dashboard.plan_reason.text() == "slow GPU"
+    w.dashboard_toggle.setChecked(True)  # a side panel the user opens: drawn when shown
     send_and_wait(qtbot, w, "Hi!")
-    title = w.dashboard.timeline.plotItem.titleLabel.text
-    assert ("no GPU" in title) != w.dashboard.gpu
+
+    def titled() -> bool:
+        title = w.dashboard.timeline.plotItem.titleLabel.text
+        return ("no GPU" in title) != w.dashboard.gpu
+
+    qtbot.waitUntil(titled, timeout=5000)
 
 
 def test_code_blocks_are_monospace_on_a_background(qapp) -> None:  # noqa: ANN001
