@@ -177,8 +177,17 @@ class Sessions:
             tail = drafter.prompt_features if drafter is not None else None
             if drafter is None:
                 engine.target.set_features(False)
-            logits[name] = engine.target.prefill(prompt, tail).logits.copy()
+            try:
+                logits[name] = engine.target.prefill(prompt, tail).logits.copy()
+            except TandemError as exc:  # raised by one session and not another: parted
+                logits[name] = type(exc).__name__
         for name in self.names[1:]:
+            if isinstance(logits[name], str) or isinstance(logits["none"], str):
+                if logits[name] != logits["none"] if isinstance(logits[name], str) \
+                        and isinstance(logits["none"], str) else True:
+                    return Divergence(index, name, f"next prefill: {logits[name]!s:.40} "
+                                      f"against plain's {logits['none']!s:.40}")
+                continue
             if not np.array_equal(logits[name], logits["none"]):
                 diff = float(np.max(np.abs(logits[name] - logits["none"])))
                 return Divergence(index, name, f"next first-token logits {diff:.3g} apart")

@@ -365,3 +365,24 @@ def test_a_regenerate_with_features_gets_plain_decodings_first_token(target, lon
         assert again.n_reused == len(prompt)
     finally:
         target.set_features(False)
+
+
+def test_features_near_the_contexts_end_do_not_refuse_a_prompt_that_fits(model_path):  # noqa: ANN001
+    """A short follow-up a few cells before the context's end, with a feature drafter's
+    tail: the features evaluated again beside the prompt take only the free cells, so the
+    prompt is read as plain decoding reads it, not refused (the differential test found
+    a ContextFullError here)."""
+    with Target(model_path, TargetConfig(n_ctx=256, n_threads=2)) as t:
+        words = t.tokenize(" the sea and the lighthouse" * 60, special=False)
+        base, prompt = words[:240], words[:250]
+        t.prefill(base)
+        plain = t.prefill(prompt).logits.copy()
+        t.reset(cold=True)
+        t.set_features(True)
+        try:
+            t.prefill(base, feature_tail=32)
+            drafted = t.prefill(prompt, feature_tail=32)
+        finally:
+            t.set_features(False)
+        np.testing.assert_array_equal(drafted.logits, plain)
+        assert drafted.features is not None and 1 <= len(drafted.features) <= 256 - 250

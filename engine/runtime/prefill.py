@@ -109,6 +109,9 @@ class SequenceZero(Protocol):
     def n_past(self) -> int: ...
 
     @property
+    def n_used(self) -> int: ...
+
+    @property
     def n_vocab(self) -> int: ...
 
     @property
@@ -261,7 +264,7 @@ class PromptReader:
                 logits, _ = t.evaluate_prompt(todo)
             finally:
                 t.ctx.set_features(True)
-            feats = t.features_again(tail)
+            feats = t.features_again(self._room_for(tail))
             if fast:
                 self._remember(prompt, logits, feats)
             return Prefill(logits=logits, features=feats, n_reused=n_keep)
@@ -303,8 +306,16 @@ class PromptReader:
             # as many as it evaluated): evaluated again beside the prompt. Never a
             # decode of the last token alone, whose logits would not be plain's.
             features = kept[-want:] if kept is not None and len(kept) >= want \
-                else t.features_again(want)
+                else t.features_again(self._room_for(want))
         return Prefill(logits=last[1].copy(), features=features, n_reused=len(prompt))
+
+    def _room_for(self, n_features: int) -> int:
+        """Features evaluated again take cells of their own (a scratch sequence) until
+        they are read: at most as many as the context has free, at least the last
+        token's (a prompt always leaves one cell free). Near the context's end a drafter
+        gets fewer features rather than an error plain decoding would not raise."""
+        t = self.target
+        return max(1, min(n_features, t.n_ctx - t.n_used))
 
     def _remember(self, prompt: list[int], logits: np.ndarray,
                   features: np.ndarray | None) -> None:
