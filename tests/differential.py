@@ -245,11 +245,18 @@ def run_for(seed: int, minutes: float, model: Path, drafters: list[str], n_ctx: 
             result["actions"], result["tokens"] = len(done), sessions.n_tokens
             result["wall_s"] = round(time.monotonic() - t0, 1)
             result["accepted"], result["rejected"] = sessions.accepted, sessions.rejected
+            print(f"{len(done)} {action.kind}: {'parted' if found else 'same'}",
+                  file=sys.stderr, flush=True)
             if found is not None:
                 result["divergences"] += 1
-                case = shrink(Case(seed, str(model), [found.drafter], n_ctx, done), work)
                 out.mkdir(parents=True, exist_ok=True)
                 path = out / f"case-{seed}-{len(done)}.json"
+                whole = Case(seed, str(model), [found.drafter], n_ctx, done)
+                # Kept as found first: shrinking replays it many times.
+                path.write_text(json.dumps({"divergence": asdict(found), **asdict(whole)},
+                                           indent=1))
+                sessions.close()
+                case = shrink(whole, work)
                 path.write_text(json.dumps({"divergence": asdict(found), **asdict(case)},
                                            indent=1))
                 result["cases"].append(str(path))
