@@ -186,3 +186,24 @@ def f32_target(f32_model_path: Path):
 
     with Target(f32_model_path, TargetConfig(n_ctx=2048, n_threads=2)) as t:
         yield t
+
+
+def follow_up_with_features(target, base: list[int], prompt: list[int], tail: int = 32,  # noqa: ANN001
+                            again: bool = False) -> tuple[np.ndarray, list]:
+    """``prompt`` (``base`` then a follow-up) read after ``base``: plain decoding's
+    first-token logits, then the prefills a feature drafter's session makes (features
+    on, ``tail`` asked; with ``again``, the same prompt a second time: a regenerate)."""
+    target.reset(cold=True)
+    target.prefill(base)
+    plain = target.prefill(prompt).logits.copy()
+    target.reset(cold=True)
+    target.set_features(True)
+    try:
+        target.prefill(base, feature_tail=tail)
+        drafted = [target.prefill(prompt, feature_tail=tail)]
+        drafted[0].logits = drafted[0].logits.copy()
+        if again:
+            drafted.append(target.prefill(prompt, feature_tail=tail))
+    finally:
+        target.set_features(False)
+    return plain, drafted

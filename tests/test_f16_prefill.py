@@ -15,6 +15,7 @@ from engine.runtime.draft_tree import DraftTree
 from engine.runtime.native import NativeContext
 from engine.runtime.prefill import F16_PREFILL_MIN_TOKENS
 from engine.runtime.target import Target, TargetConfig
+from tests.conftest import follow_up_with_features
 
 
 @pytest.fixture(scope="module")
@@ -350,21 +351,11 @@ def test_a_regenerate_with_features_gets_plain_decodings_first_token(target, lon
         pytest.skip("this build lacks the prompt kernels: nothing is remembered")
     base, follow = long_prompts[0][:100], long_prompts[1][:9]
     prompt = base + follow
-    target.reset(cold=True)
-    target.prefill(base)
-    plain = target.prefill(prompt).logits.copy()
-    target.reset(cold=True)
-    target.set_features(True)
-    try:
-        target.prefill(base, feature_tail=32)
-        first = target.prefill(prompt, feature_tail=32)
-        np.testing.assert_array_equal(first.logits, plain)
-        again = target.prefill(prompt, feature_tail=32)
-        np.testing.assert_array_equal(again.logits, plain)
-        assert again.features is not None and len(again.features) == 32
-        assert again.n_reused == len(prompt)
-    finally:
-        target.set_features(False)
+    plain, (first, again) = follow_up_with_features(target, base, prompt, again=True)
+    np.testing.assert_array_equal(first.logits, plain)
+    np.testing.assert_array_equal(again.logits, plain)
+    assert again.features is not None and len(again.features) == 32
+    assert again.n_reused == len(prompt)
 
 
 def test_features_near_the_contexts_end_do_not_refuse_a_prompt_that_fits(model_path):  # noqa: ANN001
@@ -374,15 +365,6 @@ def test_features_near_the_contexts_end_do_not_refuse_a_prompt_that_fits(model_p
     a ContextFullError here)."""
     with Target(model_path, TargetConfig(n_ctx=256, n_threads=2)) as t:
         words = t.tokenize(" the sea and the lighthouse" * 60, special=False)
-        base, prompt = words[:240], words[:250]
-        t.prefill(base)
-        plain = t.prefill(prompt).logits.copy()
-        t.reset(cold=True)
-        t.set_features(True)
-        try:
-            t.prefill(base, feature_tail=32)
-            drafted = t.prefill(prompt, feature_tail=32)
-        finally:
-            t.set_features(False)
+        plain, (drafted,) = follow_up_with_features(t, words[:240], words[:250])
         np.testing.assert_array_equal(drafted.logits, plain)
         assert drafted.features is not None and 1 <= len(drafted.features) <= 256 - 250

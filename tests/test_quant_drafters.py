@@ -19,7 +19,12 @@ from engine.drafters.memory import MemoryDrafter
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.prompt_weights import prompts_prefer_repacked
 from engine.runtime.target import Target, TargetConfig
-from tests.conftest import drafted_equals_plain, pick_per_category, plain_answers
+from tests.conftest import (
+    drafted_equals_plain,
+    follow_up_with_features,
+    pick_per_category,
+    plain_answers,
+)
 
 MAX_TOKENS = 24
 
@@ -187,17 +192,7 @@ def test_a_regenerate_with_features_gets_plain_decodings_first_token_on_q4_k_m(
         pytest.skip("this build lacks the prompt kernels: nothing is remembered")
     base = t.chat_prompt([{"role": "user", "content": dev_prompts[0]["turns"][0]}])
     prompt = base + t.tokenize(" Say it again in other words.", special=False)[:9]
-    t.reset(cold=True)
-    t.prefill(base)
-    plain = t.prefill(prompt).logits.copy()
-    t.reset(cold=True)
-    t.set_features(True)
-    try:
-        t.prefill(base, feature_tail=32)
-        first = t.prefill(prompt, feature_tail=32).logits.copy()
-        again = t.prefill(prompt, feature_tail=32)
-    finally:
-        t.set_features(False)
-    np.testing.assert_array_equal(first, plain)
+    plain, (first, again) = follow_up_with_features(t, base, prompt, again=True)
+    np.testing.assert_array_equal(first.logits, plain)
     np.testing.assert_array_equal(again.logits, plain)
     assert again.features is not None and len(again.features) == 32
