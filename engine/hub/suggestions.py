@@ -19,8 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.hub.fit import MachineMemory
-from engine.runtime.memory_fit import fits_gpu, fits_ram, target_need
+from engine.hub.fit import FITS_GPU, TOO_LARGE, MachineMemory, estimate_fit
 
 DECODE_SHARE = 1.4
 BANDWIDTH_FILE = "bandwidth.json"
@@ -56,8 +55,7 @@ SUGGESTED = (
     Suggested("Qwen3 8B", "unsloth/Qwen3-8B-GGUF", "Q4_K_M", 5_030_000_000,
               "Qwen3-0.6B as a draft model, or an EAGLE-3 head"),
 )
-# A suggestion's context, for its KV cache in the fit: a chat's.
-KV_BYTES_PER_WEIGHT_GB = 110_000_000  # a 4096-token chat's KV cache per GB of weights
+SUGGESTED_CTX = 4096  # the context a suggestion's KV cache is counted for: a chat's
 
 
 @dataclass(frozen=True)
@@ -78,14 +76,12 @@ def suggestions(memory: MachineMemory, bandwidth: float, most: int = 4
     """Up to ``most`` suggestions that fit, largest first (the best that runs here)."""
     found = []
     for model in SUGGESTED:
-        kv = model.size_bytes / 1e9 * KV_BYTES_PER_WEIGHT_GB
-        need = target_need(model.size_bytes, kv)
-        if memory.vram_free is not None and fits_gpu(need, memory.vram_free):
-            where = "on the GPU"
-        elif fits_ram(need, memory.ram_available):
-            where = "in memory"
-        else:
+        # The wizard's own label (engine.hub.fit): the header is not read before a
+        # download, so the KV cache is estimated from the weights' size.
+        label = estimate_fit(model.size_bytes, 0, SUGGESTED_CTX, None, memory).label
+        if label == TOO_LARGE:
             continue
+        where = "on the GPU" if label == FITS_GPU else "in memory"
         found.append(Suggestion(model, where, expected_tok_per_s(model.size_bytes,
                                                                  bandwidth)))
     found.sort(key=lambda s: s.model.size_bytes, reverse=True)
