@@ -375,9 +375,9 @@ class EnginePanel(QGroupBox):
         self.state.setText(text)
 
     def show_ready(self, ready: EngineReady) -> None:
+        threads = f"{ready.n_threads} CPU thread{'s' * (ready.n_threads != 1)}"
         self.state.setText(f"Ready: {Path(ready.model_path).name}, drafter "
-                           f"{ready.drafter}, {ready.n_threads} CPU threads, context "
-                           f"{ready.n_ctx} tokens.")
+                           f"{ready.drafter}, {threads}, context {ready.n_ctx} tokens.")
         self.note.setText(ready.note)
         self.note.setVisible(bool(ready.note))
         self._show_loaded_model(ready.model_path)
