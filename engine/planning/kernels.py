@@ -1,9 +1,11 @@
 """Which CPU kernels a model file runs with, and which guarantee that gives.
 
 The first time a model file is used, the exactness probe (engine.runtime.exactness) runs
-with llama.cpp's repacked weights, the fast default. Where a verified batch then differs
-from one-token decoding (the K-quants and i-quants: 4 and more rows take the repacked
-GEMM, which sums in another order than the one-row GEMV), two exact settings are tried:
+with llama.cpp's repacked weights, the fast default. On x86 Tandem's build makes every
+repacked kernel multiply a batch as one token (packaging/llama-cpp/
+batch-invariant-repack.patch), so that is where the probe ends. Where a verified batch
+still differs from one-token decoding (other CPUs' repacked GEMMs, from 4 rows, sum in
+another order than their one-row GEMV), two exact settings are tried:
 
 - repacked weights with verification batches of at most 3 tokens, which llama.cpp runs
   through the same one-row kernel as a single token (probed with such batches);
@@ -120,7 +122,10 @@ def exactness_key(model_path: Path, config: TargetConfig, n_threads: int,
              "ops=cpu",
              # Since short repacked batches are a setting of their own: older verdicts
              # gave repacking up without trying them.
-             "short-batches"]
+             "short-batches",
+             # Since the x86 repacked GEMMs sum like the GEMV (the build's patch): older
+             # verdicts turned repacking off where it is now exact.
+             "batch-invariant-repack"]
     if n_gpu_layers:  # the CPU's verdicts keep their keys
         parts.append(f"gpu_layers={n_gpu_layers}")
     if config.workers:  # the workers' kernels, probed through them
