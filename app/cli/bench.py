@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from app.cli.common import add_head_args, add_model_args, engine_config, progress_to
+from engine.runtime.hardware import default_threads
 from engine.session import ENGINE_DRAFTERS, Engine
 
 
@@ -59,6 +60,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   else Path(tempfile.mkdtemp(prefix="tandem-bench-memory-")))
     if args.fresh or not (args.json and args.json.exists()):
         shutil.rmtree(memory_dir, ignore_errors=True)
+    if args.threads is None:
+        # A fixed count for every runner: following the machine's load would read the
+        # peer's spinning threads (llama-server's, after its run) as a busy machine and
+        # decode on one thread.
+        args.threads = default_threads()
     base = replace(engine_config(args, drafter="none"), memory_dir=memory_dir)
     engines: dict[str, Engine] = {}
     try:
