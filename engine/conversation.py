@@ -169,6 +169,8 @@ class AnswerService:
         prompt, n_dropped = self.prompt_of(question)
         if len(prompt) + 1 > engine.target.n_ctx:  # before a client sees a first byte
             raise ContextFullError(len(prompt) + 1, engine.target.n_ctx)
+        if question.generation.grammar:  # so is a grammar llama.cpp cannot parse
+            engine.check_grammar(question.generation.grammar)
         if on_start is not None:
             on_start(len(prompt), n_dropped)
         result = engine.generate(prompt, question.generation, on_text=on_text,

@@ -39,6 +39,7 @@ from engine.decoding.budget import (
     VerifyCostModel,
 )
 from engine.decoding.generation import GenerationConfig, GenerationResult, generate
+from engine.decoding.grammar import Grammar
 from engine.decoding.stats import StepStats
 from engine.drafters import DRAFTER_NAMES, DrafterSpec, open_drafter
 from engine.drafters.base import Drafter
@@ -473,6 +474,11 @@ class Engine:
     def chat_prompt(self, messages: list[dict[str, str]],
                     enable_thinking: bool | None = None) -> list[int]:
         return self.target.chat_prompt(messages, enable_thinking=enable_thinking)
+
+    def check_grammar(self, gbnf: str) -> None:
+        """Raise InvalidSamplingError (naming the problem) when llama.cpp cannot parse
+        ``gbnf``: checked before an answer starts, so an API client gets a 400."""
+        Grammar.compile(self.target.model, gbnf).close()
 
     def fit_chat(self, messages: list[dict[str, str]], max_tokens: int,
                  policy: str = DEFAULT_POLICY, enable_thinking: bool | None = None

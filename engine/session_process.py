@@ -362,6 +362,9 @@ class EngineProcess:
         return self._call("engine", "remeasure", (), {},
                           {"progress": progress} if progress else {})[1]
 
+    def check_grammar(self, gbnf: str) -> None:
+        self._engine_call("check_grammar", gbnf)
+
     def fit_chat(self, messages: list[dict[str, str]], max_tokens: int,
                  policy: str = DEFAULT_POLICY, enable_thinking: bool | None = None
                  ) -> FittedPrompt:

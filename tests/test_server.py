@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx2 as httpx
 import openai
+import pydantic
 import pytest
 
 from app.server.serve import ApiServer
@@ -259,3 +260,72 @@ def test_binding_beyond_loopback_needs_a_key(model_path: Path) -> None:
     assert proc.returncode == 2
     assert "--api-key" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+class Person(pydantic.BaseModel):
+    name: str
+    age: int
+    city: str
+
+
+PERSON_Q = [{"role": "user", "content": "Maria is 34 and lives in Lisbon. Give her name, "
+                                        "age and city as JSON."}]
+
+
+def test_structured_output_parses_into_a_pydantic_model(server: Served) -> None:
+    """The openai client's parse(): a JSON schema from a Pydantic model, the answer
+    constrained to it and parsed back; streamed, the same text."""
+    client = server.client()
+    done = client.chat.completions.parse(model="any", messages=PERSON_Q, max_tokens=200,
+                                         response_format=Person)
+    person = done.choices[0].message.parsed
+    assert isinstance(person, Person) and done.choices[0].finish_reason == "stop"
+    stream = client.chat.completions.create(
+        model="any", messages=PERSON_Q, max_tokens=200, stream=True,
+        response_format={"type": "json_schema", "json_schema": {
+            "name": "Person", "schema": Person.model_json_schema()}})
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert Person.model_validate_json(text) == person
+    obj = client.chat.completions.create(model="any", messages=HELLO, max_tokens=32,
+                                         response_format={"type": "json_object"})
+    assert obj.choices[0].message.content.startswith("{")  # the bundled model: unfinished
+
+
+def test_log_probabilities_in_both_of_openais_shapes(server: Served) -> None:
+    client = server.client()
+    chat = client.chat.completions.create(model="any", messages=HELLO, max_tokens=8,
+                                          logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    assert "".join(t.token for t in content) == chat.choices[0].message.content
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in content)
+    assert content[0].top_logprobs[0].token == content[0].token  # greedy: the likeliest
+    text = client.completions.create(model="any", prompt="The sky is", max_tokens=6,
+                                     logprobs=3)
+    lp = text.choices[0].logprobs
+    assert "".join(lp.tokens) == text.choices[0].text and len(lp.top_logprobs[0]) == 3
+    assert lp.text_offset[0] == 0 and all(v <= 0 for v in lp.token_logprobs)
+    stream = client.chat.completions.create(model="any", messages=HELLO, max_tokens=8,
+                                            logprobs=True, stream=True)
+    last = [c for c in stream if c.choices][-1]
+    assert [t.token for t in last.choices[0].logprobs.content] == [t.token for t in content]
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {
+        "$ref": "https://example.com/s.json"}}}}, "response_format.json_schema"),
+    ({"grammar": 'root ::= "a" | nowhere'}, None),
+    ({"grammar": "root ::= [a-z]+", "response_format": {"type": "json_object"}},
+     "response_format"),
+    ({"logprobs": False, "top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 50}, "top_logprobs"),
+])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_bad_grammars_and_logprobs_get_a_400_before_any_answer(server: Served, extra: dict,
+                                                               param, stream: bool) -> None:
+    body = {"messages": HELLO, "max_tokens": 4, "stream": stream, **extra}
+    r = httpx.post(server.url + "/chat/completions", json=body, timeout=120)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"]

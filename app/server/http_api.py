@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from app.server.lane import EngineLane, Job
+from app.server.logprobs_format import chat_logprobs, text_logprobs
 from app.server.schema import ApiError, CompletionRequest, Limits, parse_request
 from engine.conversation import AnswerService
 from engine.decoding.generation import GenerationResult
@@ -153,18 +154,27 @@ class _Answer:
             (".chunk" if chunk and self.req.is_chat else "")
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def _choice(self, text: str | None, finish: str | None, chunk: bool) -> dict[str, Any]:
+    def _choice(self, text: str | None, finish: str | None, chunk: bool,
+                logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         if not self.req.is_chat:
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "text": text or "", "logprobs": logprobs,
+                    "finish_reason": finish}
         if chunk:
             return {"index": 0, "delta": {} if text is None else {"content": text},
-                    "logprobs": None, "finish_reason": finish}
+                    "logprobs": logprobs, "finish_reason": finish}
         return {"index": 0, "message": {"role": "assistant", "content": text},
-                "logprobs": None, "finish_reason": finish}
+                "logprobs": logprobs, "finish_reason": finish}
+
+    def _logprobs(self, result: GenerationResult) -> dict[str, Any] | None:
+        if result.logprobs is None:
+            return None
+        return (chat_logprobs(result.logprobs) if self.req.is_chat
+                else text_logprobs(result.logprobs))
 
     def whole(self, text: str, result: GenerationResult, job: Job) -> dict[str, Any]:
-        return {**self._envelope(False),
-                "choices": [self._choice(text, _FINISH[result.finish_reason], False)],
+        choice = self._choice(text, _FINISH[result.finish_reason], False,
+                              self._logprobs(result))
+        return {**self._envelope(False), "choices": [choice],
                 "usage": _usage(result), "tandem": self.state.figures(result, job)}
 
     def first_chunk(self) -> dict[str, Any]:
@@ -177,10 +187,12 @@ class _Answer:
         return {**self._envelope(True), "choices": [self._choice(text, None, True)]}
 
     def last_chunks(self, result: GenerationResult, job: Job) -> list[dict[str, Any]]:
-        """The finish chunk (with usage and Tandem's figures), and OpenAI's separate usage
-        chunk when the client asked for it (``stream_options.include_usage``)."""
-        finish = {**self._envelope(True),
-                  "choices": [self._choice(None, _FINISH[result.finish_reason], True)],
+        """The finish chunk (with usage, Tandem's figures and, where asked for, the whole
+        answer's log probabilities), and OpenAI's separate usage chunk when the client
+        asked for it (``stream_options.include_usage``)."""
+        choice = self._choice(None, _FINISH[result.finish_reason], True,
+                              self._logprobs(result))
+        finish = {**self._envelope(True), "choices": [choice],
                   "usage": _usage(result), "tandem": self.state.figures(result, job)}
         if not self.req.include_usage:
             return [finish]

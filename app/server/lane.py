@@ -130,7 +130,8 @@ class EngineLane:
                 raise ApiError(503, "no model is loaded", kind="server_error")
             req = job.request
             config = GenerationConfig(max_tokens=req.max_tokens, sampling=req.sampling,
-                                      stop=req.stop)
+                                      stop=req.stop, grammar=req.grammar,
+                                      logprobs=req.logprobs)
             question = (Question.chat([{"role": r, "content": c} for r, c in req.messages],
                                       config, req.context_policy, req.enable_thinking)
                         if req.is_chat else Question.completion(req.prompt or "", config))

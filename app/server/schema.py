@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from engine.decoding.json_grammar import json_object_grammar, json_schema_grammar
 from engine.decoding.sampling import CHAT_DEFAULTS, SamplingParams
 from engine.errors import InvalidSamplingError
 from engine.runtime.context_fit import CONTEXT_POLICIES
@@ -57,6 +58,10 @@ class CompletionRequest:
     context_policy: str = "stop"
     # llama-server's and vLLM's chat_template_kwargs.enable_thinking (None: the default)
     enable_thinking: bool | None = None
+    grammar: str | None = None  # GBNF every token obeys (response_format, grammar)
+    # How many likeliest alternatives to report with each token's log probability
+    # (None: no log probabilities).
+    logprobs: int | None = None
 
     @property
     def is_chat(self) -> bool:
@@ -182,8 +187,6 @@ def parse_request(body: Any, limits: Limits, chat: bool) -> CompletionRequest:
         raise _bad("model", "must be a string")
     if _integer(body, "n", 1, 1, 1) != 1:
         raise _bad("n", "only n=1 is supported")
-    if body.get("logprobs") not in (None, False, 0):
-        raise _bad("logprobs", "log probabilities are not supported")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise _bad("stream_options", "must be an object")
@@ -202,7 +205,65 @@ def parse_request(body: Any, limits: Limits, chat: bool) -> CompletionRequest:
         sampling=_sampling(body),
         stop=_stop(body),
         context_policy=_context_policy(body),
-        enable_thinking=_enable_thinking(body))
+        enable_thinking=_enable_thinking(body),
+        grammar=_grammar(body),
+        logprobs=_logprobs(body, chat))
+
+
+def _grammar(body: dict) -> str | None:
+    """The grammar a request asks for: OpenAI's ``response_format`` (``json_object``,
+    ``json_schema``), or llama-server's ``grammar`` (GBNF) and ``json_schema`` fields."""
+    fmt = body.get("response_format")
+    asked = [name for name in ("grammar", "json_schema") if body.get(name) is not None]
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        asked.append("response_format")
+    if len(asked) > 1:
+        raise _bad(asked[1], f"give one of response_format, grammar and json_schema, "
+                             f"not {' and '.join(asked)}")
+    try:
+        if body.get("grammar") is not None:
+            gbnf = body["grammar"]
+            if not isinstance(gbnf, str) or not gbnf.strip():
+                raise _bad("grammar", "must be a GBNF grammar (a non-empty string)")
+            return gbnf
+        if body.get("json_schema") is not None:
+            return json_schema_grammar(body["json_schema"], "json_schema")
+        if fmt is None:
+            return None
+        if not isinstance(fmt, dict):
+            raise _bad("response_format", "must be an object with a type")
+        kind = fmt.get("type")
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return json_object_grammar()
+        if kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or "schema" not in spec:
+                raise _bad("response_format.json_schema",
+                           "must be an object with the schema under 'schema'")
+            return json_schema_grammar(spec["schema"], "response_format.json_schema")
+        raise _bad("response_format.type",
+                   f"must be text, json_object or json_schema, got {kind!r}")
+    except InvalidSamplingError as exc:
+        raise ApiError(400, exc.named(f"'{exc.setting}'"), param=exc.setting,
+                       code="invalid_value") from None
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """Chat: ``logprobs`` true, ``top_logprobs`` 0-20 alternatives. Text completions:
+    ``logprobs`` 0-5, the number of alternatives (OpenAI's two conventions)."""
+    if chat:
+        if not _boolean(body, "logprobs"):
+            if body.get("top_logprobs") is not None:
+                raise _bad("top_logprobs", "needs logprobs: true")
+            return None
+        top = _integer(body, "top_logprobs", 0, 0, 20)
+        return top
+    v = body.get("logprobs")
+    if v is None or v is False:
+        return None
+    return _integer(body, "logprobs", 0, 0, 5)
 
 
 def _enable_thinking(body: dict) -> bool | None:

@@ -25,6 +25,8 @@ from engine.decoding.budget import (
     VerifyCostModel,
     trim_to_budget,
 )
+from engine.decoding.grammar import Grammar
+from engine.decoding.logprobs import TokenLogprob, logprob_of
 from engine.decoding.sampling import PositionUniforms, SamplingParams, choose, penalised
 from engine.decoding.stats import GenerationStats, StepStats
 from engine.drafters.base import Drafter
@@ -42,12 +44,19 @@ class GenerationConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
     max_draft: int = MAX_DRAFT  # draft tokens verified per step, on top of the root
+    grammar: str | None = None  # GBNF (engine.decoding.grammar): every token obeys it
+    # The target's log probability of each answer token and of its ``logprobs`` likeliest
+    # alternatives (None: not reported).
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidSamplingError("max_tokens", "must be an integer >= 1", self.max_tokens)
         if self.max_draft < 0:
             raise InvalidSamplingError("max_draft", "must be >= 0", self.max_draft)
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise InvalidSamplingError("top_logprobs", "must be between 0 and 20",
+                                       self.logprobs)
 
 
 @dataclass
@@ -56,6 +65,7 @@ class GenerationResult:
     text: str
     finish_reason: str  # "eos", "stop", "length", "context", "cancelled"
     stats: GenerationStats
+    logprobs: list[TokenLogprob] | None = None  # one per token, where asked for
 
 
 class _Emitter:
@@ -68,16 +78,19 @@ class _Emitter:
         self.stream = TextStream(config.stop)
         self.on_text = on_text
         self.tokens: list[int] = []
+        self.logprobs: list[TokenLogprob] | None = [] if config.logprobs is not None else None
         self.finish_reason: str | None = None
 
-    def emit(self, tokens: list[int]) -> None:
-        for tok in tokens:
+    def emit(self, tokens: list[int], logprobs: Sequence[TokenLogprob] = ()) -> None:
+        for i, tok in enumerate(tokens):
             if self.finish_reason is not None:
                 return
             if self.target.is_end_of_generation(tok):
                 self.finish_reason = "eos"
                 return
             self.tokens.append(tok)
+            if self.logprobs is not None:
+                self.logprobs.append(logprobs[i])
             delta = self.stream.feed(self.target.token_bytes(tok))
             if delta and self.on_text:
                 self.on_text(delta)
@@ -119,11 +132,13 @@ def generate(
     ``remember`` False keeps the answer out of a drafter's memory (a benchmark's repeat).
     """
     config = config or GenerationConfig()
+    grammar = Grammar.compile(target.model, config.grammar) if config.grammar else None
     run = _Run(target, config, cost if cost is not None else VerifyCostModel(), governor,
                _Emitter(target, config, on_text),
                GenerationStats(n_prompt=len(prompt),
                                drafter=drafter.name if drafter else "none"),
-               PositionUniforms(config.sampling.seed), drafter, prompt=list(prompt))
+               PositionUniforms(config.sampling.seed), drafter, prompt=list(prompt),
+               grammar=grammar)
     t0 = time.perf_counter()
     last = _prefill(run, prompt, t0)
     ahead_pool = (ThreadPoolExecutor(1, thread_name_prefix="draft-ahead")
@@ -136,13 +151,15 @@ def generate(
             step = _step(run, last, ahead_pool)
             if step is None:
                 break
-            last, step_stats, new_tokens = step
+            last, step_stats, new_tokens, logprobs = step
             if on_step is not None:
                 on_step(step_stats)
-            run.emitter.emit(new_tokens)
+            run.emitter.emit(new_tokens, logprobs)
     finally:
         if ahead_pool is not None:
             ahead_pool.shutdown(wait=True)
+        if run.grammar is not None:
+            run.grammar.close()
     return _finish(run, prompt, t0, remember)
 
 
@@ -160,6 +177,17 @@ class _Run:
     drafter: Drafter | None  # None once it failed: the rest is plain decoding
     n_sampled: int = 1  # answer positions decided (the first token by the prefill)
     prompt: list[int] = field(default_factory=list)
+    grammar: Grammar | None = None  # its state after every token emitted so far
+
+    def choice_row(self, logits: np.ndarray, extra: Sequence[int] = (),
+                   grammar: Grammar | None = None) -> np.ndarray:
+        """The row a token is chosen from, after the answer so far plus ``extra``:
+        penalised, then constrained by ``grammar`` (that position's state). Plain and
+        drafted decoding choose every token through here."""
+        row = penalised(logits, self.penalty_window(extra), self.config.sampling)
+        if grammar is not None:
+            row = grammar.constrain(row, self.config.sampling.greedy)
+        return row
 
     def penalty_window(self, extra: Sequence[int] = ()) -> list[int]:
         """The tokens a penalty looks at before the position after ``extra``: the last
@@ -169,10 +197,13 @@ class _Run:
         n = self.config.sampling.penalty_last_n
         return (self.prompt[-n:] + self.emitter.tokens[-n:] + list(extra))[-n:]
 
-    def logits_of(self, logits: np.ndarray, tree: DraftTree) -> Callable[[int], np.ndarray]:
-        """Node (verification numbering) -> its logits, penalised with the node's own
-        prefix: the answer so far plus the drafted tokens on the path down to it."""
-        if not self.config.sampling.has_penalties:
+    def logits_of(self, logits: np.ndarray, tree: DraftTree,
+                  states: Sequence[Grammar] = ()) -> Callable[[int], np.ndarray]:
+        """Node (verification numbering) -> the row its next token is chosen from:
+        penalised with the node's own prefix (the answer so far plus the drafted tokens
+        on the path down to it) and constrained by ``states[node]``, the grammar's state
+        after that prefix."""
+        if not self.config.sampling.has_penalties and not states:
             return logits.__getitem__
 
         def of(node: int) -> np.ndarray:
@@ -181,8 +212,7 @@ class _Run:
             while i >= 0:
                 path.append(tree.tokens[i])
                 i = tree.parents[i]
-            return penalised(logits[node], self.penalty_window(path[::-1]),
-                             self.config.sampling)
+            return self.choice_row(logits[node], path[::-1], states[node] if states else None)
         return of
 
     def drop_drafter(self, exc: Exception) -> None:
@@ -200,10 +230,13 @@ def _prefill(run: _Run, prompt: list[int], t0: float) -> int:
     target.set_features(bool(drafter and drafter.needs_features))
     pre = target.prefill(prompt, drafter.prompt_features if drafter else None)
     run.stats.n_prompt_reused = pre.n_reused
-    last = choose(penalised(pre.logits, run.penalty_window(), run.config.sampling),
-                  run.config.sampling, run.uniforms.at(0))
+    last = choose(run.choice_row(pre.logits, grammar=run.grammar), run.config.sampling,
+                  run.uniforms.at(0))
     run.stats.t_prefill_s = time.perf_counter() - t0
-    run.emitter.emit([last])
+    logprobs = ([logprob_of(pre.logits, last, run.config.logprobs, target.token_bytes)]
+                if run.config.logprobs is not None else [])
+    _advance(run.grammar, [last])
+    run.emitter.emit([last], logprobs)
     run.stats.ttft_s = time.perf_counter() - t0
     if drafter is not None and run.emitter.finish_reason is None:
         try:
@@ -239,15 +272,43 @@ def _draft(run: _Run, room: int, cost: VerifyCost) -> tuple[DraftTree, bool]:
     except Exception as exc:  # noqa: BLE001 - any drafter failure
         run.drop_drafter(exc)
         return DraftTree(), True
-    if not run.target.trees:
+    if not run.target.trees or run.grammar is not None:
         proposed = proposed.best_chain()
     return trim_to_budget(proposed, cost), True
 
 
+def _advance(grammar: Grammar | None, tokens: Sequence[int]) -> None:
+    """Move the grammar past the answer's new tokens (an end of generation ends it)."""
+    if grammar is None:
+        return
+    for tok in tokens:
+        if tok in grammar.eog:
+            return
+        grammar.accept(tok)
+
+
+def _grammar_states(run: _Run, draft: DraftTree) -> tuple[DraftTree, list[Grammar]]:
+    """The draft cut before its first token the grammar forbids (a chain), and the
+    grammar's state at each verified node: [the state now, after draft token 1, ...].
+    The states past the root are copies, the caller's to close."""
+    assert run.grammar is not None
+    states = [run.grammar]
+    for tok in draft.tokens:
+        state = states[-1]
+        if tok in state.eog or not state.allowed(tok):
+            break
+        nxt = state.clone()
+        nxt.accept(tok)
+        states.append(nxt)
+    n = len(states) - 1
+    return (draft if n == len(draft) else draft.truncated(n)), states
+
+
 def _step(run: _Run, last: int, ahead_pool: ThreadPoolExecutor | None
-          ) -> tuple[int, StepStats, list[int]] | None:
-    """Draft, verify, accept, commit. Returns the new last token, the step's figures and
-    the tokens it added, or None when the context is full."""
+          ) -> tuple[int, StepStats, list[int], list[TokenLogprob]] | None:
+    """Draft, verify, accept, commit. Returns the new last token, the step's figures, the
+    tokens it added and their log probabilities (where asked for), or None when the
+    context is full."""
     target = run.target
     room = _room(run)
     if room < 0:
@@ -257,6 +318,9 @@ def _step(run: _Run, last: int, ahead_pool: ThreadPoolExecutor | None
     n_past = target.n_past
     cost = run.cost.at(n_past)
     draft, drafting = _draft(run, room, cost)
+    states: list[Grammar] = []
+    if run.grammar is not None:
+        draft, states = _grammar_states(run, draft)
     t_drafted = time.perf_counter()
     ahead: Future | None = None
     if ahead_pool is not None and run.drafter is not None and draft:
@@ -271,13 +335,23 @@ def _step(run: _Run, last: int, ahead_pool: ThreadPoolExecutor | None
             run.drop_drafter(exc)
     node_tokens = [last] + draft.tokens
     n_sampled = run.n_sampled
-    acc = accept(draft.children(), node_tokens, run.logits_of(ver.logits, draft),
+    acc = accept(draft.children(), node_tokens, run.logits_of(ver.logits, draft, states),
                  run.config.sampling, lambda depth: run.uniforms.at(n_sampled + depth))
     run.n_sampled += len(acc.path)
     path_tokens = [node_tokens[k] for k in acc.path]
+    new_tokens = path_tokens[1:] + [acc.next_token]
+    logprobs = ([logprob_of(ver.logits[k], tok, run.config.logprobs, target.token_bytes)
+                 for k, tok in zip(acc.path, new_tokens, strict=True)]
+                if run.config.logprobs is not None else [])
+    if states:  # the accepted node's state, then past the target's own token
+        kept = states[acc.path[-1]]
+        for state in states:
+            if state is not kept:
+                state.close()
+        run.grammar = kept
+        _advance(run.grammar, [acc.next_token])
     target.commit(ver, acc.path, path_tokens)
     t_verified = time.perf_counter()
-    new_tokens = path_tokens[1:] + [acc.next_token]
     if run.drafter is not None:
         feats = ver.features[acc.path] if ver.features is not None else None
         try:
@@ -293,7 +367,7 @@ def _step(run: _Run, last: int, ahead_pool: ThreadPoolExecutor | None
                      drafted_ahead=draft.made_ahead, n_past=n_past,
                      drafter_asked=drafting)
     run.stats.steps.append(step)
-    return acc.next_token, step, new_tokens
+    return acc.next_token, step, new_tokens, logprobs
 
 
 def _finish(run: _Run, prompt: list[int], t0: float, remember: bool) -> GenerationResult:
@@ -316,4 +390,5 @@ def _finish(run: _Run, prompt: list[int], t0: float, remember: bool) -> Generati
             run.drop_drafter(exc)
     run.stats.n_new = len(tokens)
     run.stats.t_total_s = time.perf_counter() - t0
-    return GenerationResult(tokens, run.emitter.stream.text, reason, run.stats)
+    return GenerationResult(tokens, run.emitter.stream.text, reason, run.stats,
+                            run.emitter.logprobs)

@@ -1,0 +1,161 @@
+"""Constrained decoding: a GBNF grammar's parse state over the target's vocabulary, through
+llama.cpp's grammar sampler (``llama_sampler_init_grammar``).
+
+Plain and drafted decoding see one rule (engine.decoding.generation): at every position
+the target's logits are constrained by the grammar state after the tokens before it, and
+the answer's token is chosen from the constrained row. A drafted token the grammar
+forbids is cut before verification; an accepted path advances the state. So a drafted
+answer under a grammar equals the plain one under it, greedy and sampled.
+
+llama.cpp's sampler aborts the process when it is made to accept a token it forbids, or an
+end of generation before the grammar is complete: ``accept`` checks first. Control
+tokens (``<|im_start|>`` passes a JSON string's rule) are never allowed under a grammar,
+except the ends of generation, which the grammar allows once it is complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import weakref
+from dataclasses import dataclass
+
+import llama_cpp
+import numpy as np
+
+from engine.errors import InvalidSamplingError
+
+_CANDIDATE = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data
+# Candidates tested at once before the whole vocabulary is masked (greedy's fast path).
+_TOP = 64
+
+
+@dataclass
+class _Vocabulary:
+    """What every grammar state over one model shares: the vocabulary handle, a candidate
+    buffer for masking, and which tokens are never allowed (control tokens)."""
+
+    handle: object
+    n_vocab: int
+    eog: frozenset[int]
+    barred: np.ndarray  # bool [n_vocab]: control tokens that do not end generation
+    candidates: np.ndarray  # _CANDIDATE [n_vocab]
+
+
+_VOCABULARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _vocabulary(model: object) -> _Vocabulary:
+    """The model's (a NativeModel's) vocabulary for grammars, made once per model."""
+    vocab = _VOCABULARIES.get(model)
+    if vocab is None:
+        handle = model._vocab  # type: ignore[attr-defined]
+        n = int(model.n_vocab)  # type: ignore[attr-defined]
+        eog = frozenset(model.eog_ids)  # type: ignore[attr-defined]
+        control = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+        barred = np.array([bool(llama_cpp.llama_vocab_get_attr(handle, t) & control)
+                           and t not in eog for t in range(n)], dtype=bool)
+        candidates = np.zeros(n, _CANDIDATE)
+        candidates["id"] = np.arange(n, dtype=np.int32)
+        vocab = _Vocabulary(handle, n, eog, barred, candidates)
+        _VOCABULARIES[model] = vocab
+    return vocab
+
+
+def _apply(sampler: object, candidates: np.ndarray) -> None:
+    """Run the grammar over ``candidates`` in place: forbidden ones get -inf."""
+    array = llama_cpp.llama_token_data_array(
+        data=candidates.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)),
+        size=len(candidates), selected=-1, sorted=False)
+    llama_cpp.llama_sampler_apply(sampler, ctypes.byref(array))
+
+
+class Grammar:
+    """One parse state. ``compile`` makes the start state; ``clone`` copies a state;
+    ``close`` frees it (states are native objects)."""
+
+    def __init__(self, vocab: _Vocabulary, sampler: object) -> None:
+        self._vocab = vocab
+        self._sampler = sampler
+        self._one = np.zeros(1, _CANDIDATE)
+        self._top = np.zeros(_TOP, _CANDIDATE)
+
+    @classmethod
+    def compile(cls, model: object, gbnf: str, root: str = "root") -> Grammar:
+        """The start state of ``gbnf`` over ``model``'s (a NativeModel's) vocabulary.
+        Raises InvalidSamplingError naming the problem when llama.cpp cannot parse it."""
+        vocab = _vocabulary(model)
+        sampler = llama_cpp.llama_sampler_init_grammar(vocab.handle, gbnf.encode("utf-8"),
+                                                       root.encode("utf-8"))
+        if not sampler:
+            raise InvalidSamplingError(
+                "grammar", "llama.cpp could not parse it as GBNF (a syntax error, an "
+                f"undefined rule, left recursion or no rule named {root!r})", gbnf[:200])
+        return cls(vocab, sampler)
+
+    def clone(self) -> Grammar:
+        return Grammar(self._vocab, llama_cpp.llama_sampler_clone(self._sampler))
+
+    def close(self) -> None:
+        if self._sampler is not None:
+            llama_cpp.llama_sampler_free(self._sampler)
+            self._sampler = None
+
+    def __del__(self) -> None:  # a state dropped on an error path
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self.close()
+
+    @property
+    def eog(self) -> frozenset[int]:
+        return self._vocab.eog
+
+    def allowed(self, token: int) -> bool:
+        """Whether the grammar admits ``token`` next."""
+        if not 0 <= token < self._vocab.n_vocab or self._vocab.barred[token]:
+            return False
+        self._one["id"] = token
+        self._one["logit"] = 0.0
+        _apply(self._sampler, self._one)
+        return bool(np.isfinite(self._one["logit"][0]))
+
+    def mask(self) -> np.ndarray:
+        """bool [n_vocab]: the tokens the grammar admits next."""
+        cand = self._vocab.candidates
+        cand["logit"] = 0.0
+        _apply(self._sampler, cand)
+        return np.isfinite(cand["logit"]) & ~self._vocab.barred
+
+    def accept(self, token: int) -> None:
+        """Advance past ``token`` (not an end of generation: that ends the answer)."""
+        if token in self._vocab.eog or not self.allowed(token):
+            raise ValueError(f"the grammar does not admit token {token} here")
+        llama_cpp.llama_sampler_accept(self._sampler, token)
+
+    def constrain(self, logits: np.ndarray, greedy: bool) -> np.ndarray:
+        """Logits whose choice is the grammar's: greedy, a row whose argmax is the best
+        admitted token (the row itself where its argmax is admitted: masking only lowers
+        the others, and np.argmax takes the lowest index of a tie either way); sampling,
+        the row with every forbidden token at -inf. Where nothing is admitted, only the
+        ends of generation are, so the answer ends. ``logits`` is not modified."""
+        if greedy:
+            best = int(np.argmax(logits))
+            if self.allowed(best):
+                return logits
+            # The best few tested at once: the highest admitted one wins unless a token
+            # outside them could tie it.
+            order = np.argsort(-logits, kind="stable")[:_TOP]
+            self._top["id"] = order
+            self._top["logit"] = 0.0
+            _apply(self._sampler, self._top)
+            ok = np.isfinite(self._top["logit"]) & ~self._vocab.barred[order]
+            if ok.any() and len(order) == _TOP:
+                first = int(np.argmax(ok))
+                if logits[order[first]] > logits[order[-1]]:
+                    out = np.full_like(logits, -np.inf)
+                    out[order[first]] = logits[order[first]]
+                    return out
+        allowed = self.mask()
+        if not allowed.any():
+            allowed = np.zeros_like(allowed)
+            allowed[list(self._vocab.eog)] = True
+        return np.where(allowed, logits, -np.inf).astype(logits.dtype, copy=False)

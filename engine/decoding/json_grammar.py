@@ -1,0 +1,38 @@
+"""GBNF for JSON answers: any JSON object (OpenAI's ``json_object``) or one that matches a
+JSON schema (``json_schema``), written by llama-cpp-python's converter (the one
+llama-server's is ported from)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+from engine.errors import InvalidSamplingError
+
+# A schema's grammar is parsed for every answer; past this it is not a schema people send.
+MAX_GRAMMAR_CHARS = 200_000
+
+
+def json_object_grammar() -> str:
+    return JSON_GBNF
+
+
+def json_schema_grammar(schema: Any, setting: str = "response_format") -> str:
+    """The grammar of JSON values matching ``schema`` (a parsed JSON schema). Raises
+    InvalidSamplingError naming ``setting`` when the converter cannot take it (remote
+    references, unknown types...)."""
+    if not isinstance(schema, dict):
+        raise InvalidSamplingError(setting, "the JSON schema must be an object", schema)
+    try:
+        gbnf = json_schema_to_gbnf(json.dumps(schema))
+    except (AssertionError, KeyError, TypeError, ValueError, NotImplementedError,
+            RecursionError) as exc:
+        why = str(exc) or type(exc).__name__
+        raise InvalidSamplingError(setting, f"cannot use this JSON schema ({why})",
+                                   json.dumps(schema)[:200]) from None
+    if len(gbnf) > MAX_GRAMMAR_CHARS:
+        raise InvalidSamplingError(setting, "the JSON schema makes a grammar of more than "
+                                   f"{MAX_GRAMMAR_CHARS} characters", len(gbnf))
+    return gbnf
