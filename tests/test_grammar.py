@@ -138,3 +138,39 @@ def test_log_probabilities_are_the_target_distribution(target):
         assert t.top[0][2] >= t.top[1][2] >= t.top[2][2]
         assert sum(np.exp([lp for _, _, lp in t.top])) <= 1.0 + 1e-9
         assert t.piece == target.token_bytes(t.token)
+
+
+class SilentDrafter(Drafter):
+    """Never proposes anything: whatever is drafted comes from the grammar."""
+
+    name = "silent"
+
+    def begin(self, context, features):  # noqa: ANN001
+        pass
+
+    def draft(self, max_tokens, token_time_s=0.0):  # noqa: ANN001
+        return DraftTree()
+
+    def accept(self, new_tokens, features):  # noqa: ANN001
+        pass
+
+
+def test_the_text_a_schema_leaves_no_choice_in_is_drafted_whole(target):
+    """Keys and punctuation between a schema's values are the grammar's only way on: they
+    are drafted from the grammar itself (a drafter that proposes nothing still gets
+    them accepted), and the answer is plain decoding's."""
+    config = GenerationConfig(160, grammar=json_schema_grammar(PERSON))
+    for question in QUESTIONS:
+        plain = _answer(target, question, config)
+        out = _answer(target, question, config, SilentDrafter())
+        assert out.tokens == plain.tokens
+        assert sum(s.n_accepted for s in out.stats.steps) >= 4, plain.text
+        assert len(out.stats.steps) < len(plain.stats.steps)
+    grammar = Grammar.compile(target.model, json_schema_grammar(PERSON))
+    try:
+        assert grammar.forced_text() == '{"name":"'  # compact: no optional spaces
+        grammar.accept(target.tokenize("{", special=False)[0])
+        assert grammar.forced_text() == '"name":"'
+        assert grammar.forced_text(3) == '"na'
+    finally:
+        grammar.close()

@@ -267,6 +267,9 @@ def _draft(run: _Run, room: int, cost: VerifyCost) -> tuple[DraftTree, bool]:
         budget = min(budget, run.target.max_draft)
     if budget <= 0:
         return DraftTree(), True
+    forced = _forced_draft(run, budget)
+    if forced:
+        return trim_to_budget(forced, cost), True
     try:
         proposed = drafter.draft(budget, cost.t1).truncated(budget)
     except Exception as exc:  # noqa: BLE001 - any drafter failure
@@ -275,6 +278,26 @@ def _draft(run: _Run, room: int, cost: VerifyCost) -> tuple[DraftTree, bool]:
     if not run.target.trees or run.grammar is not None:
         proposed = proposed.best_chain()
     return trim_to_budget(proposed, cost), True
+
+
+# The likelihood a draft of the grammar's only way on is taken, per token: near certain, but
+# the model may split the text into other tokens than the tokenizer does.
+FORCED_SCORE = 0.95
+
+
+def _forced_draft(run: _Run, budget: int) -> DraftTree:
+    """Where the grammar admits one text only from here (a schema's next key and its
+    punctuation), that text's tokens as the draft; empty elsewhere."""
+    if run.grammar is None:
+        return DraftTree()
+    text = run.grammar.forced_text()
+    if len(text) < 2:  # one character: one token either way
+        return DraftTree()
+    draft, node, score = DraftTree(), -1, 1.0
+    for tok in run.target.tokenize(text, special=False)[:budget]:
+        score *= FORCED_SCORE
+        node = draft.add(tok, node, score)
+    return draft
 
 
 def _advance(grammar: Grammar | None, tokens: Sequence[int]) -> None:

@@ -40,6 +40,8 @@ class _Vocabulary:
     eog: frozenset[int]
     barred: np.ndarray  # bool [n_vocab]: control tokens that do not end generation
     candidates: np.ndarray  # _CANDIDATE [n_vocab]
+    singles: np.ndarray  # _CANDIDATE: the tokens that are one character, for forced text
+    single_chars: list[str]
 
 
 _VOCABULARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -57,7 +59,14 @@ def _vocabulary(model: object) -> _Vocabulary:
                            and t not in eog for t in range(n)], dtype=bool)
         candidates = np.zeros(n, _CANDIDATE)
         candidates["id"] = np.arange(n, dtype=np.int32)
-        vocab = _Vocabulary(handle, n, eog, barred, candidates)
+        chars: dict[str, int] = {}
+        for t, piece in enumerate(model.pieces()):  # type: ignore[attr-defined]
+            text = piece.decode("utf-8", errors="replace")
+            if len(text) == 1 and text != "\ufffd" and not barred[t] and t not in eog:
+                chars.setdefault(text, t)  # one token per character
+        singles = np.zeros(len(chars), _CANDIDATE)
+        singles["id"] = list(chars.values())
+        vocab = _Vocabulary(handle, n, eog, barred, candidates, singles, list(chars))
         _VOCABULARIES[model] = vocab
     return vocab
 
@@ -124,6 +133,29 @@ class Grammar:
         cand["logit"] = 0.0
         _apply(self._sampler, cand)
         return np.isfinite(cand["logit"]) & ~self._vocab.barred
+
+    def forced_text(self, max_chars: int = 32) -> str:
+        """The text the grammar admits as the only way on from here (a JSON key and its
+        punctuation after a schema's value, say), character by character up to
+        ``max_chars``; "" where more than one character may come next."""
+        singles = self._vocab.singles
+        out: list[str] = []
+        state: Grammar | None = None
+        try:
+            while len(out) < max_chars:
+                singles["logit"] = 0.0
+                _apply((state or self)._sampler, singles)
+                ok = np.flatnonzero(np.isfinite(singles["logit"]))
+                if len(ok) != 1:
+                    break
+                if state is None:
+                    state = self.clone()
+                state.accept(int(singles["id"][ok[0]]))
+                out.append(self._vocab.single_chars[ok[0]])
+        finally:
+            if state is not None:
+                state.close()
+        return "".join(out)
 
     def accept(self, token: int) -> None:
         """Advance past ``token`` (not an end of generation: that ends the answer)."""

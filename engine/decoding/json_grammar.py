@@ -5,6 +5,7 @@ llama-server's is ported from)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
@@ -13,6 +14,7 @@ from engine.errors import InvalidSamplingError
 
 # A schema's grammar is parsed for every answer; past this it is not a schema people send.
 MAX_GRAMMAR_CHARS = 200_000
+_COMPACT = re.compile(r"^space ::= .*$", re.MULTILINE)
 
 
 def json_object_grammar() -> str:
@@ -32,6 +34,12 @@ def json_schema_grammar(schema: Any, setting: str = "response_format") -> str:
         why = str(exc) or type(exc).__name__
         raise InvalidSamplingError(setting, f"cannot use this JSON schema ({why})",
                                    json.dumps(schema)[:200]) from None
+    # Compact JSON: the converter lets a space follow every token, and where the grammar
+    # leaves no choice (a key and its punctuation after a value) the text is drafted
+    # whole (engine.decoding.generation: forced drafts); an optional space is a choice.
+    gbnf = _COMPACT.sub('space ::= ""', gbnf)
+    # JSON strings hold no raw control characters (the converter lets them through).
+    gbnf = gbnf.replace(r'char ::= [^"\\]', r'char ::= [^"\\\x7F\x00-\x1F]')
     if len(gbnf) > MAX_GRAMMAR_CHARS:
         raise InvalidSamplingError(setting, "the JSON schema makes a grammar of more than "
                                    f"{MAX_GRAMMAR_CHARS} characters", len(gbnf))
