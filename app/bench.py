@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.decoding.generation import GenerationConfig
+from engine.decoding.json_grammar import json_schema_grammar
 from engine.drafters import HEAD_DRAFTERS
 from engine.errors import ContextFullError
 from engine.planning.planner import Overrides
@@ -64,7 +65,7 @@ def engine_runner(engine: Engine) -> Runner:
     """Runs one greedy generation with Tandem's engine from an empty cache. The drafter,
     the governor and the cost model live across prompts, as across a chat's turns."""
     def run(prompt: list[int], max_tokens: int, remember: bool = True,
-            warm: list[int] | None = None) -> dict[str, Any]:
+            warm: list[int] | None = None, grammar: str | None = None) -> dict[str, Any]:
         engine.target.reset(cold=True)  # no prompt cache, as the servers run
         if warm:  # a follow-up turn: the conversation so far is cached, as in a chat
             engine.target.prefill(warm, None)
@@ -72,7 +73,8 @@ def engine_runner(engine: Engine) -> Runner:
             # the timed turn they would cost its first token what no chat pays
             # (docs/benchmarks.md: figures behind the code's rules, "Reading prompts").
             engine.target.settle()
-        result = engine.generate(prompt, GenerationConfig(max_tokens=max_tokens),
+        result = engine.generate(prompt, GenerationConfig(max_tokens=max_tokens,
+                                                          grammar=grammar),
                                  remember=remember)
         s = result.stats
         return {"new_tokens": s.n_new, "seconds": s.t_total_s, "ttft_s": s.ttft_s,
@@ -327,9 +329,11 @@ def run_bench(
                         # Only the last run of a prompt enters a drafter's memory: every
                         # run drafts from the memory the prompt found, never from its own
                         # answer (remembered by the first run, the repeats copied it whole).
-                        warm = {"warm": cached[name]} if turn else {}
+                        extra: dict[str, Any] = {"warm": cached[name]} if turn else {}
+                        if prompt.json_schema is not None:
+                            extra["grammar"] = json_schema_grammar(prompt.json_schema)
                         row = runners[name](tokens[name], max_tokens, rep == last_rep,
-                                            **warm)
+                                            **extra)
                     except ContextFullError as exc:
                         row = {"skipped": str(exc)}
                     prev = best.get(name)

@@ -31,7 +31,9 @@ def baseline_runner(name: str, target: Target) -> Runner:
     eog = target.model.eog_ids
 
     def run(prompt: list[int], max_tokens: int, remember: bool = True,
-            warm: list[int] | None = None) -> dict[str, Any]:
+            warm: list[int] | None = None, grammar: str | None = None) -> dict[str, Any]:
+        if grammar is not None:
+            return {"skipped": f"{name}: no grammar in this baseline"}
         try:
             return generate_once(prompt, max_tokens, warm)
         except Exception as exc:  # a baseline's crash is a result, not the bench's end
@@ -103,14 +105,17 @@ class LlamaServer:
                 time.sleep(0.3)
         raise RuntimeError("llama-server did not become ready")
 
-    def complete(self, prompt: list[int], max_tokens: int, cache_prompt: bool = False
-                 ) -> dict[str, Any]:
+    def complete(self, prompt: list[int], max_tokens: int, cache_prompt: bool = False,
+                 grammar: str | None = None) -> dict[str, Any]:
         import json
         import urllib.request
 
-        body = json.dumps({"prompt": prompt, "n_predict": max_tokens, "temperature": 0.0,
-                           "top_k": 1, "cache_prompt": cache_prompt, "return_tokens": True,
-                           "samplers": ["top_k"]}).encode()
+        fields = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0.0,
+                  "top_k": 1, "cache_prompt": cache_prompt, "return_tokens": True,
+                  "samplers": ["top_k"]}
+        if grammar is not None:  # the same GBNF as Tandem's
+            fields["grammar"] = grammar
+        body = json.dumps(fields).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=600) as resp:
@@ -146,11 +151,11 @@ def server_runner(name: str, target: Target, binary: str) -> Runner:
     atexit.register(server.close)
 
     def run(prompt: list[int], max_tokens: int, remember: bool = True,
-            warm: list[int] | None = None) -> dict[str, Any]:
+            warm: list[int] | None = None, grammar: str | None = None) -> dict[str, Any]:
         # llama-server cannot forget: its n-gram pool keeps every request (never repeat it)
         if warm:  # a follow-up turn: the slot holds the conversation, as its users get
             server.complete(warm, 0, cache_prompt=True)
-        out = server.complete(prompt, max_tokens, cache_prompt=bool(warm))
+        out = server.complete(prompt, max_tokens, cache_prompt=bool(warm), grammar=grammar)
         timing = out["timings"]
         tokens = list(out.get("tokens", []))
         ttft = timing["prompt_ms"] / 1000

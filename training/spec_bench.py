@@ -14,6 +14,7 @@ class BenchPrompt:
     question_id: int | str
     category: str
     turns: list[str]
+    json_schema: dict | None = None  # answers constrained to it (structured output)
 
 
 def load_prompts(path: str | os.PathLike[str], per_category: int | None = None
@@ -27,7 +28,8 @@ def load_prompts(path: str | os.PathLike[str], per_category: int | None = None
                 continue
             try:
                 row = json.loads(line)
-                prompt = BenchPrompt(row["question_id"], row["category"], list(row["turns"]))
+                prompt = BenchPrompt(row["question_id"], row["category"], list(row["turns"]),
+                                     row.get("json_schema"))
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise ValueError(f"{path}:{line_no}: not a benchmark prompt ({exc})") from exc
             if per_category is not None and taken[prompt.category] >= per_category:
