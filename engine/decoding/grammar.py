@@ -16,16 +16,15 @@ except the ends of generation, which the grammar allows once it is complete.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import weakref
 from dataclasses import dataclass
 
-import llama_cpp
 import numpy as np
 
 from engine.errors import InvalidSamplingError
+from engine.runtime.native import NativeGrammar, NativeModel, control_tokens
 
-_CANDIDATE = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data
+_CANDIDATE = NativeGrammar.CANDIDATE
 # Candidates tested at once before the whole vocabulary is masked (greedy's fast path).
 _TOP = 64
 
@@ -35,7 +34,6 @@ class _Vocabulary:
     """What every grammar state over one model shares: the vocabulary handle, a candidate
     buffer for masking, and which tokens are never allowed (control tokens)."""
 
-    handle: object
     n_vocab: int
     eog: frozenset[int]
     barred: np.ndarray  # bool [n_vocab]: control tokens that do not end generation
@@ -47,68 +45,55 @@ class _Vocabulary:
 _VOCABULARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _vocabulary(model: object) -> _Vocabulary:
-    """The model's (a NativeModel's) vocabulary for grammars, made once per model."""
+def _vocabulary(model: NativeModel) -> _Vocabulary:
+    """The model's vocabulary for grammars, made once per model."""
     vocab = _VOCABULARIES.get(model)
     if vocab is None:
-        handle = model._vocab  # type: ignore[attr-defined]
-        n = int(model.n_vocab)  # type: ignore[attr-defined]
-        eog = frozenset(model.eog_ids)  # type: ignore[attr-defined]
-        control = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
-        barred = np.array([bool(llama_cpp.llama_vocab_get_attr(handle, t) & control)
-                           and t not in eog for t in range(n)], dtype=bool)
+        n = model.n_vocab
+        eog = frozenset(model.eog_ids)
+        barred = control_tokens(model)
+        barred[list(eog)] = False
         candidates = np.zeros(n, _CANDIDATE)
         candidates["id"] = np.arange(n, dtype=np.int32)
         chars: dict[str, int] = {}
-        for t, piece in enumerate(model.pieces()):  # type: ignore[attr-defined]
+        for t, piece in enumerate(model.pieces()):
             text = piece.decode("utf-8", errors="replace")
             if len(text) == 1 and text != "\ufffd" and not barred[t] and t not in eog:
                 chars.setdefault(text, t)  # one token per character
         singles = np.zeros(len(chars), _CANDIDATE)
         singles["id"] = list(chars.values())
-        vocab = _Vocabulary(handle, n, eog, barred, candidates, singles, list(chars))
+        vocab = _Vocabulary(n, eog, barred, candidates, singles, list(chars))
         _VOCABULARIES[model] = vocab
     return vocab
-
-
-def _apply(sampler: object, candidates: np.ndarray) -> None:
-    """Run the grammar over ``candidates`` in place: forbidden ones get -inf."""
-    array = llama_cpp.llama_token_data_array(
-        data=candidates.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)),
-        size=len(candidates), selected=-1, sorted=False)
-    llama_cpp.llama_sampler_apply(sampler, ctypes.byref(array))
 
 
 class Grammar:
     """One parse state. ``compile`` makes the start state; ``clone`` copies a state;
     ``close`` frees it (states are native objects)."""
 
-    def __init__(self, vocab: _Vocabulary, sampler: object) -> None:
+    def __init__(self, vocab: _Vocabulary, native: NativeGrammar) -> None:
         self._vocab = vocab
-        self._sampler = sampler
+        self._native = native
         self._one = np.zeros(1, _CANDIDATE)
         self._top = np.zeros(_TOP, _CANDIDATE)
 
     @classmethod
-    def compile(cls, model: object, gbnf: str, root: str = "root") -> Grammar:
-        """The start state of ``gbnf`` over ``model``'s (a NativeModel's) vocabulary.
-        Raises InvalidSamplingError naming the problem when llama.cpp cannot parse it."""
+    def compile(cls, model: NativeModel, gbnf: str, root: str = "root") -> Grammar:
+        """The start state of ``gbnf`` over ``model``'s vocabulary. Raises
+        InvalidSamplingError naming the problem when llama.cpp cannot parse it."""
         vocab = _vocabulary(model)
-        sampler = llama_cpp.llama_sampler_init_grammar(vocab.handle, gbnf.encode("utf-8"),
-                                                       root.encode("utf-8"))
-        if not sampler:
+        native = NativeGrammar.compile(model, gbnf, root)
+        if native is None:
             raise InvalidSamplingError(
                 "grammar", "llama.cpp could not parse it as GBNF (a syntax error, an "
                 f"undefined rule, left recursion or no rule named {root!r})", gbnf[:200])
-        return cls(vocab, sampler)
+        return cls(vocab, native)
 
     def clone(self) -> Grammar:
-        return Grammar(self._vocab, llama_cpp.llama_sampler_clone(self._sampler))
+        return Grammar(self._vocab, self._native.clone())
 
     def close(self) -> None:
-        if self._sampler is not None:
-            llama_cpp.llama_sampler_free(self._sampler)
-            self._sampler = None
+        self._native.close()
 
     def __del__(self) -> None:  # a state dropped on an error path
         with contextlib.suppress(Exception):  # interpreter shutdown
@@ -124,14 +109,14 @@ class Grammar:
             return False
         self._one["id"] = token
         self._one["logit"] = 0.0
-        _apply(self._sampler, self._one)
+        self._native.apply(self._one)
         return bool(np.isfinite(self._one["logit"][0]))
 
     def mask(self) -> np.ndarray:
         """bool [n_vocab]: the tokens the grammar admits next."""
         cand = self._vocab.candidates
         cand["logit"] = 0.0
-        _apply(self._sampler, cand)
+        self._native.apply(cand)
         return np.isfinite(cand["logit"]) & ~self._vocab.barred
 
     def forced_text(self, max_chars: int = 32) -> str:
@@ -144,7 +129,7 @@ class Grammar:
         try:
             while len(out) < max_chars:
                 singles["logit"] = 0.0
-                _apply((state or self)._sampler, singles)
+                (state or self)._native.apply(singles)
                 ok = np.flatnonzero(np.isfinite(singles["logit"]))
                 if len(ok) != 1:
                     break
@@ -161,7 +146,7 @@ class Grammar:
         """Advance past ``token`` (not an end of generation: that ends the answer)."""
         if token in self._vocab.eog or not self.allowed(token):
             raise ValueError(f"the grammar does not admit token {token} here")
-        llama_cpp.llama_sampler_accept(self._sampler, token)
+        self._native.accept(token)
 
     def constrain(self, logits: np.ndarray, greedy: bool) -> np.ndarray:
         """Logits whose choice is the grammar's: greedy, a row whose argmax is the best
@@ -178,7 +163,7 @@ class Grammar:
             order = np.argsort(-logits, kind="stable")[:_TOP]
             self._top["id"] = order
             self._top["logit"] = 0.0
-            _apply(self._sampler, self._top)
+            self._native.apply(self._top)
             ok = np.isfinite(self._top["logit"]) & ~self._vocab.barred[order]
             if ok.any() and len(order) == _TOP:
                 first = int(np.argmax(ok))

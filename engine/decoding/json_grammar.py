@@ -8,9 +8,8 @@ import json
 import re
 from typing import Any
 
-from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
-
 from engine.errors import InvalidSamplingError
+from engine.runtime.native import json_object_gbnf, json_schema_gbnf
 
 # A schema's grammar is parsed for every answer; past this it is not a schema people send.
 MAX_GRAMMAR_CHARS = 200_000
@@ -18,7 +17,7 @@ _COMPACT = re.compile(r"^space ::= .*$", re.MULTILINE)
 
 
 def json_object_grammar() -> str:
-    return JSON_GBNF
+    return json_object_gbnf()
 
 
 def json_schema_grammar(schema: Any, setting: str = "response_format") -> str:
@@ -28,7 +27,7 @@ def json_schema_grammar(schema: Any, setting: str = "response_format") -> str:
     if not isinstance(schema, dict):
         raise InvalidSamplingError(setting, "the JSON schema must be an object", schema)
     try:
-        gbnf = json_schema_to_gbnf(json.dumps(schema))
+        gbnf = json_schema_gbnf(json.dumps(schema))
     except (AssertionError, KeyError, TypeError, ValueError, NotImplementedError,
             RecursionError) as exc:
         why = str(exc) or type(exc).__name__

@@ -371,6 +371,67 @@ class NativeModel:
                           eos_id=int(llama_cpp.llama_vocab_eos(vocab)), texts=texts)
 
 
+class NativeGrammar:
+    """One parse state of a GBNF grammar over a model's vocabulary: llama.cpp's grammar
+    sampler (engine.decoding.grammar builds constrained decoding on it)."""
+
+    CANDIDATE = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data
+
+    def __init__(self, sampler: object) -> None:
+        self._sampler = sampler
+
+    @classmethod
+    def compile(cls, model: NativeModel, gbnf: str, root: str = "root") -> NativeGrammar | None:
+        """The grammar's start state; None when llama.cpp cannot parse it."""
+        sampler = llama_cpp.llama_sampler_init_grammar(model._vocab, gbnf.encode("utf-8"),
+                                                       root.encode("utf-8"))
+        return cls(sampler) if sampler else None
+
+    def clone(self) -> NativeGrammar:
+        return NativeGrammar(llama_cpp.llama_sampler_clone(self._sampler))
+
+    def close(self) -> None:
+        if self._sampler is not None:
+            llama_cpp.llama_sampler_free(self._sampler)
+            self._sampler = None
+
+    def apply(self, candidates: np.ndarray) -> None:
+        """Set the logit of every candidate (a CANDIDATE array) the grammar forbids next to
+        -inf, in place."""
+        array = llama_cpp.llama_token_data_array(
+            data=candidates.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)),
+            size=len(candidates), selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(self._sampler, ctypes.byref(array))
+
+    def accept(self, token: int) -> None:
+        """Advance past ``token``; llama.cpp aborts the process on one it forbids, so the
+        caller checks first."""
+        llama_cpp.llama_sampler_accept(self._sampler, token)
+
+
+def json_schema_gbnf(schema: str) -> str:
+    """GBNF for JSON values matching ``schema`` (JSON text), by llama-cpp-python's
+    converter (pure Python; it lives in the package this module wraps). Raises what the
+    converter raises on a schema it cannot take."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    return json_schema_to_gbnf(schema)
+
+
+def json_object_gbnf() -> str:
+    """GBNF for any JSON object (llama-cpp-python's ``JSON_GBNF``)."""
+    from llama_cpp.llama_grammar import JSON_GBNF
+
+    return JSON_GBNF
+
+
+def control_tokens(model: NativeModel) -> np.ndarray:
+    """bool [n_vocab]: the vocabulary's control tokens (chat markup, ends of turns)."""
+    flag = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+    return np.array([bool(llama_cpp.llama_vocab_get_attr(model._vocab, t) & flag)
+                     for t in range(model.n_vocab)], dtype=bool)
+
+
 class NativeBatch:
     """A reusable ``llama_batch`` of up to ``n_tokens_max`` tokens."""
 
