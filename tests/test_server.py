@@ -329,3 +329,66 @@ def test_bad_grammars_and_logprobs_get_a_400_before_any_answer(server: Served, e
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["message"]
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The local time in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_a_tool_call_round_trip(server: Served) -> None:
+    """A required call comes back as OpenAI tool_calls with arguments valid against the
+    function's schema; its result sent back as a tool message gets an answer."""
+    client = server.client()
+    first = client.chat.completions.create(model="any", messages=ASK_WEATHER, max_tokens=60,
+                                           tools=[WEATHER, TIME], tool_choice="required")
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.function.name in ("get_weather", "get_time")
+    assert isinstance(json.loads(call.function.arguments)["city"], str)
+    named = client.chat.completions.create(
+        model="any", messages=ASK_WEATHER, max_tokens=60, tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert [c.function.name for c in named.choices[0].message.tool_calls] == ["get_time"]
+    history = [*ASK_WEATHER, choice.message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"}]
+    second = client.chat.completions.create(model="any", messages=history, max_tokens=40,
+                                            tools=[WEATHER, TIME], tool_choice="none")
+    assert second.choices[0].message.content and not second.choices[0].message.tool_calls
+    stream = client.chat.completions.create(model="any", messages=ASK_WEATHER, max_tokens=60,
+                                            tools=[WEATHER], tool_choice="required",
+                                            stream=True)
+    args, names, finish = "", [], None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        for tc in chunk.choices[0].delta.tool_calls or []:
+            names.append(tc.function.name)
+            args += tc.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert names == ["get_weather"] and finish == "tool_calls"
+    assert isinstance(json.loads(args)["city"], str)
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]},
+     "tools[0].function.name"),
+    ({"tools": "get_weather"}, "tools"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": "required",
+      "response_format": {"type": "json_object"}}, "tool_choice"),
+])
+def test_bad_tool_requests_get_a_400(server: Served, extra: dict, param: str) -> None:
+    r = httpx.post(server.url + "/chat/completions", timeout=120,
+                   json={"messages": ASK_WEATHER, "max_tokens": 4, **extra})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param

@@ -29,6 +29,7 @@ from engine.conversation import AnswerService
 from engine.decoding.generation import GenerationResult
 from engine.session import Engine
 from engine.session_process import EngineProcess
+from engine.tool_calls import read_calls
 
 # While a request waits for the model, how often to look for a client that left.
 _DISCONNECT_POLL_S = 0.25
@@ -171,11 +172,36 @@ class _Answer:
         return (chat_logprobs(result.logprobs) if self.req.is_chat
                 else text_logprobs(result.logprobs))
 
+    def _calls(self, text: str) -> list[dict[str, Any]] | None:
+        """The answer's function calls in OpenAI's shape, where tools were offered and
+        the answer is a call."""
+        calls = read_calls(text, list(self.req.tools)) if self.req.tools else None
+        if calls is None:
+            return None
+        return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                 "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                for c in calls]
+
     def whole(self, text: str, result: GenerationResult, job: Job) -> dict[str, Any]:
         choice = self._choice(text, _FINISH[result.finish_reason], False,
                               self._logprobs(result))
+        calls = self._calls(text)
+        if calls is not None:
+            choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
+            choice["finish_reason"] = "tool_calls"
         return {**self._envelope(False), "choices": [choice],
                 "usage": _usage(result), "tandem": self.state.figures(result, job)}
+
+    def held_back(self, result: GenerationResult) -> list[dict[str, Any]]:
+        """Where tools were offered the text is held back while it is written (it may be a
+        call): then sent as calls or as content, before the finish chunk."""
+        calls = self._calls(result.text)
+        if calls is None:
+            return [self.text_chunk(result.text)] if result.text else []
+        delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}
+        return [{**self._envelope(True),
+                 "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                              "finish_reason": None}]}]
 
     def first_chunk(self) -> dict[str, Any]:
         choice = self._choice("", None, True)
@@ -192,6 +218,8 @@ class _Answer:
         asked for it (``stream_options.include_usage``)."""
         choice = self._choice(None, _FINISH[result.finish_reason], True,
                               self._logprobs(result))
+        if self.req.tools and self._calls(result.text) is not None:
+            choice["finish_reason"] = "tool_calls"
         finish = {**self._envelope(True), "choices": [choice],
                   "usage": _usage(result), "tandem": self.state.figures(result, job)}
         if not self.req.include_usage:
@@ -244,12 +272,14 @@ def make_app(state: ServerState) -> Starlette:
             while True:
                 kind, value = await events.get()
                 if kind == "text":
-                    yield _sse(answer.text_chunk(value))
+                    if not answer.req.tools:
+                        yield _sse(answer.text_chunk(value))
                 elif kind == "error":  # after the 200: the error travels as an event
                     yield _sse(value.body())
                     break
                 elif kind == "done":
-                    for chunk in answer.last_chunks(value, job):
+                    held = answer.held_back(value) if answer.req.tools else []
+                    for chunk in [*held, *answer.last_chunks(value, job)]:
                         yield _sse(chunk)
                     break
             yield _sse("[DONE]")

@@ -15,8 +15,10 @@ from engine.decoding.json_grammar import json_object_grammar, json_schema_gramma
 from engine.decoding.sampling import CHAT_DEFAULTS, SamplingParams
 from engine.errors import InvalidSamplingError
 from engine.runtime.context_fit import CONTEXT_POLICIES
+from engine.tool_calls import Tool, call_text, calls_grammar, tools_prompt
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
 
@@ -58,7 +60,8 @@ class CompletionRequest:
     context_policy: str = "stop"
     # llama-server's and vLLM's chat_template_kwargs.enable_thinking (None: the default)
     enable_thinking: bool | None = None
-    grammar: str | None = None  # GBNF every token obeys (response_format, grammar)
+    grammar: str | None = None  # GBNF every token obeys (response_format, grammar, tools)
+    tools: tuple[Tool, ...] = ()  # functions an answer may call (read back from it)
     # How many likeliest alternatives to report with each token's log probability
     # (None: no log probabilities).
     logprobs: int | None = None
@@ -136,17 +139,82 @@ def _messages(body: dict) -> tuple[tuple[str, str], ...]:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise _bad("messages", "must be a non-empty list of {role, content}")
-    out = []
+    out: list[tuple[str, str]] = []
+    called: dict[str, str] = {}  # tool call id -> function name
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
             raise _bad(f"messages[{i}]", "must be an object with role and content")
         role = m.get("role")
         if role not in ROLES:
             raise _bad(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}, got {role!r}")
-        # Templates know "system"; OpenAI's newer "developer" role means the same.
-        out.append(("system" if role == "developer" else role,
-                    _text_of(m.get("content"), f"messages[{i}].content")))
+        where = f"messages[{i}].content"
+        if role == "assistant" and m.get("tool_calls"):
+            calls = m["tool_calls"]
+            if not isinstance(calls, list):
+                raise _bad(f"messages[{i}].tool_calls", "must be a list of calls")
+            for c in calls:
+                if isinstance(c, dict) and isinstance(c.get("function"), dict):
+                    called[str(c.get("id", ""))] = str(c["function"].get("name", ""))
+            out.append(("assistant", call_text(calls)))
+        elif role == "tool":
+            # A function's result, told to the model as the user's next message (tool
+            # results in a row make one message: templates want turns to alternate).
+            name = called.get(str(m.get("tool_call_id", "")), "the function")
+            text = f"Result of {name}: {_text_of(m.get('content'), where)}"
+            if out and out[-1][0] == "user" and out[-1][1].startswith("Result of "):
+                out[-1] = ("user", out[-1][1] + "\n" + text)
+            else:
+                out.append(("user", text))
+        else:
+            # Templates know "system"; OpenAI's newer "developer" role means the same.
+            out.append(("system" if role == "developer" else role, _text_of(m.get("content"),
+                                                                             where)))
     return tuple(out)
+
+
+def _tools(body: dict) -> tuple[tuple[Tool, ...], str]:
+    """The functions offered and how one must be called: "none", "auto", "required" or
+    a function's name."""
+    raw = body.get("tools")
+    if raw is None:
+        if body.get("tool_choice") not in (None, "none", "auto"):
+            raise _bad("tool_choice", "needs tools")
+        return (), "none"
+    if not isinstance(raw, list):
+        raise _bad("tools", "must be a list of {type: function, function: {...}}")
+    tools = []
+    for i, t in enumerate(raw):
+        fn = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
+        if not isinstance(fn, dict):
+            raise _bad(f"tools[{i}]", "must be {type: function, function: {name, ...}}")
+        name = fn.get("name")
+        if not isinstance(name, str) or not 0 < len(name) <= 64 \
+                or not set(name) <= _NAME_CHARS:
+            raise _bad(f"tools[{i}].function.name", "must be 1-64 letters, digits, _ or -")
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(params, dict):
+            raise _bad(f"tools[{i}].function.parameters", "must be a JSON schema object")
+        tools.append(Tool(name, str(fn.get("description") or ""), params))
+    choice = body.get("tool_choice", "auto")
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        named = fn.get("name") if isinstance(fn, dict) else None
+        if named not in {t.name for t in tools}:
+            raise _bad("tool_choice", f"names no function in tools: {named!r}")
+        return tuple(t for t in tools if t.name == named), "named"
+    if choice not in ("none", "auto", "required"):
+        raise _bad("tool_choice", "must be none, auto, required or "
+                                  "{type: function, function: {name}}")
+    return tuple(tools), choice
+
+
+def _offer_tools(messages: tuple[tuple[str, str], ...], tools: tuple[Tool, ...],
+                 required: bool) -> tuple[tuple[str, str], ...]:
+    """The conversation with the tools' description first in its system message."""
+    offer = tools_prompt(list(tools), required)
+    if messages and messages[0][0] == "system":
+        return (("system", messages[0][1] + "\n\n" + offer), *messages[1:])
+    return (("system", offer), *messages)
 
 
 def _prompt(body: dict) -> str:
@@ -195,9 +263,23 @@ def parse_request(body: Any, limits: Limits, chat: bool) -> CompletionRequest:
     max_tokens = _integer({name: asked}, name, min(512, limits.max_tokens), 1,
                           limits.max_tokens)
     assert max_tokens is not None
+    messages = _messages(body) if chat else ()
+    tools, choice = _tools(body) if chat else ((), "none")
+    grammar = _grammar(body)
+    if choice != "none":
+        messages = _offer_tools(messages, tools, choice != "auto")
+        if choice != "auto":
+            if grammar is not None:
+                raise _bad("tool_choice", "a required call has its own grammar: give no "
+                                          "response_format or grammar with it")
+            try:
+                grammar = calls_grammar(list(tools))
+            except InvalidSamplingError as exc:
+                raise ApiError(400, exc.named("'tools'"), param="tools",
+                               code="invalid_value") from None
     return CompletionRequest(
         model=model,
-        messages=_messages(body) if chat else (),
+        messages=messages,
         prompt=None if chat else _prompt(body),
         stream=_boolean(body, "stream"),
         include_usage=_boolean(options, "include_usage"),
@@ -206,7 +288,8 @@ def parse_request(body: Any, limits: Limits, chat: bool) -> CompletionRequest:
         stop=_stop(body),
         context_policy=_context_policy(body),
         enable_thinking=_enable_thinking(body),
-        grammar=_grammar(body),
+        grammar=grammar,
+        tools=tools if choice != "none" else (),
         logprobs=_logprobs(body, chat))
 
 

@@ -1,0 +1,99 @@
+"""Function calling for models whatever their chat template: the tools described in a
+system message, calls written as one JSON object, and that object's shape held by a
+grammar when a call is required.
+
+A call is ``{"tool_calls": [{"name": ..., "arguments": {...}}]}``. With ``tool_choice``
+``required`` or a named function the answer's grammar admits only such an object, with
+each function's arguments matching its JSON schema; with ``auto`` the model chooses, and an
+answer that is such an object (and nothing else) is read back as calls. Templates' own
+tool syntaxes (Hermes' ``<tool_call>``, Llama 3.1's ``ipython``...) are not used yet: this
+one prompt works on any instruct model, the bundled one included.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.decoding.json_grammar import json_schema_grammar
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str = ""
+    parameters: dict = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict
+
+
+def tools_prompt(tools: list[Tool], required: bool) -> str:
+    """The system message that offers ``tools`` (calling one is ``required`` or not)."""
+    lines = ["You can call these functions:"]
+    for t in tools:
+        lines.append(f"- {t.name}: {t.description or 'no description'}; arguments: "
+                     f"{json.dumps(t.parameters, separators=(',', ':'))}")
+    lines.append('To call functions, answer with only this JSON: {"tool_calls":[{"name":'
+                 '"FUNCTION","arguments":{...}}]}.')
+    if not required:
+        lines.append("If no function is needed, answer the user directly.")
+    return "\n".join(lines)
+
+
+def _calls_schema(tools: list[Tool]) -> dict:
+    call = [{"type": "object",
+             "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+             "required": ["name", "arguments"]} for t in tools]
+    return {"type": "object",
+            "properties": {"tool_calls": {"type": "array", "minItems": 1,
+                                          "items": call[0] if len(call) == 1
+                                          else {"anyOf": call}}},
+            "required": ["tool_calls"]}
+
+
+def calls_grammar(tools: list[Tool]) -> str:
+    """GBNF admitting one or more calls of ``tools``, arguments per their schemas."""
+    return json_schema_grammar(_calls_schema(tools), "tools")
+
+
+def read_calls(text: str, tools: list[Tool]) -> list[ToolCall] | None:
+    """The calls an answer makes, or None when it is not a call object (a plain
+    answer)."""
+    stripped = text.strip()
+    if not stripped.startswith("{"):
+        return None
+    try:
+        value = json.loads(stripped)
+    except json.JSONDecodeError:
+        return None
+    names = {t.name for t in tools}
+    calls = value.get("tool_calls") if isinstance(value, dict) else None
+    if not isinstance(calls, list) or not calls:
+        return None
+    out = []
+    for c in calls:
+        if not (isinstance(c, dict) and c.get("name") in names
+                and isinstance(c.get("arguments"), dict)):
+            return None
+        out.append(ToolCall(c["name"], c["arguments"]))
+    return out
+
+
+def call_text(calls: list[dict[str, Any]]) -> str:
+    """An earlier assistant turn's calls (OpenAI's ``tool_calls``) as the model wrote
+    them, for the conversation sent back."""
+    out = []
+    for c in calls:
+        fn = c.get("function", {}) if isinstance(c, dict) else {}
+        args = fn.get("arguments", "{}")
+        try:
+            parsed = json.loads(args) if isinstance(args, str) else args
+        except json.JSONDecodeError:
+            parsed = {}
+        out.append({"name": fn.get("name", ""), "arguments": parsed})
+    return json.dumps({"tool_calls": out}, separators=(",", ":"))
