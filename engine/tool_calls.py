@@ -45,20 +45,21 @@ def tools_prompt(tools: list[Tool], required: bool) -> str:
     return "\n".join(lines)
 
 
-def _calls_schema(tools: list[Tool]) -> dict:
+def _calls_schema(tools: list[Tool], parallel: bool) -> dict:
     call = [{"type": "object",
              "properties": {"name": {"const": t.name}, "arguments": t.parameters},
              "required": ["name", "arguments"]} for t in tools]
-    return {"type": "object",
-            "properties": {"tool_calls": {"type": "array", "minItems": 1,
-                                          "items": call[0] if len(call) == 1
-                                          else {"anyOf": call}}},
-            "required": ["tool_calls"]}
+    calls: dict[str, Any] = {"type": "array", "minItems": 1,
+                             "items": call[0] if len(call) == 1 else {"anyOf": call}}
+    if not parallel:
+        calls["maxItems"] = 1
+    return {"type": "object", "properties": {"tool_calls": calls}, "required": ["tool_calls"]}
 
 
-def calls_grammar(tools: list[Tool]) -> str:
-    """GBNF admitting one or more calls of ``tools``, arguments per their schemas."""
-    return json_schema_grammar(_calls_schema(tools), "tools")
+def calls_grammar(tools: list[Tool], parallel: bool = True) -> str:
+    """GBNF admitting calls of ``tools`` (one, or several where ``parallel``), arguments
+    per their schemas."""
+    return json_schema_grammar(_calls_schema(tools, parallel), "tools")
 
 
 def read_calls(text: str, tools: list[Tool]) -> list[ToolCall] | None:

@@ -356,7 +356,11 @@ def test_a_tool_call_round_trip(server: Served) -> None:
     named = client.chat.completions.create(
         model="any", messages=ASK_WEATHER, max_tokens=60, tools=[WEATHER, TIME],
         tool_choice={"type": "function", "function": {"name": "get_time"}})
-    assert [c.function.name for c in named.choices[0].message.tool_calls] == ["get_time"]
+    assert {c.function.name for c in named.choices[0].message.tool_calls} == {"get_time"}
+    one = client.chat.completions.create(model="any", messages=ASK_WEATHER, max_tokens=60,
+                                         tools=[WEATHER, TIME], tool_choice="required",
+                                         parallel_tool_calls=False)
+    assert len(one.choices[0].message.tool_calls) == 1
     history = [*ASK_WEATHER, choice.message.model_dump(exclude_none=True),
                {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"}]
     second = client.chat.completions.create(model="any", messages=history, max_tokens=40,
@@ -364,7 +368,7 @@ def test_a_tool_call_round_trip(server: Served) -> None:
     assert second.choices[0].message.content and not second.choices[0].message.tool_calls
     stream = client.chat.completions.create(model="any", messages=ASK_WEATHER, max_tokens=60,
                                             tools=[WEATHER], tool_choice="required",
-                                            stream=True)
+                                            parallel_tool_calls=False, stream=True)
     args, names, finish = "", [], None
     for chunk in stream:
         if not chunk.choices:

@@ -273,7 +273,8 @@ def parse_request(body: Any, limits: Limits, chat: bool) -> CompletionRequest:
                 raise _bad("tool_choice", "a required call has its own grammar: give no "
                                           "response_format or grammar with it")
             try:
-                grammar = calls_grammar(list(tools))
+                parallel = body.get("parallel_tool_calls", True) is not False
+                grammar = calls_grammar(list(tools), parallel)
             except InvalidSamplingError as exc:
                 raise ApiError(400, exc.named("'tools'"), param="tools",
                                code="invalid_value") from None
