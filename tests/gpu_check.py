@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -178,7 +179,24 @@ def main() -> int:
         _step(args.out, results, f"shape {name}",
               lambda n=name: synthetic_shape_curves(n, args.workdir, tokenizer_from,
                                                     curves))
-    return 0
+    failed = lossless_failures(results)
+    for line in failed:
+        print(f"!! {line}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def lossless_failures(results: dict) -> list[str]:
+    """What broke the lossless contract: a drafter whose answers differed from plain
+    decoding, or a lossless step that did not run at all. (Drafters this process cannot
+    build, torch's CUDA heads without torch, are reported, not failures.)"""
+    lossless = results.get("lossless")
+    if lossless is None:
+        return []
+    if "error" in lossless and "prompts" not in lossless:
+        return [f"the lossless step failed: {lossless['error']}"]
+    return [f"{name}: drafted answers differ from plain decoding ({row.get('where', '')})"
+            for name, row in lossless.items()
+            if isinstance(row, dict) and row.get("identical") is False]
 
 
 if __name__ == "__main__":
