@@ -6,6 +6,7 @@ how busy the test machine is. The engine's part runs the real model."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -202,29 +203,42 @@ def _open(model_path: Path, cache_dir: Path):
 
 def test_provisional_costs_are_kept_while_busy_and_measured_again_when_quiet(
         model_path: Path, tmp_path: Path, monkeypatch):
+    """Each outcome pinned: the measurements come from the test (a busy one, then a quiet
+    one), not from this machine's load at the time."""
+    import engine.planning.plan_maker as plan_maker
+
+    quiet = replace(_busy(), busy=False, others_cores=0.05, spread=0.02)
+    measured: list[CostProfile] = []
+
+    def measure(self, target, config, say):  # noqa: ANN001
+        return measured.pop(0)
+
+    monkeypatch.setattr(plan_maker.PlanMaker, "measure", measure)
     _seed(tmp_path, _busy(), model_path, monkeypatch, busy_now=True)
     with _open(model_path, tmp_path) as engine:
         assert not engine.calibrated_now and engine.costs.provisional
         assert engine.remeasure_wanted
         status = engine.plan_status()
         assert status["provisional"] and "busy" in status["costs"]
-        # What the app does when idle: measure again; a quiet result replaces the cache.
+        # What the app does when idle: measure again. A busy result replaces nothing...
+        measured.append(_busy())
+        assert not engine.remeasure()
+        assert engine.remeasure_wanted
+        assert CalibrationCache(tmp_path).get(engine.plans.cache_key) == _busy()
+        # ...a quiet one replaces the cache, and the plan check prices with it.
+        measured.append(quiet)
         engine.remeasure()
-        cached = CalibrationCache(tmp_path).get(engine.plans.cache_key)
-        if engine.costs.provisional:  # this machine was busy: nothing replaced
-            assert engine.remeasure_wanted and cached == _busy()
-        else:
-            assert not engine.remeasure_wanted and cached == engine.costs
-            assert engine.plan_check.costs is engine.costs
+        assert not engine.remeasure_wanted
+        assert CalibrationCache(tmp_path).get(engine.plans.cache_key) == quiet
+        assert engine.costs == quiet and engine.plan_check.costs is engine.costs
+    # Busy costs in the cache and a quiet machine at start: measured again at once.
     CalibrationCache(tmp_path).put(engine.plans.cache_key, _busy())
-    import engine.planning.plan_maker as session
-
-    monkeypatch.setattr(session, "look_at_load", lambda _t: LoadReading(0.0, 0.3, 0))
+    monkeypatch.setattr(plan_maker, "look_at_load", lambda _t: LoadReading(0.0, 0.3, 0))
+    measured.append(quiet)
     with _open(model_path, tmp_path) as engine:
-        assert engine.calibrated_now  # quiet now: measured again
-        if not engine.costs.provisional:  # (unless this machine is busy after all)
-            assert "measured again on a quiet machine" in engine.plan_status()["last_change"] \
-                or engine.plan_events[-1].plan == engine.plan.layout_text()
+        assert engine.calibrated_now and engine.costs == quiet
+        assert engine.plans.start_why == "costs measured again on a quiet machine"
+        assert not engine.remeasure_wanted
 
 
 def test_a_switched_plan_runs_its_drafter_and_output_stays_the_targets(
