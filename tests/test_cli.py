@@ -92,3 +92,25 @@ def test_invalid_utf8_in_a_prompt_is_replaced_not_a_codec_error(tandem_home, mod
                          timeout=600)
     assert out.returncode == 0, out.stderr.decode(errors="replace")
     assert json.loads(out.stdout)["tokens"]
+
+
+def test_generate_answers_to_a_json_schema_or_a_grammar(tandem_home, model_path, tmp_path):
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps({
+        "type": "object", "required": ["name", "age"],
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}))
+    out = _tandem("generate", "--prompt", "Maria is 34. Give her name and age as JSON.",
+                  "--json-schema", str(schema), "--max-tokens", "60", "--threads", "2",
+                  "--json", home=tandem_home)
+    assert out.returncode == 0, out.stderr
+    person = json.loads(json.loads(out.stdout)["text"])
+    assert set(person) == {"name", "age"} and isinstance(person["age"], int)
+    grammar = tmp_path / "yes-no.gbnf"
+    grammar.write_text('root ::= "yes" | "no"\n')
+    out = _tandem("generate", "--prompt", "Is the sky blue?", "--grammar", str(grammar),
+                  "--threads", "2", "--json", home=tandem_home)
+    assert json.loads(out.stdout)["text"] in ("yes", "no")
+    grammar.write_text("root ::= (\n")
+    out = _tandem("generate", "--prompt", "x", "--grammar", str(grammar), "--threads", "2",
+                  home=tandem_home)
+    assert out.returncode == 2 and "GBNF" in out.stderr

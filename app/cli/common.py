@@ -4,6 +4,7 @@ open, and the lines they print."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 from engine.conversation import AnswerService
 from engine.decoding.generation import GenerationConfig
+from engine.decoding.json_grammar import json_schema_grammar
 from engine.decoding.sampling import CHAT_DEFAULTS, SamplingParams
 from engine.decoding.stats import GenerationStats
 from engine.planning.planner import LAYOUTS, Overrides
@@ -126,6 +128,23 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--penalty-last-n", type=int, default=CHAT_DEFAULTS.penalty_last_n,
                    help="how many tokens before each position the penalties look at")
     p.add_argument("--max-tokens", type=int, default=512)
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", type=Path, default=None, metavar="FILE",
+                       help="answer as JSON matching this JSON schema (compact JSON)")
+    shape.add_argument("--grammar", type=Path, default=None, metavar="FILE",
+                       help="answer in this GBNF grammar (llama.cpp's)")
+
+
+def _grammar_of(args: argparse.Namespace) -> str | None:
+    if getattr(args, "grammar", None) is not None:
+        return args.grammar.read_text(encoding="utf-8")
+    if getattr(args, "json_schema", None) is not None:
+        try:
+            schema = json.loads(args.json_schema.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{args.json_schema}: not JSON ({exc})") from None
+        return json_schema_grammar(schema, "--json-schema")
+    return None
 
 
 def generation_config(args: argparse.Namespace) -> GenerationConfig:
@@ -135,7 +154,8 @@ def generation_config(args: argparse.Namespace) -> GenerationConfig:
                               frequency_penalty=args.frequency_penalty,
                               presence_penalty=args.presence_penalty,
                               penalty_last_n=args.penalty_last_n)
-    return GenerationConfig(max_tokens=args.max_tokens, sampling=sampling)
+    return GenerationConfig(max_tokens=args.max_tokens, sampling=sampling,
+                            grammar=_grammar_of(args))
 
 
 def stats_line(stats: GenerationStats) -> str:
