@@ -11,6 +11,7 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QApplication
 
+from app.gui import theme
 from app.gui.main_window import MainWindow
 
 
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING)
     app = QApplication.instance() or QApplication(sys.argv[:1])
+    theme.follow_system(app)
     app.setApplicationName("Tandem")
     # Ctrl-C in the terminal closes the window cleanly instead of being ignored by Qt.
     signal.signal(signal.SIGINT, lambda *_: app.quit())

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.conversation_store import Message
+from app.gui import theme
 from app.gui.message_delegate import MessageDelegate
 from app.gui.transcript_model import MESSAGE_ROLE, TranscriptModel
 from app.gui.welcome import WelcomePanel
@@ -49,7 +50,8 @@ class TranscriptView(QListView):
         self.setResizeMode(QListView.ResizeMode.Adjust)
         self.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.setUniformItemSizes(False)
-        self.setStyleSheet("QListView { background: #f6f8fa; border: none; }"
+        background = theme.current().chat_background
+        self.setStyleSheet(f"QListView {{ background: {background}; border: none; }}"
                            "QListView::item:selected { background: transparent; }")
 
     def mousePressEvent(self, event: QMouseEvent) -> None:
@@ -120,13 +122,13 @@ class ChatView(QWidget):
         self.regenerate_button.clicked.connect(self.regenerate_requested)
         actions = QHBoxLayout()
         self.hint = QLabel("Select a message to copy or edit it.")
-        self.hint.setStyleSheet("color: #6a737d;")
+        self.hint.setStyleSheet(f"color: {theme.current().muted};")
         actions.addWidget(self.hint, 1)
         for b in (self.copy_button, self.edit_button, self.regenerate_button):
             actions.addWidget(b)
 
         self.edit_banner = QLabel()
-        self.edit_banner.setStyleSheet("background: #fff4ce; padding: 4px;")
+        self.edit_banner.setStyleSheet(f"background: {theme.current().banner}; padding: 4px;")
         self.edit_banner.hide()
         self.composer = Composer()
         self.composer.setPlaceholderText(CHAT_PLACEHOLDER)

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.gui import theme
 from app.gui.dashboard_plots import AcceptancePlot, ComparisonPlot, TimelinePlot
 from app.gui.engine_worker import Comparison, EngineReady, GenerationOutcome, StepEvent
 from app.gui.loop_monitor import LoopLag
@@ -49,7 +50,7 @@ class _Metric(QFrame):
         self.value.setStyleSheet("font-size: 14pt; font-weight: bold;")
         caption = QLabel(title)
         caption.setWordWrap(True)
-        caption.setStyleSheet("color: #6a737d;")
+        caption.setStyleSheet(f"color: {theme.current().muted};")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 4, 8, 4)
         layout.addWidget(self.value)

@@ -7,7 +7,9 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QWidget
 
-pg.setConfigOptions(antialias=True, background="w", foreground="#24292f")
+from app.gui import theme
+
+pg.setConfigOptions(antialias=True)
 
 DRAFT_COLOR = "#f0a030"
 VERIFY_COLOR = "#4a86e8"
@@ -27,10 +29,17 @@ def _setup(plot: pg.PlotWidget, title: str, min_height: int = 150) -> None:
     plot.setMinimumHeight(min_height)
 
 
+def _follow_theme() -> None:
+    """Plots made from now on in the system's light or dark colours."""
+    colors = theme.current()
+    pg.setConfigOptions(background=colors.plot_background, foreground=colors.plot_foreground)
+
+
 class AcceptancePlot(pg.PlotWidget):
     """Accepted draft tokens at each draft position (1 = the first drafted token)."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
+        _follow_theme()
         super().__init__(parent=parent)
         _setup(self, "Accepted drafts by draft position", 170)
         self.setMaximumHeight(200)
@@ -54,6 +63,7 @@ class TimelinePlot(pg.PlotWidget):
     """CPU use per core (and GPU) over the last answer, with draft and verify phases."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
+        _follow_theme()
         super().__init__(parent=parent)
         _setup(self, "CPU per core during the answer", 240)
         self.setMaximumHeight(280)
@@ -66,7 +76,7 @@ class TimelinePlot(pg.PlotWidget):
                                         (sum(VERIFY_BAND) / 2, "verify")]])
         self.legend = self.addLegend(offset=(-5, 5), labelTextSize="8pt")
         self._cores: list[pg.PlotDataItem] = []
-        self._gpu = self.plot([], [], pen=pg.mkPen("#000000", width=2,
+        self._gpu = self.plot([], [], pen=pg.mkPen(theme.current().plot_foreground, width=2,
                                                    style=Qt.PenStyle.DashLine))
         self._gpu_in_legend = False
         self._draft = pg.BarGraphItem(x0=[], x1=[], y0=DRAFT_BAND[0], y1=DRAFT_BAND[1],
@@ -114,6 +124,7 @@ class ComparisonPlot(pg.PlotWidget):
     """tok/s with the drafter and with plain decoding, side by side."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
+        _follow_theme()
         super().__init__(parent=parent)
         _setup(self, "Same prompt: drafter vs plain decoding", 170)
         self.setMaximumHeight(200)
@@ -133,7 +144,8 @@ class ComparisonPlot(pg.PlotWidget):
             self.removeItem(item)
         self._labels = []
         for i, v in enumerate(heights):
-            label = pg.TextItem(f"{v:.1f}", color="#24292f", anchor=(0.5, 1))
+            label = pg.TextItem(f"{v:.1f}", color=theme.current().plot_foreground,
+                                anchor=(0.5, 1))
             label.setPos(i, v)
             self.addItem(label)
             self._labels.append(label)

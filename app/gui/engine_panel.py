@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.conversation_store import ConversationStore
+from app.gui import theme
 from app.gui.engine_worker import EngineChoice, EngineReady
 from engine.drafters import DRAFTER_LABELS
 from engine.errors import InvalidSettingError
@@ -155,7 +156,7 @@ class EnginePanel(QGroupBox):
         self.state.setWordWrap(True)
         self.note = QLabel()
         self.note.setWordWrap(True)
-        self.note.setStyleSheet("color: #9a5b00;")
+        self.note.setStyleSheet(f"color: {theme.current().note};")
         self.note.hide()
         layout = QVBoxLayout(self)
         layout.addLayout(form)

@@ -33,22 +33,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", type=Path, default=None, help="GGUF (default: bundled)")
     p.add_argument("--display", action="store_true",
                    help="use the real display (Xvfb) instead of an offscreen screen")
+    p.add_argument("--dark", action="store_true",
+                   help="as on a system in dark mode (the file names end in -dark)")
     args = p.parse_args(argv)
     width, height = (int(v) for v in args.screen.lower().split("x"))
     with tempfile.TemporaryDirectory() as tmp:
         if not args.display:
             _offscreen(width, height, Path(tmp))
-        return _shoot(args.out, args.model, Path(tmp), f"{width}x{height}")
+        return _shoot(args.out, args.model, Path(tmp),
+                      f"{width}x{height}" + ("-dark" if args.dark else ""), args.dark)
 
 
-def _shoot(out: Path, model: Path | None, folder: Path, tag: str) -> int:
+def _shoot(out: Path, model: Path | None, folder: Path, tag: str, dark: bool = False) -> int:
     from PySide6.QtWidgets import QApplication
 
+    from app.gui import theme
     from app.gui.main_window import MainWindow
     from app.gui.screenshots import _settle, _wait
     from app.gui.window_fit import cut_texts, outside
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
+    if dark:
+        app.setPalette(theme.dark_palette())
+    theme.follow_system(app)
     out.mkdir(parents=True, exist_ok=True)
     w = MainWindow(folder / "chat.sqlite3", default_model=model)
     w.show()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from PySide6.QtGui import (
-    QColor,
     QFont,
     QTextBlockFormat,
     QTextCharFormat,
@@ -12,8 +11,7 @@ from PySide6.QtGui import (
     QTextFormat,
 )
 
-CODE_BACKGROUND = QColor("#f1f3f5")
-INLINE_CODE_BACKGROUND = QColor("#e9ecef")
+from app.gui import theme
 
 
 def _is_code_block(fmt: QTextBlockFormat, char_fmt: QTextCharFormat) -> bool:
@@ -35,7 +33,7 @@ def render_markdown(doc: QTextDocument, text: str, base_font: QFont | None = Non
     while block.isValid():
         if _is_code_block(block.blockFormat(), block.charFormat()):
             fmt = block.blockFormat()
-            fmt.setBackground(CODE_BACKGROUND)
+            fmt.setBackground(theme.color("code_background"))
             fmt.setLeftMargin(6)
             fmt.setRightMargin(6)
             cursor.setPosition(block.position())
@@ -62,6 +60,6 @@ def _tint_inline_code(block: object, cursor: QTextCursor) -> None:
             cursor.setPosition(frag.position() + frag.length(),
                                QTextCursor.MoveMode.KeepAnchor)
             char = QTextCharFormat()
-            char.setBackground(INLINE_CODE_BACKGROUND)
+            char.setBackground(theme.color("inline_code_background"))
             cursor.mergeCharFormat(char)
         it += 1

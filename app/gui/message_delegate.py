@@ -9,6 +9,7 @@ from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPalette, QText
 from PySide6.QtWidgets import QStyle, QStyledItemDelegate, QStyleOptionViewItem, QWidget
 
 from app.conversation_store import FAILED, INTERRUPTED, STOPPED, STREAMING, Message
+from app.gui import theme
 from app.gui.markdown import render_markdown
 from app.gui.transcript_model import MESSAGE_ROLE, OUT_OF_CONTEXT_ROLE
 from engine.runtime.reasoning import split_reasoning
@@ -17,13 +18,11 @@ _Index = QModelIndex | QPersistentModelIndex
 
 MARGIN_X, MARGIN_Y, PAD = 10, 5, 10
 USER_INDENT = 0.18  # user cards leave this share of the width free on their left
-USER_BG, BOT_BG = QColor("#e7f0fd"), QColor("#ffffff")
-BORDER, SELECTED_BORDER = QColor("#d0d7de"), QColor("#4a86e8")
 STATUS_TEXT = {
     STREAMING: ("generating…", QColor("#4a86e8")),
     INTERRUPTED: ("⚠ interrupted: Tandem closed before this answer finished",
                   QColor("#b26b00")),
-    STOPPED: ("■ stopped", QColor("#6a737d")),
+    STOPPED: ("■ stopped", None),
     FAILED: ("✖ failed", QColor("#c62828")),
 }
 
@@ -34,6 +33,7 @@ def status_line(msg: Message) -> tuple[str, QColor] | None:
     if found is None:
         return None
     text, color = found
+    color = color or theme.color("muted")
     if msg.status == FAILED and msg.info.get("error"):
         text = f"{text}: {msg.info['error']}"
     return text, color
@@ -169,8 +169,9 @@ class MessageDelegate(QStyledItemDelegate):
         x = r.x() + MARGIN_X + (self.width - 2 * MARGIN_X - w if msg.role == "user" else 0)
         card = QRectF(x, r.y() + MARGIN_Y, w, r.height() - 2 * MARGIN_Y)
         selected = bool(option.state & QStyle.StateFlag.State_Selected)
-        painter.setPen(SELECTED_BORDER if selected else BORDER)
-        painter.setBrush(USER_BG if msg.role == "user" else BOT_BG)
+        colors = theme.current()
+        painter.setPen(QColor(colors.accent if selected else colors.border))
+        painter.setBrush(QColor(colors.user_card if msg.role == "user" else colors.bot_card))
         painter.drawRoundedRect(card, 8, 8)
 
         fm = QFontMetrics(option.font)
@@ -185,7 +186,7 @@ class MessageDelegate(QStyledItemDelegate):
                          Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, author)
         badge = status_line(msg)
         if badge is None and out_of_context:
-            badge = ("left out of the context to fit it", QColor("#6a737d"))
+            badge = ("left out of the context to fit it", QColor(colors.muted))
         if badge:
             painter.setFont(option.font)
             painter.setPen(badge[1])
@@ -200,9 +201,9 @@ class MessageDelegate(QStyledItemDelegate):
             painter.setFont(option.font)
             first, last = msg.sibling_index == 0, msg.sibling_index == msg.n_siblings - 1
             for rect, text, off in ((prev, "‹", first), (nxt, "›", last)):
-                painter.setPen(QColor("#c0c6cc") if off else SELECTED_BORDER)
+                painter.setPen(QColor(colors.dimmed if off else colors.accent))
                 painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, text)
-            painter.setPen(QColor("#6a737d"))
+            painter.setPen(QColor(colors.muted))
             painter.drawText(mid, Qt.AlignmentFlag.AlignCenter,
                              f"{msg.sibling_index + 1}/{msg.n_siblings}")
         y += fm.height() + 4
@@ -217,7 +218,7 @@ class MessageDelegate(QStyledItemDelegate):
         if footer:
             small = _small(option.font)
             painter.setFont(small)
-            painter.setPen(QColor("#6a737d"))
+            painter.setPen(QColor(colors.muted))
             height = self._footer_height(footer, option.font, w)
             painter.drawText(QRectF(card.x() + PAD, y + 4, w - 2 * PAD, height),
                              Qt.AlignmentFlag.AlignLeft | Qt.TextFlag.TextWordWrap, footer)

@@ -110,7 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="folder for the PNG files")
     p.add_argument("--model", type=Path, default=None, help="GGUF (default: bundled)")
     args = p.parse_args(argv)
+    from app.gui import theme
+
     app = QApplication.instance() or QApplication(sys.argv[:1])
+    theme.follow_system(app)
     with tempfile.TemporaryDirectory() as tmp:
         for path in take_screenshots(args.out, args.model, Path(tmp)):
             print(path)

@@ -6,19 +6,20 @@ import html
 
 from PySide6.QtWidgets import QLabel, QTextBrowser, QVBoxLayout, QWidget
 
-DRAFT_BG = "#c8efd2"  # accepted draft token
-TARGET_BG = "#fde0c5"  # the target's own token (a correction, or no draft)
+from app.gui import theme
+
 MAX_TOKENS_SHOWN = 3000
 
 
 class TokenView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        legend = QLabel(f'<span style="background:{DRAFT_BG}">&nbsp;accepted draft&nbsp;'
-                        f'</span>&nbsp;&nbsp;<span style="background:{TARGET_BG}">&nbsp;'
-                        "target's own token&nbsp;</span>")
+        colors = theme.current()
+        legend = QLabel(f'<span style="background:{colors.accepted_draft}">&nbsp;accepted '
+                        f'draft&nbsp;</span>&nbsp;&nbsp;<span style="background:'
+                        f'{colors.target_token}">&nbsp;target\'s own token&nbsp;</span>')
         self.summary = QLabel("No answer yet.")
-        self.summary.setStyleSheet("color: #6a737d;")
+        self.summary.setStyleSheet(f"color: {theme.current().muted};")
         self.text = QTextBrowser()
         self.text.setMinimumHeight(100)
         layout = QVBoxLayout(self)
@@ -30,7 +31,8 @@ class TokenView(QWidget):
     def set_tokens(self, texts: tuple[str, ...], kinds: tuple[str, ...]) -> None:
         parts = []
         for text, kind in list(zip(texts, kinds, strict=False))[:MAX_TOKENS_SHOWN]:
-            bg = DRAFT_BG if kind == "draft" else TARGET_BG
+            bg = (theme.current().accepted_draft if kind == "draft"
+                  else theme.current().target_token)
             parts.append(f'<span style="background:{bg}">{html.escape(text)}</span>')
         self.text.setHtml('<div style="white-space: pre-wrap;">' + "".join(parts) + "</div>")
         n_draft = sum(k == "draft" for k in kinds)
