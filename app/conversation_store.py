@@ -100,6 +100,8 @@ class ChatSettings:
     # When the chat outgrows the context: "drop_oldest" turns, or "stop" with an error.
     context_policy: str = DEFAULT_POLICY
     thinking: bool = True  # a thinking model thinks (where its template has a switch)
+    answer_json: bool = False  # answers are JSON: an object, or matching ``json_schema``
+    json_schema: str = ""  # a JSON schema's text (with answer_json)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

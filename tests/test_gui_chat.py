@@ -171,3 +171,30 @@ def test_a_base_model_is_shown_continuing_the_text(qtbot, db: Path, model_path: 
     assert w.chat.delegate.model_author == "Continuation"
     outcome = send_and_wait(qtbot, w, "Once upon a time")
     assert outcome.stats.n_new == 8
+
+
+def test_a_chat_set_to_answer_as_json_gets_json(qtbot, db: Path, model_path: Path) -> None:
+    """The settings' "Answer as JSON" with a schema: the answer parses and matches it; a
+    schema that is not JSON is refused with a message, and nothing is sent."""
+    import json
+
+    w = open_window(qtbot, db, model_path, max_tokens=80)
+    problems: list[str] = []
+    w.controller.problem.connect(problems.append)
+    w.settings_panel.answer_json.setChecked(True)
+    assert w.settings_panel.json_schema.isEnabled()
+    w.settings_panel.json_schema.setPlainText(json.dumps({
+        "type": "object", "required": ["city", "country"],
+        "properties": {"city": {"type": "string"}, "country": {"type": "string"}}}))
+    outcome = send_and_wait(qtbot, w, "Paris is the capital of France. Give the city and "
+                                      "its country.")
+    place = json.loads(outcome.text)
+    assert set(place) == {"city", "country"}
+    settings = w.store.conversation(w.controller.current_id).settings
+    assert settings.answer_json and '"country"' in settings.json_schema
+    w.settings_panel.json_schema.setPlainText("{not json")
+    n = len(w.store.messages(w.controller.current_id))
+    type_and_send(qtbot, w, "And Rome?")
+    qtbot.waitUntil(lambda: bool(problems), timeout=10_000)
+    assert "JSON schema" in problems[-1]
+    assert len(w.store.messages(w.controller.current_id)) <= n + 1  # no answer started

@@ -10,6 +10,7 @@ the database, marked interrupted on the next start.
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from dataclasses import dataclass, replace
 
@@ -33,11 +34,27 @@ from app.gui.engine_worker import (
 )
 from app.gui.loop_monitor import LoopLagMonitor
 from app.gui.transcript_model import TranscriptModel
+from engine.decoding.json_grammar import json_object_grammar, json_schema_grammar
 from engine.decoding.sampling import SamplingParams
 from engine.decoding.stats import GenerationStats
 from engine.errors import InvalidSamplingError
 
 TITLE_CHARS = 48
+
+
+def answer_grammar(settings: ChatSettings) -> str | None:
+    """The grammar a chat's "Answer as JSON" asks for: any JSON object, or one matching
+    the chat's schema. Raises InvalidSamplingError naming what is wrong with the schema."""
+    if not settings.answer_json:
+        return None
+    if not settings.json_schema.strip():
+        return json_object_grammar()
+    try:
+        schema = json.loads(settings.json_schema)
+    except json.JSONDecodeError as exc:
+        raise InvalidSamplingError("JSON schema", f"is not JSON ({exc})",
+                                   settings.json_schema[:80]) from None
+    return json_schema_grammar(schema, "JSON schema")
 
 
 @dataclass
@@ -247,6 +264,7 @@ class ChatController(QObject):
                                       repeat_penalty=s.repeat_penalty,
                                       frequency_penalty=s.frequency_penalty,
                                       presence_penalty=s.presence_penalty)
+            grammar = answer_grammar(s)
         except InvalidSamplingError as exc:
             self.problem.emit(str(exc))
             return None
@@ -254,7 +272,7 @@ class ChatController(QObject):
         if conv.system_prompt.strip():
             turns.insert(0, ("system", conv.system_prompt.strip()))
         return GenerationRequest(next(self._ids), tuple(turns), sampling, s.max_tokens,
-                                 s.context_policy, s.thinking)
+                                 s.context_policy, s.thinking, grammar)
 
     def _answer(self, conversation_id: int) -> bool:
         request = self._request(conversation_id, self.store.messages(conversation_id))

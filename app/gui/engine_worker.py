@@ -94,6 +94,7 @@ class GenerationRequest:
     max_tokens: int = 512
     context_policy: str = DEFAULT_POLICY  # engine.runtime.context_fit
     thinking: bool = True  # for templates with a thinking switch (enable_thinking)
+    grammar: str | None = None  # GBNF every token obeys (the chat's "Answer as JSON")
 
 
 @dataclass(frozen=True)
@@ -379,7 +380,8 @@ class EngineWorker(QObject):
         t_start = time.perf_counter()
         question = Question.chat([{"role": r, "content": c} for r, c in request.messages],
                                  GenerationConfig(max_tokens=request.max_tokens,
-                                                  sampling=request.sampling),
+                                                  sampling=request.sampling,
+                                                  grammar=request.grammar),
                                  request.context_policy, request.thinking)
 
         def on_step(step: StepStats) -> None:

@@ -66,6 +66,14 @@ class SettingsPanel(QGroupBox):
         self.thinking = QCheckBox("Think before answering")
         self.thinking.setChecked(True)
         self.set_thinking_switch(False)
+        self.answer_json = QCheckBox("Answer as JSON")
+        self.answer_json.setToolTip("Every answer is JSON: any object, or one matching the "
+                                    "schema below (drafted answers stay the same)")
+        self.json_schema = QPlainTextEdit()
+        self.json_schema.setPlaceholderText('JSON schema (optional), e.g. {"type": "object", '
+                                            '"properties": {"city": {"type": "string"}}}')
+        self.json_schema.setFixedHeight(64)
+        self.json_schema.setEnabled(False)
         form = QFormLayout()
         form.addRow("Temperature", self.temperature)
         form.addRow("Top-p", self.top_p)
@@ -78,9 +86,11 @@ class SettingsPanel(QGroupBox):
         form.addRow("Presence penalty", self.presence_penalty)
         form.addRow("Long chats", self.context_policy)
         form.addRow("Thinking", self.thinking)
+        form.addRow("Format", self.answer_json)
         layout = QVBoxLayout(self)
         layout.addWidget(self.system_prompt)
         layout.addLayout(form)
+        layout.addWidget(self.json_schema)
         self.system_prompt.textChanged.connect(self._emit)
         for box in (self.temperature, self.top_p, self.top_k, self.max_tokens, self.seed,
                     self.min_p, self.repeat_penalty, self.frequency_penalty,
@@ -88,6 +98,9 @@ class SettingsPanel(QGroupBox):
             box.valueChanged.connect(self._emit)
         self.context_policy.currentIndexChanged.connect(self._emit)
         self.thinking.toggled.connect(self._emit)
+        self.answer_json.toggled.connect(self.json_schema.setEnabled)
+        self.answer_json.toggled.connect(self._emit)
+        self.json_schema.textChanged.connect(self._emit)
         self.show_settings("", ChatSettings())
 
     def show_settings(self, system_prompt: str, settings: ChatSettings) -> None:
@@ -106,6 +119,8 @@ class SettingsPanel(QGroupBox):
             self.context_policy.setCurrentIndex(
                 max(0, self.context_policy.findData(settings.context_policy)))
             self.thinking.setChecked(settings.thinking)
+            self.answer_json.setChecked(settings.answer_json)
+            self.json_schema.setPlainText(settings.json_schema)
         finally:
             self._loading = False
 
@@ -120,7 +135,9 @@ class SettingsPanel(QGroupBox):
                             frequency_penalty=round(self.frequency_penalty.value(), 4),
                             presence_penalty=round(self.presence_penalty.value(), 4),
                             context_policy=self.context_policy.currentData(),
-                            thinking=self.thinking.isChecked())
+                            thinking=self.thinking.isChecked(),
+                            answer_json=self.answer_json.isChecked(),
+                            json_schema=self.json_schema.toPlainText().strip())
 
     def set_thinking_switch(self, available: bool) -> None:
         """Offer the thinking switch only where the model's chat template has one."""
