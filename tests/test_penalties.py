@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.decoding.budget import VerifyCostModel
 from engine.decoding.generation import GenerationConfig, generate
 from engine.decoding.sampling import CHAT_DEFAULTS, SamplingParams, penalised, target_distribution
 from engine.drafters.memory import MemoryDrafter
@@ -76,6 +77,7 @@ def test_greedy_with_penalties_equals_plain_with_drafted_trees(target, rows_and_
         out = generate(target, prompt, NoisyDrafter(ref, seed), cfg)
         assert out.tokens == ref, f"question {row['question_id']} ({row['category']})"
         assert any(s.n_accepted >= 2 for s in out.stats.steps)  # deep paths were penalised
+        assert any(s.n_accepted < s.n_proposed for s in out.stats.steps)  # its dead branch
 
 
 def test_greedy_with_penalties_equals_plain_drafting_from_memory(target, rows_and_plain):
@@ -83,14 +85,21 @@ def test_greedy_with_penalties_equals_plain_drafting_from_memory(target, rows_an
     penalised choice decides, exactly as plain decoding with the same penalties."""
     rows, plain = rows_and_plain
     memory = MemoryDrafter()
+    accepted = proposed = 0
     for row in rows[:6]:
         prompt, ref = plain[row["question_id"]]
         target.reset()
         unpenalised = generate(target, prompt, memory, GenerationConfig(MAX_TOKENS))
         assert unpenalised.tokens  # remembered for the next run
         target.reset()
-        out = generate(target, prompt, memory, GenerationConfig(MAX_TOKENS, sampling=PENALTIES))
+        # a fixed verification curve: one learnt under load can decline every draft
+        out = generate(target, prompt, memory, GenerationConfig(MAX_TOKENS, sampling=PENALTIES),
+                       cost=VerifyCostModel(slope=0.35, learn=False))
         assert out.tokens == ref, f"question {row['question_id']} ({row['category']})"
+        accepted += sum(s.n_accepted for s in out.stats.steps)
+        proposed += sum(s.n_proposed for s in out.stats.steps)
+    # the answers agree up to the first penalised repeat, then the remembered one is refused
+    assert 0 < accepted < proposed
 
 
 def test_sampling_with_penalties_gives_plain_sampling_answer(target, rows_and_plain):
