@@ -104,6 +104,7 @@ def test_a_second_answer_reuses_the_prompt_and_stays_plain(mtp_target):
                         cost=cost).tokens == plain
         out = generate(target, with_turn, drafter, GenerationConfig(MAX_TOKENS), cost=cost)
         assert out.tokens == plain_2
+        assert sum(s.n_accepted for s in out.stats.steps) > 0  # the block drafts after reuse
     finally:
         drafter.close()
 
