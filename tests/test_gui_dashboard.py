@@ -12,8 +12,9 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 from PySide6.QtGui import QTextDocument, QTextFormat  # noqa: E402
 
+from app.gui import theme  # noqa: E402
 from app.gui.dashboard import PlanInfo  # noqa: E402
-from app.gui.markdown import CODE_BACKGROUND, render_markdown  # noqa: E402
+from app.gui.markdown import render_markdown  # noqa: E402
 from tests.gui_helpers import ANSWER_TIMEOUT_MS, open_window, send_and_wait  # noqa: E402
 
 
@@ -112,7 +113,7 @@ def test_code_blocks_are_monospace_on_a_background(qapp) -> None:  # noqa: ANN00
     code = doc.begin().next()
     assert code.text() == "print(1)"
     assert code.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence)
-    assert code.blockFormat().background().color() == CODE_BACKGROUND
+    assert code.blockFormat().background().color() == theme.color("code_background")
     assert code.begin().fragment().charFormat().fontFixedPitch()
 
 
