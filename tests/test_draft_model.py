@@ -102,8 +102,10 @@ def test_a_second_turn_reuses_the_draft_cache(f32_target, model_path, prompts_an
         f32_target.reset()
         generate(f32_target, prompt, drafter, GenerationConfig(MAX_TOKENS))
         evals = drafter.stats()["draft_evals_per_call"]
-        warm = generate(f32_target, second, drafter, GenerationConfig(MAX_TOKENS))
+        warm = generate(f32_target, second, drafter, GenerationConfig(MAX_TOKENS),
+                        cost=VerifyCostModel(slope=0.0, learn=False))
         assert warm.tokens == cold
+        assert sum(s.n_accepted for s in warm.stats.steps) > 0  # the warm turn drafted
         # The shared prefix was not evaluated again: far fewer than one eval per token.
         assert drafter.stats()["draft_evals_per_call"] < evals + 2
     finally:

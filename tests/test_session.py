@@ -92,8 +92,13 @@ def test_a_missing_gpu_moves_the_head_to_the_cpu(model_path, plain_answer, tmp_p
         assert engine.drafter is not None and engine.drafter.name == "head+memory"
         assert engine.drafter.head.device.type == "cpu"
         assert any("could not run on cuda:0" in n for n in engine.notes)
+        engine.cost = VerifyCostModel(slope=0.0, learn=False)  # verify every drafted node
+        engine.governor = None
         prompt, ref = plain_answer
-        assert engine.generate(prompt, GenerationConfig(48)).tokens == ref
+        out = engine.generate(prompt, GenerationConfig(48))
+        assert out.tokens == ref
+        accepted = sum(s.n_accepted for s in out.stats.steps)
+        assert 0 < accepted < sum(s.n_proposed for s in out.stats.steps)  # the CPU head drafted
 
 
 def test_a_duodecoding_plan_drafts_ahead_on_the_cpu(model_path, plain_answer, tmp_path):
@@ -106,7 +111,10 @@ def test_a_duodecoding_plan_drafts_ahead_on_the_cpu(model_path, plain_answer, tm
         engine.cost = VerifyCostModel(slope=0.0, learn=False)  # verify every drafted node
         engine.governor = None
         prompt, ref = plain_answer
-        assert engine.generate(prompt, GenerationConfig(48)).tokens == ref
+        out = engine.generate(prompt, GenerationConfig(48))
+        assert out.tokens == ref
+        accepted = sum(s.n_accepted for s in out.stats.steps)
+        assert 0 < accepted < sum(s.n_proposed for s in out.stats.steps)
 
 
 @pytest.mark.parametrize("failure", [torch.OutOfMemoryError("CUDA out of memory"),
