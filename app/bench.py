@@ -301,6 +301,8 @@ def run_bench(
         order = names[i % len(names):] + names[:i % len(names)]
         history: dict[str, list[dict[str, str]]] = {n: [] for n in names}
         cached: dict[str, list[int] | None] = dict.fromkeys(names)  # after the last turn
+        grammar = (json_schema_grammar(prompt.json_schema)
+                   if prompt.json_schema is not None else None)
         for turn in range(n_turns[i]):
             tokens = {}
             for name in names:
@@ -330,8 +332,8 @@ def run_bench(
                         # run drafts from the memory the prompt found, never from its own
                         # answer (remembered by the first run, the repeats copied it whole).
                         extra: dict[str, Any] = {"warm": cached[name]} if turn else {}
-                        if prompt.json_schema is not None:
-                            extra["grammar"] = json_schema_grammar(prompt.json_schema)
+                        if grammar is not None:
+                            extra["grammar"] = grammar
                         row = runners[name](tokens[name], max_tokens, rep == last_rep,
                                             **extra)
                     except ContextFullError as exc:

@@ -4,7 +4,6 @@ open, and the lines they print."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 
 from engine.conversation import AnswerService
 from engine.decoding.generation import GenerationConfig
-from engine.decoding.json_grammar import json_schema_grammar
+from engine.decoding.json_grammar import json_schema_text_grammar
 from engine.decoding.sampling import CHAT_DEFAULTS, SamplingParams
 from engine.decoding.stats import GenerationStats
 from engine.planning.planner import LAYOUTS, Overrides
@@ -139,11 +138,8 @@ def _grammar_of(args: argparse.Namespace) -> str | None:
     if getattr(args, "grammar", None) is not None:
         return args.grammar.read_text(encoding="utf-8")
     if getattr(args, "json_schema", None) is not None:
-        try:
-            schema = json.loads(args.json_schema.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{args.json_schema}: not JSON ({exc})") from None
-        return json_schema_grammar(schema, "--json-schema")
+        return json_schema_text_grammar(args.json_schema.read_text(encoding="utf-8"),
+                                        f"--json-schema {args.json_schema}")
     return None
 
 

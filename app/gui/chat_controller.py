@@ -10,7 +10,6 @@ the database, marked interrupted on the next start.
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from dataclasses import dataclass, replace
 
@@ -34,7 +33,7 @@ from app.gui.engine_worker import (
 )
 from app.gui.loop_monitor import LoopLagMonitor
 from app.gui.transcript_model import TranscriptModel
-from engine.decoding.json_grammar import json_object_grammar, json_schema_grammar
+from engine.decoding.json_grammar import json_object_grammar, json_schema_text_grammar
 from engine.decoding.sampling import SamplingParams
 from engine.decoding.stats import GenerationStats
 from engine.errors import InvalidSamplingError
@@ -49,12 +48,7 @@ def answer_grammar(settings: ChatSettings) -> str | None:
         return None
     if not settings.json_schema.strip():
         return json_object_grammar()
-    try:
-        schema = json.loads(settings.json_schema)
-    except json.JSONDecodeError as exc:
-        raise InvalidSamplingError("JSON schema", f"is not JSON ({exc})",
-                                   settings.json_schema[:80]) from None
-    return json_schema_grammar(schema, "JSON schema")
+    return json_schema_text_grammar(settings.json_schema, "JSON schema")
 
 
 @dataclass

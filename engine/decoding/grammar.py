@@ -31,8 +31,8 @@ _TOP = 64
 
 @dataclass
 class _Vocabulary:
-    """What every grammar state over one model shares: the vocabulary handle, a candidate
-    buffer for masking, and which tokens are never allowed (control tokens)."""
+    """What every grammar state over one model shares: a candidate buffer for masking,
+    the one-character tokens, and which tokens are never allowed (control tokens)."""
 
     n_vocab: int
     eog: frozenset[int]
@@ -160,7 +160,8 @@ class Grammar:
                 return logits
             # The best few tested at once: the highest admitted one wins unless a token
             # outside them could tie it.
-            order = np.argsort(-logits, kind="stable")[:_TOP]
+            top = np.argpartition(-logits, _TOP - 1)[:_TOP]
+            order = top[np.lexsort((top, -logits[top]))]  # best first, ties by id
             self._top["id"] = order
             self._top["logit"] = 0.0
             self._native.apply(self._top)

@@ -43,3 +43,13 @@ def json_schema_grammar(schema: Any, setting: str = "response_format") -> str:
         raise InvalidSamplingError(setting, "the JSON schema makes a grammar of more than "
                                    f"{MAX_GRAMMAR_CHARS} characters", len(gbnf))
     return gbnf
+
+
+def json_schema_text_grammar(text: str, setting: str) -> str:
+    """``json_schema_grammar`` of a schema given as JSON text (a file, a settings box);
+    InvalidSamplingError naming ``setting`` when the text is not JSON."""
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidSamplingError(setting, f"is not JSON ({exc})", text[:80]) from None
+    return json_schema_grammar(schema, setting)
