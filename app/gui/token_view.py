@@ -30,9 +30,9 @@ class TokenView(QWidget):
 
     def set_tokens(self, texts: tuple[str, ...], kinds: tuple[str, ...]) -> None:
         parts = []
+        colors = theme.current()
         for text, kind in list(zip(texts, kinds, strict=False))[:MAX_TOKENS_SHOWN]:
-            bg = (theme.current().accepted_draft if kind == "draft"
-                  else theme.current().target_token)
+            bg = colors.accepted_draft if kind == "draft" else colors.target_token
             parts.append(f'<span style="background:{bg}">{html.escape(text)}</span>')
         self.text.setHtml('<div style="white-space: pre-wrap;">' + "".join(parts) + "</div>")
         n_draft = sum(k == "draft" for k in kinds)

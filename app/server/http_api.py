@@ -192,12 +192,12 @@ class _Answer:
         return {**self._envelope(False), "choices": [choice],
                 "usage": _usage(result), "tandem": self.state.figures(result, job)}
 
-    def held_back(self, result: GenerationResult) -> list[dict[str, Any]]:
+    def _held_back(self, text: str, calls: list[dict[str, Any]] | None
+                   ) -> list[dict[str, Any]]:
         """Where tools were offered the text is held back while it is written (it may be a
         call): then sent as calls or as content, before the finish chunk."""
-        calls = self._calls(result.text)
         if calls is None:
-            return [self.text_chunk(result.text)] if result.text else []
+            return [self.text_chunk(text)] if text else []
         delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}
         return [{**self._envelope(True),
                  "choices": [{"index": 0, "delta": delta, "logprobs": None,
@@ -213,18 +213,21 @@ class _Answer:
         return {**self._envelope(True), "choices": [self._choice(text, None, True)]}
 
     def last_chunks(self, result: GenerationResult, job: Job) -> list[dict[str, Any]]:
-        """The finish chunk (with usage, Tandem's figures and, where asked for, the whole
-        answer's log probabilities), and OpenAI's separate usage chunk when the client
-        asked for it (``stream_options.include_usage``)."""
+        """Where tools were offered, the held-back text (as calls or as content); the
+        finish chunk (with usage, Tandem's figures and, where asked for, the whole
+        answer's log probabilities); OpenAI's separate usage chunk when the client asked
+        for it (``stream_options.include_usage``)."""
+        calls = self._calls(result.text)
+        held = self._held_back(result.text, calls) if self.req.tools else []
         choice = self._choice(None, _FINISH[result.finish_reason], True,
                               self._logprobs(result))
-        if self.req.tools and self._calls(result.text) is not None:
+        if calls is not None:
             choice["finish_reason"] = "tool_calls"
         finish = {**self._envelope(True), "choices": [choice],
                   "usage": _usage(result), "tandem": self.state.figures(result, job)}
         if not self.req.include_usage:
-            return [finish]
-        return [finish, {**self._envelope(True), "choices": [], "usage": _usage(result)}]
+            return [*held, finish]
+        return [*held, finish, {**self._envelope(True), "choices": [], "usage": _usage(result)}]
 
 
 def make_app(state: ServerState) -> Starlette:
@@ -278,8 +281,7 @@ def make_app(state: ServerState) -> Starlette:
                     yield _sse(value.body())
                     break
                 elif kind == "done":
-                    held = answer.held_back(value) if answer.req.tools else []
-                    for chunk in [*held, *answer.last_chunks(value, job)]:
+                    for chunk in answer.last_chunks(value, job):
                         yield _sse(chunk)
                     break
             yield _sse("[DONE]")
