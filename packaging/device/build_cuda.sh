@@ -6,7 +6,11 @@
 # The system's g++, not the image's default /opt/gcc/bin/g++: that one links libstdc++
 # statically (libllama then NEEDs no libstdc++.so), and with torch's libstdc++ in the same
 # process, whichever of torch and llama.cpp loaded second crashed (docs/gpu.md).
+#
+# `build_cuda.sh cpu` builds llama.cpp without CUDA (about a minute): enough for Dovetail
+# (the head on the GPU through torch, the target on the CPU), as a laptop's CPU wheel runs it.
 set -u
+BACKEND=${1:-cuda}
 D=/tmp/dev
 mkdir -p $D/site
 cp .dev/model.1 .dev/model.sha256 .dev/prompts.jsonl $D/
@@ -20,8 +24,14 @@ else
     CPU=""
 fi
 export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
-export CMAKE_ARGS="-DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++ -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_NCCL=OFF \
--DLLAVA_BUILD=OFF -DLLAMA_BUILD_MTMD=OFF -DGGML_LLAMAFILE=ON -DGGML_RPC=ON $CPU"
+if [ "$BACKEND" = cuda ]; then
+    GPU="-DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++ -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+-DGGML_CUDA_NCCL=OFF"
+else
+    GPU=""
+fi
+export CMAKE_ARGS="$GPU -DLLAVA_BUILD=OFF -DLLAMA_BUILD_MTMD=OFF -DGGML_LLAMAFILE=ON \
+-DGGML_RPC=ON $CPU"
 export CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
 cd $D/llama_cpp_python-*/ || exit 1
 setsid nohup bash -c "date +%s > $D/build.start; python3 -m pip install -v --no-build-isolation \
