@@ -2,7 +2,7 @@
 # Here (no GPU): make .dev/, what a GPU machine of the device tool needs beside the tree
 # (docs/gpu.md). The tool carries 64 MiB a call with the tree, so the bundled model
 # (Q4_0, 92 MB) goes in three parts, one per call, on the same warm machine (the tree
-# itself, about 25 MB, seems to count against the 64 MiB too):
+# itself, about 25 MB, counts against the 64 MiB too, and the limit is nearer 64 MB):
 #   call 1 carries .dev/lcp.tar.gz .dev/site .dev/prompts.jsonl .dev/model.1
 #          .dev/model.sha256 and runs
 #          packaging/device/build_cuda.sh [cuda|cpu] (the build goes on in the background;
@@ -53,8 +53,8 @@ with open(path) as f, open(".dev/conversations.jsonl", "w") as out:
 PYEOF
 gzip -f .dev/conversations.jsonl
 MODEL=$($PY -c 'from engine.hub.model_store import default_model_path; print(default_model_path())')
-dd if="$MODEL" of=.dev/model.1 bs=1M count=32 status=none
-dd if="$MODEL" of=.dev/model.2 bs=1M skip=32 count=40 status=none
-dd if="$MODEL" of=.dev/model.3 bs=1M skip=72 status=none
+dd if="$MODEL" of=.dev/model.1 bs=1M count=28 status=none
+dd if="$MODEL" of=.dev/model.2 bs=1M skip=28 count=36 status=none
+dd if="$MODEL" of=.dev/model.3 bs=1M skip=64 status=none
 sha256sum "$MODEL" | cut -d' ' -f1 > .dev/model.sha256
 du -sh .dev/*
