@@ -78,3 +78,35 @@ def test_head_with_memory_sampling_keeps_the_target_distribution(fresh_target):
     assert drafter.memory.memory.n_sequences > 0
     assert plain.sum() > 0.9 * n_runs and spec.sum() > 0.9 * n_runs
     assert two_sample_z(plain, spec) < 4.0
+
+
+def test_a_tree_keeps_its_best_leaves_within_the_targets_sequences():
+    tree = DraftTree()
+    a = tree.add(1, -1, 0.9)
+    tree.add(2, a, 0.5)
+    tree.add(3, a, 0.2)
+    b = tree.add(4, -1, 0.6)
+    tree.add(5, b, 0.4)
+    tree.add(6, -1, 0.1)
+    assert len(tree.leaves()) == 4
+    cut = tree.with_leaves_at_most(2)
+    assert paths(cut) == {(1,): 0.9, (1, 2): 0.5, (4,): 0.6, (4, 5): 0.4}
+    assert len(cut.leaves()) == 2
+    assert tree.with_leaves_at_most(4) is tree
+
+
+def test_head_with_memory_stays_within_a_small_targets_sequences(model_path, dev_prompts):
+    """A merged tree can have more leaves than the target has KV sequences (the bench on
+    an H200 stopped with 'a tree of 16 leaves exceeds the 15 sequences available'). On a
+    target with 3, every node the budget keeps is verified and the answers stay plain
+    decoding's."""
+    from engine.runtime.target import Target, TargetConfig
+
+    rows = pick_per_category(dev_prompts, 1)[:4]
+    with Target(model_path, TargetConfig(n_ctx=2048, n_seq_max=4)) as small:
+        assert small.max_leaves == 3
+        plain = plain_answers(small, rows, MAX_TOKENS)
+        drafter = make_drafter("head+memory", target=small)
+        for _ in range(2):  # the second pass drafts whole answers from memory too
+            outs = drafted_equals_plain(small, drafter, rows, plain, MAX_TOKENS)
+        assert sum(s.n_accepted for out in outs for s in out.stats.steps) > 0

@@ -277,7 +277,8 @@ def _draft(run: _Run, room: int, cost: VerifyCost) -> tuple[DraftTree, bool]:
         return DraftTree(), True
     if not run.target.trees or run.grammar is not None:
         proposed = proposed.best_chain()
-    return trim_to_budget(proposed, cost), True
+    # A merged tree (head and memory) can have more leaves than the target has sequences.
+    return trim_to_budget(proposed, cost).with_leaves_at_most(run.target.max_leaves), True
 
 
 # The likelihood a draft of the grammar's only way on is taken, per token: near certain, but

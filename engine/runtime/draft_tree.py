@@ -83,6 +83,29 @@ class DraftTree:
             node = best
         return out
 
+    def with_leaves_at_most(self, n_max: int) -> DraftTree:
+        """The tree cut to its ``n_max`` best leaves and their ancestors: a verified tree
+        takes one KV sequence per leaf, and the target has a fixed number. The best leaf
+        has the highest score (a path's probability; the first when unscored)."""
+        leaves = self.leaves()
+        if len(leaves) <= n_max:
+            return self
+        if self.scores:
+            leaves = sorted(leaves, key=lambda i: (-self.scores[i], i))
+        keep: set[int] = set()
+        for leaf in leaves[:max(0, n_max)]:
+            node = leaf
+            while node >= 0 and node not in keep:
+                keep.add(node)
+                node = self.parents[node]
+        out = DraftTree(made_ahead=self.made_ahead)
+        index: dict[int, int] = {}
+        for old in sorted(keep):  # parents before children
+            parent = self.parents[old]
+            index[old] = out.add(self.tokens[old], index[parent] if parent >= 0 else -1,
+                                 self.scores[old] if self.scores else None)
+        return out
+
     def truncated(self, n_max: int) -> DraftTree:
         """The first ``n_max`` nodes (still a tree, since parents come first)."""
         return DraftTree(self.tokens[:n_max], self.parents[:n_max], self.scores[:n_max],

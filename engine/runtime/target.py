@@ -157,6 +157,7 @@ class Target:
         self.template = choose_template(self.model, self.path.name)
         self.tokens: list[int] = []
         self.park_seq = n_seq_max - 1
+        self.max_leaves = self.park_seq  # a verified tree's leaves: one sequence each
         self.n_parked = 0  # cells parked (see module docstring)
         self._parked_from = 0  # every parked cell sits at a position >= this
         try:
@@ -547,9 +548,9 @@ class Target:
             self.batch.fill(tokens, positions, None, True)
         else:
             leaves = [leaf + 1 for leaf in draft.leaves()]
-            if len(leaves) > self.park_seq:
+            if len(leaves) > self.max_leaves:
                 raise ValueError(f"a tree of {len(leaves)} leaves exceeds the "
-                                 f"{self.park_seq} sequences available")
+                                 f"{self.max_leaves} sequences available")
             leaf_seq = {leaf: s for s, leaf in enumerate(leaves)}
             parents = [-1] + [p + 1 for p in draft.parents]
             below: list[set[int]] = [set() for _ in range(n)]
