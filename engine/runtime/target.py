@@ -140,10 +140,15 @@ class Target:
                                  overrides=overrides)
         try:
             self.arch = self.model.architecture()
-            n_ctx = min(self.config.n_ctx, self.model.n_ctx_train or self.config.n_ctx)
             # Recurrent state is kept per sequence and per snapshot: a chain-only target
             # needs sequence 0 (and one spare), and snapshots for the longest draft.
             n_seq_max = self.config.n_seq_max if self.arch.trees else 2
+            # The trained context bounds one sequence's positions: a cache split per
+            # sequence (independent conversations) may hold that many per sequence.
+            per_seq_cap = self.model.n_ctx_train or self.config.n_ctx
+            if not self.config.unified_kv:
+                per_seq_cap *= n_seq_max
+            n_ctx = min(self.config.n_ctx, per_seq_cap)
             # Tokens of recurrent state kept to take back (llama.cpp's n_rs_seq).
             self._snapshots = RS_ROLLBACK_TOKENS if (self.arch.rs_rollback and
                                                      self.config.state_snapshots) else 0
