@@ -24,19 +24,14 @@ import numpy as np
 import torch
 
 from engine.drafters.base import Drafter
-from engine.errors import IncompatibleDraftError
+from engine.drafters.head_fit import EAGLE1_UNCHECKED, check_head_fits
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.sequences import common_prefix_length
 from models.draft_head import DraftHead, KVBuffer
-from models.eagle1_config import is_eagle1_dir, read_eagle1_config
+from models.eagle1_config import is_eagle1_dir
 from models.gguf_weights import TargetForHead, target_for_head
-from models.head_config import HeadConfig, TargetFingerprint
+from models.head_config import TargetFingerprint
 from models.int8_linear import int8_available
-
-# An EAGLE-1 config names no tokenizer: a head for another tokenizer of the same size
-# loads (still lossless, since the target verifies, but it would rarely be accepted).
-EAGLE1_UNCHECKED = ("its config.json names no tokenizer, so only hidden_size and "
-                    "vocab_size could be checked, not the tokenizer")
 
 # Drafts served ahead in a row before an ordinary draft brings the head's cache up to
 # date with the target's true features (drafts ahead build on predicted ones).
@@ -470,39 +465,6 @@ class HeadDrafter(Drafter):
     def stats(self) -> dict[str, float]:
         calls = max(1, self._n_head_calls)
         return {"head_ms_per_call": 1000 * self._t_head_s / calls}
-
-
-def check_head_fits(head_dir: Path, target: TargetFingerprint) -> HeadConfig:
-    """The head's config if it was trained for ``target``. Raises FileNotFoundError (no
-    head there), IncompatibleDraftError naming each field that differs, ValueError for
-    an unreadable ``head.json`` (the message names the file). A public EAGLE-1 head
-    (config.json) is checked on what it names: its width and vocabulary size."""
-    if is_eagle1_dir(head_dir):
-        return _check_eagle1_fits(head_dir, target)
-    path = Path(head_dir) / "head.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"no draft head in {head_dir} (head.json missing, and no "
-                                "EAGLE-1 config.json)")
-    try:
-        cfg = HeadConfig.load(path)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ValueError(f"{path} is not a draft head config ({exc})") from exc
-    if cfg.target is not None:
-        differences = cfg.target.differences(target)
-        if differences:
-            raise IncompatibleDraftError(f"the draft head in {head_dir}", differences)
-    return cfg
-
-
-def _check_eagle1_fits(head_dir: Path, target: TargetFingerprint) -> HeadConfig:
-    eagle = read_eagle1_config(head_dir)
-    differences = [(name, mine, theirs) for name, mine, theirs in (
-        ("hidden_size", eagle.head.hidden_size, target.hidden_size),
-        ("vocab_size", eagle.vocab_size, target.vocab_size)) if mine != theirs]
-    if differences:
-        raise IncompatibleDraftError(f"the EAGLE-1 head in {head_dir} ({EAGLE1_UNCHECKED})",
-                                     differences)
-    return eagle.head
 
 
 def load_head_drafter(head_dir: Path, model_path: Path, target: TargetFingerprint,

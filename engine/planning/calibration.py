@@ -28,7 +28,6 @@ import numpy as np
 from engine.decoding.budget import MAX_MEMORY_DRAFT, VerifyCostModel
 from engine.decoding.generation import GenerationConfig, generate
 from engine.drafters import DrafterSpec, build_drafter, make_drafter
-from engine.drafters.head import HeadDrafter
 from engine.drafters.native_head import HeadChainConfig, NativeHeadDrafter
 from engine.errors import TandemError
 from engine.planning.machine_load import LoadMeter
@@ -331,6 +330,8 @@ def measure_head(target: Target, head_dir: Path | None, device: str, repeats: in
     import dataclasses
 
     import torch
+
+    from engine.drafters.head import HeadDrafter
 
     # A chain of fixed depth: dynamic depth would stop early on unlikely tokens.
     spec = DrafterSpec("head-chain", head_dir, device, {"depth": 2, "dynamic_depth": False})

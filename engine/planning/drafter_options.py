@@ -13,7 +13,7 @@ from pathlib import Path
 
 from engine.drafters import DEFAULT_EAGLE3_HEAD, DEFAULT_HEAD_DIR, DRAFTER_LABELS
 from engine.drafters.eagle3 import check_eagle3_head
-from engine.drafters.head import check_head_fits
+from engine.drafters.head_fit import NO_TORCH, check_head_fits, torch_available
 from engine.drafters.mtp import why_no_mtp_block
 from engine.errors import IncompatibleDraftError, ModelLoadError, TandemError
 from engine.gguf.eagle3 import EAGLE3_ARCHITECTURE
@@ -76,6 +76,8 @@ def _draft_model_option(info: ModelInfo, candidates: Iterable[tuple[str, Path]]
 
 def _torch_head_option(info: ModelInfo, head_dir: Path | None) -> DrafterOption:
     label = DRAFTER_LABELS["head"]
+    if not torch_available():
+        return DrafterOption("head", label, False, NO_TORCH)
     reasons = []
     for folder in ([head_dir] if head_dir else []) + [DEFAULT_HEAD_DIR]:
         try:

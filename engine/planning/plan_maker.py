@@ -15,7 +15,7 @@ from pathlib import Path
 
 from engine.decoding.budget import MAX_MEMORY_DRAFT
 from engine.drafters import DrafterSpec
-from engine.drafters.head import check_head_fits, load_head_drafter
+from engine.drafters.head_fit import NO_TORCH, check_head_fits, torch_available
 from engine.errors import TandemError
 from engine.gguf.draft_compat import check_draft_model
 from engine.planning.calibration import (
@@ -107,10 +107,16 @@ class PlanMaker:
         """The head directory when it fits the model, else None with a note (silent for
         the bundled head, which simply is not for other models)."""
         spec = DrafterSpec("head", asked)
+        if not torch_available():
+            if asked is not None:
+                self.notes.append(f"the draft head in {asked} is left out: {NO_TORCH}")
+            return None
         try:
             if asked is None:
                 check_head_fits(spec.head_path, self.model.fingerprint)
             else:  # a head named by the user: its weights must load too, or it is said
+                from engine.drafters.head import load_head_drafter
+
                 load_head_drafter(spec.head_path, self.model.path, self.model.fingerprint)
         except (FileNotFoundError, TandemError, ValueError) as exc:
             if asked is not None:
