@@ -26,7 +26,7 @@ else
 LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=ON -DGGML_RPC=ON
 endif
 
-.PHONY: run test lint bench stress install clean
+.PHONY: run test lint bench stress install clean dist dist-check
 
 install: $(STAMP)
 
@@ -68,5 +68,14 @@ bench: $(STAMP)
 stress: $(STAMP)
 	$(PY) -m tests.stress --runs 9 --load 3
 
+# The packaged build: dist/tandem/ and dist/tandem-linux-x86_64.tar.gz, which run without
+# a compiler, Python or this repository (docs/packaging.md). Its own venv in build/dist.
+dist:
+	bash packaging/dist/build.sh
+
+# The bundle unpacked into an empty folder, run with an empty home: the CLI and the window.
+dist-check:
+	bash packaging/dist/check.sh
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) build/dist

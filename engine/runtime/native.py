@@ -71,8 +71,45 @@ def ensure_backend() -> None:
     with _backend_lock:
         if not _backend_ready:
             llama_cpp.llama_log_set(_on_native_log, ctypes.c_void_p(0))
+            _load_backend_libraries()
             llama_cpp.llama_backend_init()
             _backend_ready = True
+
+
+def _lib_dir() -> Path:
+    return Path(llama_cpp.__file__).parent / "lib"
+
+
+def _load_backend_libraries() -> None:
+    """A portable build (GGML_BACKEND_DL: the packaged build, packaging/dist) keeps its
+    backends as libraries ggml loads at run time, one CPU library per instruction-set
+    level, of which it takes the best this CPU runs. ggml looks for them beside the
+    executable and in the working directory, not where llama-cpp-python keeps them."""
+    if not any(_lib_dir().glob("libggml-cpu-*.so")):
+        return  # the CPU backend is linked in (make install's build)
+    ggml = mapped_library("ggml")
+    load_all = getattr(ggml, "ggml_backend_load_all_from_path", None)
+    if load_all is None:
+        raise ModelLoadError("this llama.cpp build keeps its CPU backend in libraries "
+                             "but cannot load them (no ggml_backend_load_all_from_path)")
+    load_all.argtypes, load_all.restype = [ctypes.c_char_p], None
+    load_all(str(_lib_dir()).encode())
+
+
+def mapped_library(stem: str, variants: bool = False) -> ctypes.CDLL | None:
+    """The copy of ``lib<stem>`` (with ``variants``, also ``lib<stem>-<level>.so``, what
+    a portable build loads) this process has already mapped: opening it by that path
+    returns the loaded copy's handle, never a second instance with its own state."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None  # not Linux: the caller falls back to names
+    for line in maps.splitlines():
+        path = line.rpartition(" ")[2]
+        name = os.path.basename(path)
+        if name.startswith(f"lib{stem}.so") or (variants and name.startswith(f"lib{stem}-")):
+            return ctypes.CDLL(path)
+    return None
 
 
 def _native_errors_since(mark: int) -> str:
@@ -116,8 +153,13 @@ class GgmlRowKernels:
 def _ggml_cpu_library() -> ctypes.CDLL | None:
     """llama.cpp's CPU backend library, the copy libllama loaded (the wheel holds the
     soname and its links as separate files: opening another would load a second
-    instance, with its own switches); None where the build names it otherwise."""
-    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    instance, with its own switches); None where the build names it otherwise. A portable
+    build's is the variant ggml loaded for this CPU."""
+    ensure_backend()
+    mapped = mapped_library("ggml-cpu", variants=True)
+    if mapped is not None:
+        return mapped
+    lib_dir = _lib_dir()
     for name in ("libggml-cpu.so.0", "libggml-cpu.so", "libggml-cpu.0.dylib",
                  "libggml-cpu.dylib", "ggml-cpu.dll"):
         try:

@@ -17,12 +17,16 @@ from pathlib import Path
 import llama_cpp
 
 from engine.errors import ModelLoadError
-from engine.runtime.native import ensure_backend
+from engine.runtime.native import ensure_backend, mapped_library
 
 DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
 
 
 def _library(stem: str) -> ctypes.CDLL | None:
+    ensure_backend()  # a portable build maps its backends (the CPU variant) only then
+    mapped = mapped_library(stem, variants=stem == "ggml-cpu")
+    if mapped is not None:
+        return mapped
     lib_dir = Path(llama_cpp.__file__).parent / "lib"
     for name in (f"lib{stem}.so", f"lib{stem}.dylib", f"{stem}.dll"):
         if (lib_dir / name).exists():
