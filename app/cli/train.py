@@ -19,6 +19,13 @@ def _default_device() -> str:
 
 
 def cmd_train_draft(args: argparse.Namespace) -> int:
+    from engine.drafters.head_fit import torch_available
+
+    if not torch_available():
+        print("tandem train-draft: training needs torch, which this install lacks (the "
+              "packaged build leaves it out); train from a source install (make run)",
+              file=sys.stderr)
+        return 2
     from tqdm import tqdm
 
     from engine.hub.model_store import default_model_path
