@@ -14,15 +14,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from app.server.serve import ApiServer, check_binding
 
     check_binding(args.host, args.port, args.api_key)  # before the model loads
-    if args.queue < 1 or args.max_tokens < 1:
-        raise ValueError("--queue and --max-tokens must be at least 1")
+    if args.queue < 1 or args.max_tokens < 1 or args.parallel < 1:
+        raise ValueError("--queue, --max-tokens and --parallel must be at least 1")
     with open_service(args) as service:
         engine = service.current()
         assert engine is not None
         server = ApiServer(lambda: service, threading.Lock(), args.host, args.port,
-                           args.api_key, args.queue, min(args.max_tokens, engine.target.n_ctx))
+                           args.api_key, args.queue, min(args.max_tokens, engine.target.n_ctx),
+                           parallel=args.parallel)
+        together = f"; {server.parallel} requests at once" if server.parallel > 1 else ""
         print(f"Tandem serving {engine.describe()} at {server.url} "
-              f"(OpenAI API; Ctrl-C stops)", flush=True)
+              f"(OpenAI API{together}; Ctrl-C stops)", flush=True)
+        if server.parallel_note:
+            print(f"tandem serve: --parallel {args.parallel}: {server.parallel_note}",
+                  flush=True)
         server.run()
     return 0
 
@@ -42,6 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="require 'Authorization: Bearer KEY' on every request")
     p.add_argument("--queue", type=int, default=8,
                    help="requests that may wait for the model; more get 429")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="requests answered at once, decoded together in one batch (plain "
+                        "decoding: no drafts); each answer stays exactly its answer alone")
     p.add_argument("--max-tokens", type=int, default=4096,
                    help="the most new tokens one request may ask for")
     p.set_defaults(func=cmd_serve)

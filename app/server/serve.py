@@ -14,6 +14,7 @@ import uvicorn
 
 from app.server.http_api import ServerState, make_app
 from app.server.lane import EngineLane
+from app.server.parallel_lane import ParallelEngineLane, lanes_allowed
 from app.server.schema import Limits
 from engine.conversation import AnswerService
 from engine.decoding.generation import GenerationResult
@@ -52,12 +53,23 @@ class ApiServer:
                  api_key: str | None = None, max_waiting: int = DEFAULT_QUEUE,
                  max_tokens: int = 4096,
                  execute: Callable[[Callable[[], GenerationResult]], GenerationResult]
-                 | None = None) -> None:
+                 | None = None, parallel: int = 1) -> None:
         """``execute``: how a job reaches the engine's thread (see EngineLane); None for
-        ``run`` in the thread that made the engine."""
+        ``run`` in the thread that made the engine. ``parallel``: answers decoded
+        together (``run`` only), as many as ``lanes_allowed`` lets; ``parallel_note``
+        says why fewer."""
         check_binding(host, port, api_key)
-        self.lane = EngineLane(service_of, lock, max_waiting,
-                               own_thread=execute is not None, execute=execute)
+        self.parallel, self.parallel_note = 1, ""
+        if parallel > 1 and execute is None:
+            service = service_of()
+            self.parallel, self.parallel_note = lanes_allowed(
+                service.current() if service is not None else None, parallel)
+        self.lane: EngineLane | ParallelEngineLane
+        if self.parallel > 1:
+            self.lane = ParallelEngineLane(service_of, max_waiting, self.parallel)
+        else:
+            self.lane = EngineLane(service_of, lock, max_waiting,
+                                   own_thread=execute is not None, execute=execute)
         state = ServerState(self.lane, service_of, Limits(max_tokens=max_tokens), api_key)
         # Bind and listen now, so a port in use is an error here, port 0 gets its number,
         # and a client that connects as soon as the address is shown waits in the backlog

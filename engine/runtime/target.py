@@ -191,6 +191,18 @@ class Target:
                              flash_attn=self.config.flash_attn,
                              op_offload=self._op_offload())
 
+    def lane_context(self, n_lanes: int) -> NativeContext:
+        """A second context on this model for ``n_lanes`` answers at once
+        (engine.decoding.parallel): one KV stream of this context's size per sequence, and
+        this context's cache types, kernels and threads, so each lane decodes as sequence
+        0 does."""
+        return NativeContext(self.model, n_ctx=self.n_ctx * n_lanes, n_batch=n_lanes,
+                             n_seq_max=n_lanes, n_rs_seq=0, n_threads=self.n_threads,
+                             features=False, type_k=self.config.type_k,
+                             type_v=self.config.type_v, unified_kv=False,
+                             flash_attn=self.config.flash_attn,
+                             op_offload=self._op_offload())
+
     def set_threads(self, n_threads: int) -> None:
         """Decode and read prompts with ``n_threads`` threads from now on (between
         answers: the engine follows the machine's load)."""

@@ -1,0 +1,155 @@
+"""Several requests at once (``tandem serve --parallel N``): N answers decoded together on
+one model (engine.decoding.parallel), a bounded queue in front of them.
+
+Each request runs ``generate`` on its own thread over a lane; every llama.cpp call runs
+in ``run_forever``, on the thread that made the engine. The queue, its 429 and the
+figures for /health are as in EngineLane.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+from app.server.lane import Job, _api_error, _TextBatcher
+from app.server.schema import ApiError
+from engine.conversation import AnswerService, Question
+from engine.decoding.generation import GenerationConfig, GenerationResult, generate
+from engine.decoding.parallel import LaneTarget, ParallelLanes
+from engine.errors import ContextFullError
+from engine.session import Engine
+
+log = logging.getLogger(__name__)
+
+
+def lanes_allowed(engine: object, asked: int) -> tuple[int, str]:
+    """How many answers the engine may decode together, and why not more: as many as
+    asked where its verified batches are exact (a lane's row then gets one-token
+    decoding's logits), as many as a verification may take where the probe limited it,
+    one where it failed, the model keeps recurrent state, or runs in another process."""
+    if asked <= 1:
+        return 1, ""
+    if not isinstance(engine, Engine):
+        return 1, "the model runs in another process (workers): one answer at a time"
+    kernels, target = engine.kernels, engine.target
+    if not target.trees:
+        return 1, "this model keeps recurrent state per sequence: one answer at a time"
+    if target.arch.n_swa:
+        return 1, ("this model's sliding-window cache is two caches, which lanes do not "
+                   "take yet: one answer at a time")
+    if kernels is None or not kernels.exact:
+        return 1, ("batches of this model's tokens do not sum as one token does here, so "
+                   "answers decoded together would differ from their answers alone: one "
+                   "at a time")
+    if kernels.max_batch is not None and kernels.max_batch < asked:
+        return kernels.max_batch, (f"at most {kernels.max_batch} answers together: batches "
+                                   "of more rows sum in another order with these kernels")
+    return asked, ""
+
+
+class ParallelEngineLane:
+    """Runs up to ``n_lanes`` jobs at once on the engine ``service_of()`` gives (one in
+    this process). ``submit`` raises ApiError 429 when ``max_waiting`` jobs wait."""
+
+    def __init__(self, service_of: Callable[[], AnswerService | None], max_waiting: int,
+                 n_lanes: int) -> None:
+        service = service_of()
+        engine = service.current() if service is not None else None
+        if engine is None:
+            raise ValueError("no model is loaded")
+        self._service = service
+        self.lanes = ParallelLanes(engine.target, n_lanes)
+        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_waiting)
+        self.max_waiting = max_waiting
+        self.counts = {"answered": 0, "cancelled": 0, "failed": 0}
+        self._counts_lock = threading.Lock()
+        self._running: set[Job] = set()
+        self._threads = [threading.Thread(target=self._work, name=f"tandem-api-lane-{i}",
+                                          daemon=True) for i in range(self.lanes.n_lanes)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, job: Job) -> None:
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise ApiError(429, f"Tandem is busy: {self.max_waiting} requests are already "
+                                "waiting for the model; retry shortly",
+                           code="queue_full", kind="rate_limit_error") from None
+
+    @property
+    def n_waiting(self) -> int:
+        return self._queue.qsize()
+
+    def run_forever(self) -> None:
+        """The native work of every lane, until ``close``; on the engine's thread."""
+        self.lanes.serve_forever()
+        self.lanes.free()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        for job in list(self._running):
+            job.cancelled.set()
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.emit("error", ApiError(503, "the server is shutting down",
+                                           kind="server_error"))
+        for _ in self._threads:
+            self._queue.put(None)
+        for t in self._threads:
+            t.join(timeout_s)
+        self.lanes.close()
+
+    def _count(self, key: str) -> None:
+        with self._counts_lock:
+            self.counts[key] += 1
+
+    def _work(self) -> None:
+        while (job := self._queue.get()) is not None:
+            if job.cancelled.is_set():
+                self._count("cancelled")
+                job.emit("error", ApiError(499, "the client went away"))
+                continue
+            job.t_started = time.perf_counter()
+            self._running.add(job)
+            lane = self.lanes.lane()
+            try:
+                result = self._run(job, lane)
+            except Exception as exc:  # noqa: BLE001 - every failure reaches its client
+                self._count("failed")
+                job.emit("error", _api_error(exc))
+            else:
+                self._count("cancelled" if result.finish_reason == "cancelled"
+                            else "answered")
+                job.emit("done", result)
+            finally:
+                lane.release()
+                self._running.discard(job)
+
+    def _run(self, job: Job, lane: LaneTarget) -> GenerationResult:
+        req = job.request
+        config = GenerationConfig(max_tokens=req.max_tokens, sampling=req.sampling,
+                                  stop=req.stop, grammar=req.grammar, logprobs=req.logprobs)
+        question = (Question.chat([{"role": r, "content": c} for r, c in req.messages],
+                                  config, req.context_policy, req.enable_thinking)
+                    if req.is_chat else Question.completion(req.prompt or "", config))
+        engine = self._service.current()
+        prompt, _ = self.lanes.run(lambda: self._service.prompt_of(question))  # type: ignore[misc]
+        if len(prompt) + 1 > lane.n_ctx:
+            raise ContextFullError(len(prompt) + 1, lane.n_ctx)
+        if config.grammar:
+            self.lanes.run(lambda: engine.check_grammar(config.grammar))  # type: ignore[union-attr]
+        job.emit("start", len(prompt))
+        batcher = _TextBatcher(job.emit) if req.stream else None
+        result = generate(lane, prompt, None, config,  # type: ignore[arg-type]
+                          on_text=batcher.add if batcher else None,
+                          should_stop=job.cancelled.is_set)
+        if batcher is not None:
+            batcher.flush()
+        return result

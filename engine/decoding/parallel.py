@@ -1,0 +1,253 @@
+"""Several answers at once on one model: each in its own KV sequence of a shared context,
+every answer's next token decoded in one batch.
+
+On a CPU a batch of a few tokens costs little more than one (the weights are read once
+for all rows), so answers decoded together finish sooner in all than one after another.
+
+- **Each answer is exactly its answer alone.** Its prompt is read by the engine's own
+  target, as for an answer alone. The prompt's cells are then moved bit for bit into the
+  answer's sequence of the lanes' context. That context has the target's cache types,
+  kernels and threads, and one KV stream per sequence, so a lane attends over its own cells
+  in the order the target's sequence 0 holds them. Every token is then chosen by
+  ``engine.decoding.generation.generate`` itself (sampling, grammar, stop strings, log
+  probabilities), through a ``LaneTarget`` whose one-token decodes run as rows of a
+  shared batch.
+- **Batches stay exact only where verification is.** A row of a batch gets one-token
+  decoding's logits when the model's kernels are batch-invariant, which is what the
+  exactness probe checks (engine.planning.kernels). Where it failed, or kept verification
+  to a few rows, the lanes are capped to match: one lane is plain decoding, one answer at
+  a time.
+- **No drafts in lanes.** Drafts and other answers would compete for the same rows of
+  the same cores.
+
+Every llama.cpp call runs on the thread that calls ``serve_forever`` (with OpenMP a
+decode from another thread runs far slower); the answers' own loops run on their
+threads, and each hands its decodes to that one.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.errors import ContextFullError
+from engine.runtime.draft_tree import DraftTree
+from engine.runtime.native import NativeBatch, NativeContext
+from engine.runtime.prefill import Prefill
+from engine.runtime.target import Target, Verification
+
+# How long a batch waits for answers still choosing their next token (Python work between
+# decodes) before it goes with the rows it has.
+GATHER_S = 0.002
+
+
+_TIMEOUT = object()  # no work came while a batch waited for more rows
+
+
+@dataclass
+class _Decode:
+    token: int
+    position: int
+    seq: int
+    done: Future
+
+
+@dataclass
+class _Call:
+    fn: Callable[[], object]
+    done: Future
+
+
+def one_stream_of(blob: np.ndarray, n_streams: int) -> np.ndarray:
+    """A sequence's state from a cache of one KV stream (the target's), as a cache of
+    ``n_streams`` streams reads it. llama.cpp's sequence state is a magic number and the
+    sequence id (u32 each), the stream count (u32), then per stream its cell count (u32)
+    and, where cells, their positions and rows. A sequence's cells are read into that
+    sequence's own stream whichever section holds them, so: the count, the one section,
+    and empty sections for the others. (A sliding-window model's state is two caches one
+    after the other: not this.)"""
+    words = np.frombuffer(blob[:12].tobytes(), dtype=np.uint32)
+    if words[2] != 1:
+        raise ValueError(f"expected the state of one KV stream, got {words[2]}")
+    empty = np.zeros(n_streams - 1, dtype=np.uint32).view(np.uint8)
+    return np.concatenate([blob[:8], np.array([n_streams], dtype=np.uint32).view(np.uint8),
+                           blob[12:], empty])
+
+
+class ParallelLanes:
+    """Up to ``n_lanes`` answers at once on ``target``'s model. ``lane()`` hands out a
+    sequence (blocking while all are in use); ``serve_forever`` runs the native work
+    until ``close``."""
+
+    def __init__(self, target: Target, n_lanes: int) -> None:
+        self.target = target
+        self.n_lanes = max(1, n_lanes)
+        self.ctx: NativeContext = target.lane_context(self.n_lanes)
+        self.batch = NativeBatch(self.n_lanes, self.n_lanes)
+        self._work: queue.Queue[_Decode | _Call | None] = queue.Queue()  # None: close
+        self._free = queue.Queue[int]()
+        for seq in range(self.n_lanes):
+            self._free.put(seq)
+        self._decoding: set[int] = set()  # lanes past their prompt, not yet finished
+        self._lock = threading.Lock()
+        self.rows_decoded: list[int] = []  # each batch's rows, for the figures
+
+    # --- the answers' side ---------------------------------------------------------------
+    def lane(self, timeout: float | None = None) -> LaneTarget:
+        """A free lane, as a target ``generate`` runs on; ``release`` it after."""
+        seq = self._free.get(timeout=timeout)
+        return LaneTarget(self, seq)
+
+    def run(self, fn: Callable[[], object]) -> object:
+        """``fn()`` on the native thread, between batches; its result or exception."""
+        done: Future = Future()
+        self._work.put(_Call(fn, done))
+        return done.result()
+
+    def _decode(self, token: int, position: int, seq: int) -> np.ndarray:
+        done: Future = Future()
+        self._work.put(_Decode(token, position, seq, done))
+        return done.result()
+
+    def _set_decoding(self, seq: int, on: bool) -> None:
+        with self._lock:
+            (self._decoding.add if on else self._decoding.discard)(seq)
+        self._work.put(_Call(lambda: None, Future()))  # a batch waiting on it looks again
+
+    def _release(self, seq: int) -> None:
+        self._set_decoding(seq, False)
+        self.run(lambda: self.ctx.kv_remove(seq, -1, -1))
+        self._free.put(seq)
+
+    # --- the native thread ---------------------------------------------------------------
+    def serve_forever(self) -> None:
+        """Run prompt reads and batches until ``close``. On the engine's thread."""
+        pending: list[_Decode] = []
+        while True:
+            try:
+                item = self._work.get(timeout=GATHER_S if pending else None)
+            except queue.Empty:
+                item = _TIMEOUT
+            if item is None:  # close
+                if pending:
+                    self._run_batch(pending)
+                return
+            if isinstance(item, _Call):
+                self._call(item)
+            elif isinstance(item, _Decode):
+                pending.append(item)
+            with self._lock:
+                waiting_for = len(self._decoding)
+            if pending and (len(pending) >= waiting_for or item is _TIMEOUT):
+                self._run_batch(pending)
+                pending = []
+
+    @staticmethod
+    def _call(item: _Call) -> None:
+        try:
+            item.done.set_result(item.fn())
+        except BaseException as exc:  # noqa: BLE001 - it belongs to the caller
+            item.done.set_exception(exc)
+
+    def _run_batch(self, rows: list[_Decode]) -> None:
+        self.batch.fill([r.token for r in rows], [r.position for r in rows],
+                        [(r.seq,) for r in rows], True)
+        try:
+            self.ctx.decode(self.batch)
+        except BaseException as exc:  # noqa: BLE001 - every answer in it hears
+            for r in rows:
+                r.done.set_exception(exc)
+            return
+        logits = self.ctx.logits_view(len(rows))
+        self.rows_decoded.append(len(rows))
+        for i, r in enumerate(rows):
+            r.done.set_result(logits[i].copy())
+
+    def close(self) -> None:
+        """Stop ``serve_forever`` after the work queued before."""
+        self._work.put(None)
+
+    def free(self) -> None:
+        """Free the native context; after ``serve_forever`` returned."""
+        self.ctx.close()
+        self.batch.close()
+
+
+class LaneTarget:
+    """What ``generate`` asks of a target, for one lane: the prompt read by the engine's
+    target and moved into this lane's sequence, then one token at a time as a row of the
+    lanes' batch. No drafts (``trees`` False, nothing to verify but the root)."""
+
+    trees = False
+    max_draft = 0
+    max_leaves = 0
+    n_parked = 0
+
+    def __init__(self, lanes: ParallelLanes, seq: int) -> None:
+        self._lanes, self.seq = lanes, seq
+        self._target = lanes.target
+        self.model = self._target.model
+        self.n_ctx = self._target.n_ctx
+        self.n_past = 0
+
+    # generate's reads of the model
+    def is_end_of_generation(self, token: int) -> bool:
+        return self._target.is_end_of_generation(token)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self._target.token_bytes(token)
+
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        return self._target.tokenize(text, special=special)
+
+    @property
+    def n_used(self) -> int:
+        return self.n_past
+
+    def set_features(self, on: bool) -> None:
+        if on:
+            raise ValueError("lanes decode without features (no drafter)")
+
+    # the prompt
+    def prefill(self, prompt: list[int], feature_tail: int | None = None) -> Prefill:
+        """Read ``prompt`` as an answer alone reads it, and move its cells here."""
+        def read() -> Prefill:
+            self._target.set_features(False)  # as plain decoding reads a prompt
+            pre = self._target.prefill(prompt)
+            blob = one_stream_of(self._target.ctx.state_seq_array(0), self._lanes.n_lanes)
+            self._lanes.ctx.kv_remove(self.seq, -1, -1)
+            self._lanes.ctx.state_seq_set(self.seq, blob)
+            return Prefill(pre.logits.copy(), None, pre.n_reused)
+
+        pre = self._lanes.run(read)
+        assert isinstance(pre, Prefill)
+        self.n_past = len(prompt)
+        self._lanes._set_decoding(self.seq, True)
+        return pre
+
+    # one token at a time
+    def verify(self, root: int, draft: DraftTree) -> Verification:
+        if len(draft):
+            raise ValueError("a lane verifies no drafts")
+        if self.n_past + 1 > self.n_ctx:
+            raise ContextFullError(self.n_past + 1, self.n_ctx, what="verification batch")
+        logits = self._lanes._decode(root, self.n_past, self.seq)
+        return Verification(logits[None, :], None, {0: 0}, [(0,)], [0])
+
+    def commit(self, ver: Verification, path: list[int], path_tokens: list[int]) -> None:
+        self.n_past += len(path)
+
+    def rollback(self, n_past: int) -> None:
+        self.n_past = n_past  # the lane's cells go when it is released
+
+    def compact(self) -> None:
+        """Nothing parked in a lane."""
+
+    def release(self) -> None:
+        """Give the lane back (its cells dropped); once, after ``generate`` returned."""
+        self._lanes._release(self.seq)
