@@ -3,6 +3,10 @@
 a niced compile; and how long a start takes on a busy machine. Prints a table, writes JSON.
 
     .venv/bin/python -m app.load_bench --json load.json [--model M.gguf] [--tokens 128]
+        [--llama-bench PATH]
+
+With ``--llama-bench`` (llama.cpp's own, built from the same vendored source), the same
+decode by llama-bench on 1 and on 2 threads, beside each load, with Tandem's cache types.
 
 The loads are real processes: a Python busy loop, the same at nice 10, and gcc compiling
 a generated C file again and again at nice 10 (two jobs, as `nice make -j2`).
@@ -67,7 +71,19 @@ def _decode(engine: object, prompt: list[int], tokens: int) -> dict[str, float]:
             "threads": engine.target.n_threads}  # type: ignore[attr-defined]
 
 
-def run(model: Path | None, tokens: int, out: Path, say: Callable[[str], None]) -> dict:
+def _llama_bench(binary: Path, model: Path, tokens: int, threads: int) -> float:
+    """llama-bench's decode speed (tok/s): ``tokens`` generated, no prompt, one repeat,
+    Tandem's exact cache (Q8_0 K, F16 V, flash attention)."""
+    out = subprocess.run([str(binary), "-m", str(model), "-p", "0", "-n", str(tokens),
+                          "-t", str(threads), "-r", "1", "-ctk", "q8_0", "-ctv", "f16",
+                          "-fa", "1", "-o", "json"], capture_output=True, text=True,
+                         check=True, timeout=600)
+    return round(float(json.loads(out.stdout)[0]["avg_ts"]), 1)
+
+
+def run(model: Path | None, tokens: int, out: Path, say: Callable[[str], None],
+        llama_bench: Path | None = None) -> dict:
+    from engine.hub.model_store import default_model_path
     from engine.session import Engine, EngineConfig
 
     results: dict = {"machine": os.uname().machine, "cores": os.cpu_count(),
@@ -91,6 +107,13 @@ def run(model: Path | None, tokens: int, out: Path, say: Callable[[str], None]) 
                     say(f"{kind:14} {name:17} {row[name]['tok_per_s']:7.1f} tok/s "
                         f"({row[name]['threads']} threads)")
                     out.write_text(json.dumps(results, indent=1))
+                for n in (1, 2) if llama_bench else ():
+                    with _load(kind, folder):
+                        speed = _llama_bench(llama_bench, model or default_model_path(),
+                                             tokens, n)
+                    row[f"llama-bench {n}"] = {"tok_per_s": speed, "threads": n}
+                    say(f"{kind:14} llama-bench {n} thr  {speed:7.1f} tok/s")
+                    out.write_text(json.dumps(results, indent=1))
         finally:
             for engine in engines.values():
                 engine.close()
@@ -111,14 +134,20 @@ def run(model: Path | None, tokens: int, out: Path, say: Callable[[str], None]) 
 def table(results: dict) -> str:
     decode = results["decode"]
     quiet = decode["quiet"]
-    lines = ["| load | 1 thread | 2 threads | follows the load (threads) | vs quiet 1 thread |",
-             "|---|---|---|---|---|"]
+    peer = "llama-bench 1" in quiet
+    lines = ["| load | 1 thread | 2 threads | follows the load (threads) | vs quiet 1 thread |"
+             + (" llama-bench 1 / 2 threads | vs the better llama-bench |" if peer else ""),
+             "|---|---|---|---|---|" + ("---|---|" if peer else "")]
     for kind, row in decode.items():
         follow = row["follows the load"]
-        lines.append(f"| {kind} | {row['1 thread']['tok_per_s']} | "
-                     f"{row['2 threads']['tok_per_s']} | {follow['tok_per_s']} "
-                     f"({follow['threads']}) | "
-                     f"{follow['tok_per_s'] / quiet['1 thread']['tok_per_s']:.2f}x |")
+        line = (f"| {kind} | {row['1 thread']['tok_per_s']} | "
+                f"{row['2 threads']['tok_per_s']} | {follow['tok_per_s']} "
+                f"({follow['threads']}) | "
+                f"{follow['tok_per_s'] / quiet['1 thread']['tok_per_s']:.2f}x |")
+        if peer:
+            one, two = row["llama-bench 1"]["tok_per_s"], row["llama-bench 2"]["tok_per_s"]
+            line += f" {one} / {two} | {follow['tok_per_s'] / max(one, two):.2f}x |"
+        lines.append(line)
     starts = results["start_s"]
     if starts:
         lines.append("")
@@ -132,9 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, required=True, help="where the results go")
     p.add_argument("--model", type=Path, default=None, help="GGUF (default: bundled)")
     p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--llama-bench", type=Path, default=None,
+                   help="llama.cpp's llama-bench, run beside each load on 1 and 2 threads")
     args = p.parse_args(argv)
     results = run(args.model, args.tokens, args.json,
-                  lambda line: print(line, file=sys.stderr, flush=True))
+                  lambda line: print(line, file=sys.stderr, flush=True), args.llama_bench)
     print(table(results))
     return 0
 

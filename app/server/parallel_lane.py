@@ -66,7 +66,7 @@ class ParallelEngineLane:
         self.max_waiting = max_waiting
         self.counts = {"answered": 0, "cancelled": 0, "failed": 0}
         self._counts_lock = threading.Lock()
-        self._running: set[Job] = set()
+        self._running: dict[int, Job] = {}  # by id: jobs are not hashable
         self._threads = [threading.Thread(target=self._work, name=f"tandem-api-lane-{i}",
                                           daemon=True) for i in range(self.lanes.n_lanes)]
         for t in self._threads:
@@ -90,7 +90,7 @@ class ParallelEngineLane:
         self.lanes.free()
 
     def close(self, timeout_s: float = 30.0) -> None:
-        for job in list(self._running):
+        for job in list(self._running.values()):
             job.cancelled.set()
         while True:
             try:
@@ -117,9 +117,10 @@ class ParallelEngineLane:
                 job.emit("error", ApiError(499, "the client went away"))
                 continue
             job.t_started = time.perf_counter()
-            self._running.add(job)
-            lane = self.lanes.lane()
+            self._running[id(job)] = job
+            lane: LaneTarget | None = None
             try:
+                lane = self.lanes.lane()
                 result = self._run(job, lane)
             except Exception as exc:  # noqa: BLE001 - every failure reaches its client
                 self._count("failed")
@@ -129,8 +130,9 @@ class ParallelEngineLane:
                             else "answered")
                 job.emit("done", result)
             finally:
-                lane.release()
-                self._running.discard(job)
+                if lane is not None:
+                    lane.release()
+                self._running.pop(id(job), None)
 
     def _run(self, job: Job, lane: LaneTarget) -> GenerationResult:
         req = job.request
