@@ -71,7 +71,8 @@ class LlamaServer:
     """A ``llama-server`` process of llama.cpp's own, on a free loopback port."""
 
     def __init__(self, binary: str, model: str, n_ctx: int, n_threads: int,
-                 extra: list[str], type_k: str = "f16", type_v: str = "f16") -> None:
+                 extra: list[str], type_k: str = "f16", type_v: str = "f16",
+                 n_parallel: int = 1) -> None:
         import socket
         import subprocess
 
@@ -79,7 +80,8 @@ class LlamaServer:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         cmd = [binary, "-m", model, "-c", str(n_ctx), "-t", str(n_threads), "-tb",
-               str(n_threads), "-np", "1", "--host", "127.0.0.1", "--port", str(self.port),
+               str(n_threads), "-np", str(n_parallel), "--host", "127.0.0.1",
+               "--port", str(self.port),
                "--no-webui", "--cache-type-k", type_k, "--cache-type-v", type_v, *extra]
         # The peer runs as its users run it: not with the kernel switch Tandem sets for
         # itself (engine.runtime.native), unless the user set it.

@@ -1,0 +1,166 @@
+"""Several requests at once through the API: Tandem answering one at a time and N at once
+(``tandem serve --parallel N``), and llama.cpp's llama-server with ``-np 1`` and ``-np N``,
+on the same chat requests from the same clients. Prints a table, writes JSON.
+
+    .venv/bin/python -m app.parallel_bench --prompts ../shared/data/spec_bench_dev.jsonl \\
+        --json parallel.json [--parallel 4] [--requests 8] [--max-tokens 64] \\
+        [--llama-server PATH]
+
+Throughput is every answer's tokens over the wall time from the first request sent to the
+last answer received, N clients sending their requests one after another. Tandem's answers
+together are checked against its answers one at a time (greedy: the same text).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from training.spec_bench import load_prompts
+
+
+@contextmanager
+def _tandem(model: Path | None, parallel: int, threads: int, ctx: int) -> Iterator[str]:
+    cmd = [sys.executable, "-m", "app.cli", "serve", "--port", "0", "--threads", str(threads),
+           "--ctx", str(ctx), "--drafter", "none", "--parallel", str(parallel)]
+    if model is not None:
+        cmd += ["--model", str(model)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=Path(__file__).resolve().parents[1])
+    try:
+        url = None
+        for line in proc.stdout or []:
+            if line.startswith("Tandem serving"):
+                url = line.split(" at ", 1)[1].split()[0]
+                break
+        if url is None:
+            raise RuntimeError(f"tandem serve did not start (exit {proc.wait()})")
+        threading.Thread(target=lambda: [None for _ in proc.stdout or []], daemon=True).start()
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@contextmanager
+def _llama_server(binary: str, model: Path, parallel: int, threads: int, ctx: int
+                  ) -> Iterator[str]:
+    from app.bench_baselines import LlamaServer
+
+    # Tandem's exact cache types; a context per slot as large as Tandem's.
+    server = LlamaServer(binary, str(model), ctx * parallel, threads, ["-fa", "on"],
+                         type_k="q8_0", type_v="f16", n_parallel=parallel)
+    try:
+        yield f"http://127.0.0.1:{server.port}/v1"
+    finally:
+        server.close()
+
+
+def _drive(url: str, questions: list[str], clients: int, max_tokens: int) -> dict[str, Any]:
+    """``clients`` threads share the questions in turn; each sends its next one when its
+    last is answered."""
+    answers: list[str | None] = [None] * len(questions)
+    tokens = [0] * len(questions)
+    errors: list[str] = []
+
+    def client(k: int) -> None:
+        for i in range(k, len(questions), clients):
+            body = json.dumps({"model": "any", "max_tokens": max_tokens, "temperature": 0,
+                               "messages": [{"role": "user", "content": questions[i]}]})
+            req = urllib.request.Request(url + "/chat/completions", data=body.encode(),
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=600) as resp:
+                    reply = json.loads(resp.read())
+            except urllib.error.URLError as exc:
+                errors.append(str(exc))
+                continue
+            answers[i] = reply["choices"][0]["message"]["content"]
+            tokens[i] = reply["usage"]["completion_tokens"]
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return {"wall_s": round(wall, 2), "tokens": sum(tokens),
+            "tok_per_s": round(sum(tokens) / wall, 1), "answers": answers, "errors": errors}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from engine.hub.model_store import default_model_path
+
+    model = args.model or default_model_path()
+    rows = load_prompts(args.prompts, per_category=2)
+    questions = [r.turns[0] for r in rows][:args.requests]
+    n = args.parallel
+    results: dict[str, Any] = {"model": str(model), "threads": args.threads,
+                               "requests": len(questions), "clients": n,
+                               "max_tokens": args.max_tokens, "runs": {}}
+    setups: list[tuple[str, Any]] = [
+        ("tandem, one at a time", lambda: _tandem(args.model, 1, args.threads, args.ctx)),
+        (f"tandem --parallel {n}", lambda: _tandem(args.model, n, args.threads, args.ctx))]
+    if args.llama_server:
+        setups += [
+            ("llama-server -np 1", lambda: _llama_server(args.llama_server, model, 1,
+                                                         args.threads, args.ctx)),
+            (f"llama-server -np {n}", lambda: _llama_server(args.llama_server, model, n,
+                                                            args.threads, args.ctx))]
+    for name, start in setups:
+        with start() as url:
+            _drive(url, questions[:1], 1, 8)  # warm: the first start's measurements
+            results["runs"][name] = _drive(url, questions, n, args.max_tokens)
+        print(f"{name:24} {results['runs'][name]['tok_per_s']:7.1f} tok/s", file=sys.stderr)
+        args.json.write_text(json.dumps(results, indent=1))
+    alone = results["runs"]["tandem, one at a time"]["answers"]
+    together = results["runs"][f"tandem --parallel {n}"]["answers"]
+    results["same_answers"] = sum(a == b for a, b in zip(alone, together, strict=True))
+    args.json.write_text(json.dumps(results, indent=1))
+    return results
+
+
+def table(results: dict[str, Any]) -> str:
+    base = results["runs"]["tandem, one at a time"]["tok_per_s"]
+    lines = [f"{results['requests']} requests of up to {results['max_tokens']} tokens from "
+             f"{results['clients']} clients, {results['threads']} threads",
+             "| server | wall s | tok/s | vs Tandem one at a time |", "|---|---|---|---|"]
+    for name, run_ in results["runs"].items():
+        lines.append(f"| {name} | {run_['wall_s']} | {run_['tok_per_s']} | "
+                     f"{run_['tok_per_s'] / base:.2f}x |")
+    lines.append(f"Tandem's answers together equal its answers alone: "
+                 f"{results['same_answers']} of {results['requests']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m app.parallel_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prompts", type=Path, required=True)
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--model", type=Path, default=None)
+    p.add_argument("--parallel", type=int, default=4)
+    p.add_argument("--requests", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--ctx", type=int, default=2048)
+    p.add_argument("--llama-server", default=None, help="llama.cpp's llama-server binary")
+    args = p.parse_args(argv)
+    print(table(run(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
