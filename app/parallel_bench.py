@@ -6,6 +6,9 @@ on the same chat requests from the same clients. Prints a table, writes JSON.
         --json parallel.json [--parallel 4] [--requests 8] [--max-tokens 64] \\
         [--llama-server PATH]
 
+``--batch-costs MODEL.gguf ...`` measures instead, without HTTP, what a batch of lanes
+costs against one token alone, and the answers' speed together and alone, per model.
+
 Throughput is every answer's tokens over the wall time from the first request sent to the
 last answer received, N clients sending their requests one after another. Tandem's answers
 together are checked against its answers one at a time (greedy: the same text).
@@ -132,6 +135,60 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def batch_costs(model: Path, questions: list[str], n: int, max_tokens: int,
+                threads: int) -> dict[str, Any]:
+    """``n`` answers one after another, then together in lanes; the median decode time of
+    each batch size the lanes ran."""
+    import statistics
+
+    from engine.decoding.generation import GenerationConfig, generate
+    from engine.decoding.parallel import ParallelLanes
+    from engine.runtime.target import Target, TargetConfig
+
+    config = GenerationConfig(max_tokens)
+    with Target(model, TargetConfig(n_ctx=2048, n_threads=threads)) as target:
+        prompts = [target.chat_prompt([{"role": "user", "content": q}])
+                   for q in questions[:n]]
+        t0 = time.perf_counter()
+        alone = sum(len(generate(target, p, None, config).tokens) for p in prompts)
+        t_alone = time.perf_counter() - t0
+        lanes = ParallelLanes(target, n)
+        times: dict[int, list[float]] = {}
+        decode = lanes._run_batch
+
+        def timed(rows: list) -> None:  # noqa: ANN001
+            t = time.perf_counter()
+            decode(rows)
+            times.setdefault(len(rows), []).append(time.perf_counter() - t)
+
+        lanes._run_batch = timed  # type: ignore[method-assign]
+        counts = [0] * n
+
+        def answer(i: int) -> None:
+            lane = lanes.lane()
+            try:
+                counts[i] = len(generate(lane, prompts[i], None, config).tokens)  # type: ignore[arg-type]
+            finally:
+                lane.release()
+
+        threads_ = [threading.Thread(target=answer, args=(i,)) for i in range(n)]
+        t0 = time.perf_counter()
+        for t in threads_:
+            t.start()
+        closer = threading.Thread(target=lambda: ([t.join() for t in threads_],
+                                                  lanes.close()))
+        closer.start()
+        lanes.serve_forever()
+        closer.join()
+        t_together = time.perf_counter() - t0
+        lanes.free()
+    return {"model": model.name, "alone_tok_per_s": round(alone / t_alone, 1),
+            "together_tok_per_s": round(sum(counts) / t_together, 1),
+            "batch_ms": {k: round(1000 * statistics.median(v), 2)
+                         for k, v in sorted(times.items())},
+            "batches": {k: len(v) for k, v in sorted(times.items())}}
+
+
 def table(results: dict[str, Any]) -> str:
     base = results["runs"]["tandem, one at a time"]["tok_per_s"]
     lines = [f"{results['requests']} requests of up to {results['max_tokens']} tokens from "
@@ -157,7 +214,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--ctx", type=int, default=2048)
     p.add_argument("--llama-server", default=None, help="llama.cpp's llama-server binary")
+    p.add_argument("--batch-costs", type=Path, nargs="+", default=None, metavar="MODEL",
+                   help="measure the lanes' batch costs on these models instead")
     args = p.parse_args(argv)
+    if args.batch_costs:
+        questions = [r.turns[0] for r in load_prompts(args.prompts, per_category=2)]
+        rows = []
+        for model in args.batch_costs:
+            rows.append(batch_costs(model, questions, args.parallel, args.max_tokens,
+                                    args.threads))
+            args.json.write_text(json.dumps(rows, indent=1))
+        print("| model | alone tok/s | together tok/s | batch ms by rows |")
+        print("|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['model']} | {r['alone_tok_per_s']} | {r['together_tok_per_s']} | "
+                  f"{r['batch_ms']} (batches {r['batches']}) |")
+        return 0
     print(table(run(args)))
     return 0
 
