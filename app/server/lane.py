@@ -41,7 +41,51 @@ class Job:
         return max(0.0, self.t_started - self.t_queued) if self.t_started else 0.0
 
 
-class EngineLane:
+class JobQueue:
+    """The bounded queue in front of an engine: ``submit`` raises ApiError 429 when
+    ``max_waiting`` jobs are already waiting."""
+
+    def __init__(self, max_waiting: int) -> None:
+        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_waiting)
+        self.max_waiting = max_waiting
+        self.counts = {"answered": 0, "cancelled": 0, "failed": 0}  # for /health
+
+    def submit(self, job: Job) -> None:
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise ApiError(429, f"Tandem is busy: {self.max_waiting} requests are already "
+                                "waiting for the model; retry shortly",
+                           code="queue_full", kind="rate_limit_error") from None
+
+    @property
+    def n_waiting(self) -> int:
+        return self._queue.qsize()
+
+    def _turn_away_waiting(self) -> None:
+        """Tell every waiting job's client the server is shutting down (on close)."""
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                job.cancelled.set()
+                job.emit("error", ApiError(503, "the server is shutting down",
+                                           kind="server_error"))
+
+
+def question_of(job: Job) -> Question:
+    """The engine's question for a request: its messages or text, and how to answer."""
+    req = job.request
+    config = GenerationConfig(max_tokens=req.max_tokens, sampling=req.sampling,
+                              stop=req.stop, grammar=req.grammar, logprobs=req.logprobs)
+    return (Question.chat([{"role": r, "content": c} for r, c in req.messages],
+                          config, req.context_policy, req.enable_thinking)
+            if req.is_chat else Question.completion(req.prompt or "", config))
+
+
+class EngineLane(JobQueue):
     """Runs jobs one by one. ``submit`` raises ApiError 429 when ``max_waiting`` jobs are
     already waiting (one more may be running).
 
@@ -58,12 +102,10 @@ class EngineLane:
                  own_thread: bool = True,
                  execute: Callable[[Callable[[], GenerationResult]], GenerationResult]
                  | None = None) -> None:
+        super().__init__(max_waiting)
         self._service_of = service_of
         self._lock = lock
         self._execute = execute or (lambda fn: fn())
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_waiting)
-        self.max_waiting = max_waiting
-        self.counts = {"answered": 0, "cancelled": 0, "failed": 0}  # for /health
         self._running: Job | None = None
         self._thread: threading.Thread | None = None
         if own_thread:
@@ -71,33 +113,13 @@ class EngineLane:
                                             daemon=True)
             self._thread.start()
 
-    def submit(self, job: Job) -> None:
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise ApiError(429, f"Tandem is busy: {self.max_waiting} requests are already "
-                                "waiting for the model; retry shortly",
-                           code="queue_full", kind="rate_limit_error") from None
-
-    @property
-    def n_waiting(self) -> int:
-        return self._queue.qsize()
-
     def close(self, timeout_s: float = 30.0) -> None:
         """Cancel what waits and what runs (it stops at its next step and its client
         gets what was written), stop the thread."""
         running = self._running
         if running is not None:
             running.cancelled.set()
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.cancelled.set()
-                job.emit("error", ApiError(503, "the server is shutting down",
-                                           kind="server_error"))
+        self._turn_away_waiting()
         self._queue.put(None)
         if self._thread is not None:
             self._thread.join(timeout_s)
@@ -128,14 +150,8 @@ class EngineLane:
             service = self._service_of()
             if service is None or service.current() is None:
                 raise ApiError(503, "no model is loaded", kind="server_error")
-            req = job.request
-            config = GenerationConfig(max_tokens=req.max_tokens, sampling=req.sampling,
-                                      stop=req.stop, grammar=req.grammar,
-                                      logprobs=req.logprobs)
-            question = (Question.chat([{"role": r, "content": c} for r, c in req.messages],
-                                      config, req.context_policy, req.enable_thinking)
-                        if req.is_chat else Question.completion(req.prompt or "", config))
-            batcher = _TextBatcher(job.emit) if req.stream else None
+            question = question_of(job)
+            batcher = _TextBatcher(job.emit) if job.request.stream else None
             answer = service.answer(question,
                                     on_start=lambda n_prompt, _dropped: job.emit("start",
                                                                                  n_prompt),

@@ -9,15 +9,14 @@ figures for /health are as in EngineLane.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
 
-from app.server.lane import Job, _api_error, _TextBatcher
+from app.server.lane import Job, JobQueue, _api_error, _TextBatcher, question_of
 from app.server.schema import ApiError
-from engine.conversation import AnswerService, Question
-from engine.decoding.generation import GenerationConfig, GenerationResult, generate
+from engine.conversation import AnswerService
+from engine.decoding.generation import GenerationResult, generate
 from engine.decoding.parallel import LaneTarget, ParallelLanes
 from engine.errors import ContextFullError
 from engine.session import Engine
@@ -50,7 +49,7 @@ def lanes_allowed(engine: object, asked: int) -> tuple[int, str]:
     return asked, ""
 
 
-class ParallelEngineLane:
+class ParallelEngineLane(JobQueue):
     """Runs up to ``n_lanes`` jobs at once on the engine ``service_of()`` gives (one in
     this process). ``submit`` raises ApiError 429 when ``max_waiting`` jobs wait."""
 
@@ -60,11 +59,9 @@ class ParallelEngineLane:
         engine = service.current() if service is not None else None
         if engine is None:
             raise ValueError("no model is loaded")
+        super().__init__(max_waiting)
         self._service = service
         self.lanes = ParallelLanes(engine.target, n_lanes)
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_waiting)
-        self.max_waiting = max_waiting
-        self.counts = {"answered": 0, "cancelled": 0, "failed": 0}
         self._counts_lock = threading.Lock()
         self._running: dict[int, Job] = {}  # by id: jobs are not hashable
         self._threads = [threading.Thread(target=self._work, name=f"tandem-api-lane-{i}",
@@ -72,39 +69,24 @@ class ParallelEngineLane:
         for t in self._threads:
             t.start()
 
-    def submit(self, job: Job) -> None:
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise ApiError(429, f"Tandem is busy: {self.max_waiting} requests are already "
-                                "waiting for the model; retry shortly",
-                           code="queue_full", kind="rate_limit_error") from None
-
-    @property
-    def n_waiting(self) -> int:
-        return self._queue.qsize()
-
     def run_forever(self) -> None:
         """The native work of every lane, until ``close``; on the engine's thread."""
         self.lanes.serve_forever()
         self.lanes.free()
 
-    def close(self, timeout_s: float = 30.0) -> None:
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Cancel what runs and what waits, and stop ``run_forever``. At shutdown only
+        (``tandem serve``): a job still running when the native thread has stopped waits
+        forever, so its thread (a daemon) is given ``timeout_s`` in all, then left."""
         for job in list(self._running.values()):
             job.cancelled.set()
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.emit("error", ApiError(503, "the server is shutting down",
-                                           kind="server_error"))
+        self._turn_away_waiting()
         for _ in self._threads:
             self._queue.put(None)
-        for t in self._threads:
-            t.join(timeout_s)
         self.lanes.close()
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
 
     def _count(self, key: str) -> None:
         with self._counts_lock:
@@ -135,12 +117,8 @@ class ParallelEngineLane:
                 self._running.pop(id(job), None)
 
     def _run(self, job: Job, lane: LaneTarget) -> GenerationResult:
-        req = job.request
-        config = GenerationConfig(max_tokens=req.max_tokens, sampling=req.sampling,
-                                  stop=req.stop, grammar=req.grammar, logprobs=req.logprobs)
-        question = (Question.chat([{"role": r, "content": c} for r, c in req.messages],
-                                  config, req.context_policy, req.enable_thinking)
-                    if req.is_chat else Question.completion(req.prompt or "", config))
+        question = question_of(job)
+        config = question.generation
         engine = self._service.current()
         prompt, _ = self.lanes.run(lambda: self._service.prompt_of(question))  # type: ignore[misc]
         if len(prompt) + 1 > lane.n_ctx:
@@ -148,7 +126,7 @@ class ParallelEngineLane:
         if config.grammar:
             self.lanes.run(lambda: engine.check_grammar(config.grammar))  # type: ignore[union-attr]
         job.emit("start", len(prompt))
-        batcher = _TextBatcher(job.emit) if req.stream else None
+        batcher = _TextBatcher(job.emit) if job.request.stream else None
         result = generate(lane, prompt, None, config,  # type: ignore[arg-type]
                           on_text=batcher.add if batcher else None,
                           should_stop=job.cancelled.is_set)
