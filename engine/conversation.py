@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from engine.decoding.generation import GenerationConfig, GenerationResult
+from engine.decoding.logprobs import TokenLogprob
 from engine.decoding.stats import StepStats
 from engine.errors import (
     ContextFullError,
@@ -160,7 +161,8 @@ class AnswerService:
                on_text: Callable[[str], None] | None = None,
                on_step: Callable[[StepStats], None] | None = None,
                should_stop: Callable[[], bool] | None = None,
-               plain: bool = False) -> Answer:
+               plain: bool = False,
+               on_logprobs: Callable[[list[TokenLogprob]], None] | None = None) -> Answer:
         """Answer ``question``. ``on_start(prompt tokens, dropped messages)`` comes once
         the prompt fits, before any text. Raises ContextFullError (nothing generated),
         WorkerLostError (the next call runs here where the model fits), and what
@@ -174,7 +176,8 @@ class AnswerService:
         if on_start is not None:
             on_start(len(prompt), n_dropped)
         result = engine.generate(prompt, question.generation, on_text=on_text,
-                                 on_step=on_step, should_stop=should_stop, plain=plain)
+                                 on_step=on_step, should_stop=should_stop, plain=plain,
+                                 on_logprobs=on_logprobs)
         return Answer(result, len(prompt), n_dropped)
 
     def _engine(self) -> Engine | EngineProcess:

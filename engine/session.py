@@ -40,6 +40,7 @@ from engine.decoding.budget import (
 )
 from engine.decoding.generation import GenerationConfig, GenerationResult, generate
 from engine.decoding.grammar import Grammar
+from engine.decoding.logprobs import TokenLogprob
 from engine.decoding.stats import StepStats
 from engine.drafters import DRAFTER_NAMES, DrafterSpec, open_drafter
 from engine.drafters.base import Drafter
@@ -493,7 +494,9 @@ class Engine:
                  on_text: Callable[[str], None] | None = None,
                  on_step: Callable[[StepStats], None] | None = None,
                  should_stop: Callable[[], bool] | None = None,
-                 plain: bool = False, remember: bool = True) -> GenerationResult:
+                 plain: bool = False, remember: bool = True,
+                 on_logprobs: Callable[[list[TokenLogprob]], None] | None = None
+                 ) -> GenerationResult:
         """Generate after ``prompt`` (tokens) with the engine's drafter and budget, or
         with none when ``plain``; the cost model learns across generations, and a drafter
         with memory keeps the answer (saved at once) unless ``remember`` is False.
@@ -505,7 +508,7 @@ class Engine:
             result = generate(self.target, prompt, None if plain else self.drafter, config,
                               on_text=on_text, on_step=on_step, should_stop=should_stop,
                               cost=self.cost, governor=None if plain else self.governor,
-                              remember=remember)
+                              remember=remember, on_logprobs=on_logprobs)
         finally:
             if self.threads is not None:
                 self.threads.idle()

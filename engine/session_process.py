@@ -34,6 +34,7 @@ from engine.runtime.context_fit import DEFAULT_POLICY
 
 if TYPE_CHECKING:  # the child imports them; the parent only names them
     from engine.decoding.generation import GenerationConfig, GenerationResult
+    from engine.decoding.logprobs import TokenLogprob
     from engine.decoding.stats import StepStats
     from engine.planning.calibration import CostProfile
     from engine.planning.kernels import KernelChoice
@@ -353,8 +354,11 @@ class EngineProcess:
                  on_text: Callable[[str], None] | None = None,
                  on_step: Callable[[StepStats], None] | None = None,
                  should_stop: Callable[[], bool] | None = None,
-                 plain: bool = False, remember: bool = True) -> GenerationResult:
-        callbacks = {k: v for k, v in (("on_text", on_text), ("on_step", on_step)) if v}
+                 plain: bool = False, remember: bool = True,
+                 on_logprobs: Callable[[list[TokenLogprob]], None] | None = None
+                 ) -> GenerationResult:
+        callbacks = {k: v for k, v in (("on_text", on_text), ("on_step", on_step),
+                                       ("on_logprobs", on_logprobs)) if v}
         return self._call("engine", "generate", (list(prompt), config),
                           {"plain": plain, "remember": remember}, callbacks, should_stop)[1]
 

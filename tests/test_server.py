@@ -305,10 +305,23 @@ def test_log_probabilities_in_both_of_openais_shapes(server: Served) -> None:
     lp = text.choices[0].logprobs
     assert "".join(lp.tokens) == text.choices[0].text and len(lp.top_logprobs[0]) == 3
     assert lp.text_offset[0] == 0 and all(v <= 0 for v in lp.token_logprobs)
-    stream = client.chat.completions.create(model="any", messages=HELLO, max_tokens=8,
+    # Streamed: each chunk carries its own tokens' log probabilities, the finish chunk
+    # any left; together they are the whole answer's.
+    whole = client.chat.completions.create(model="any", messages=HELLO, max_tokens=24,
+                                           logprobs=True)
+    stream = client.chat.completions.create(model="any", messages=HELLO, max_tokens=24,
                                             logprobs=True, stream=True)
-    last = [c for c in stream if c.choices][-1]
-    assert [t.token for t in last.choices[0].logprobs.content] == [t.token for t in content]
+    streamed, with_text = [], 0
+    for c in stream:
+        if not c.choices or c.choices[0].logprobs is None:
+            continue
+        tokens = c.choices[0].logprobs.content
+        streamed += [(t.token, t.logprob) for t in tokens]
+        if c.choices[0].delta.content:
+            with_text += 1
+            assert "".join(t.token for t in tokens) == c.choices[0].delta.content
+    assert streamed == [(t.token, t.logprob) for t in whole.choices[0].logprobs.content]
+    assert with_text >= 1
 
 
 @pytest.mark.parametrize("extra, param", [

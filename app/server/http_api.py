@@ -27,6 +27,7 @@ from app.server.logprobs_format import chat_logprobs, text_logprobs
 from app.server.schema import ApiError, CompletionRequest, Limits, parse_request
 from engine.conversation import AnswerService
 from engine.decoding.generation import GenerationResult
+from engine.decoding.logprobs import TokenLogprob
 from engine.session import Engine
 from engine.session_process import EngineProcess
 from engine.tool_calls import read_calls
@@ -149,6 +150,9 @@ class _Answer:
         self.id = f"{'chatcmpl' if req.is_chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.model = state.model_id()
+        # Log probabilities sent with streamed text so far (the finish chunk has the rest).
+        self._streamed_logprobs: list[TokenLogprob] = []
+        self._n_logprobs_streamed = 0
 
     def _envelope(self, chunk: bool) -> dict[str, Any]:
         kind = ("chat.completion" if self.req.is_chat else "text_completion") + \
@@ -167,10 +171,20 @@ class _Answer:
                 "logprobs": logprobs, "finish_reason": finish}
 
     def _logprobs(self, result: GenerationResult) -> dict[str, Any] | None:
+        """The answer's log probabilities; in a stream, those no chunk carried yet."""
         if result.logprobs is None:
             return None
-        return (chat_logprobs(result.logprobs) if self.req.is_chat
-                else text_logprobs(result.logprobs))
+        rest = result.logprobs[self._n_logprobs_streamed:]
+        if not rest and self._n_logprobs_streamed:
+            return None
+        return self._format(rest)
+
+    def _format(self, logprobs: list[TokenLogprob]) -> dict[str, Any]:
+        if self.req.is_chat:
+            return chat_logprobs(logprobs)
+        start = sum(len(t.piece.decode("utf-8", errors="replace"))
+                    for t in self._streamed_logprobs)
+        return text_logprobs(logprobs, start)
 
     def _calls(self, text: str) -> list[dict[str, Any]] | None:
         """The answer's function calls in OpenAI's shape, where tools were offered and
@@ -209,8 +223,15 @@ class _Answer:
             choice["delta"] = {"role": "assistant", "content": ""}
         return {**self._envelope(True), "choices": [choice]}
 
-    def text_chunk(self, text: str) -> dict[str, Any]:
-        return {**self._envelope(True), "choices": [self._choice(text, None, True)]}
+    def text_chunk(self, text: str, logprobs: list[TokenLogprob] | None = None
+                   ) -> dict[str, Any]:
+        """A chunk of text, with the log probabilities of the tokens it ends."""
+        formatted = self._format(logprobs) if logprobs else None
+        if logprobs:
+            self._streamed_logprobs.extend(logprobs)
+            self._n_logprobs_streamed += len(logprobs)
+        return {**self._envelope(True), "choices": [self._choice(text, None, True,
+                                                                  formatted)]}
 
     def last_chunks(self, result: GenerationResult, job: Job) -> list[dict[str, Any]]:
         """Where tools were offered, the held-back text (as calls or as content); the
@@ -272,11 +293,15 @@ def make_app(state: ServerState) -> Starlette:
     async def _stream(answer: _Answer, events: asyncio.Queue, job: Job) -> AsyncIterator[str]:
         try:
             yield _sse(answer.first_chunk())
+            logprobs: list[TokenLogprob] = []  # for the next text chunk
             while True:
                 kind, value = await events.get()
-                if kind == "text":
-                    if not answer.req.tools:
-                        yield _sse(answer.text_chunk(value))
+                if kind == "logprobs":
+                    logprobs.extend(value)
+                elif kind == "text":
+                    if not answer.req.tools:  # (with tools all waits for the end)
+                        yield _sse(answer.text_chunk(value, logprobs))
+                        logprobs = []
                 elif kind == "error":  # after the 200: the error travels as an event
                     yield _sse(value.body())
                     break

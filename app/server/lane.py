@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from app.server.schema import ApiError, CompletionRequest
 from engine.conversation import AnswerService, Question, failure_of
 from engine.decoding.generation import GenerationConfig, GenerationResult
+from engine.decoding.logprobs import TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,8 @@ class EngineLane(JobQueue):
                                     on_start=lambda n_prompt, _dropped: job.emit("start",
                                                                                  n_prompt),
                                     on_text=batcher.add if batcher else None,
-                                    should_stop=job.cancelled.is_set)
+                                    should_stop=job.cancelled.is_set,
+                                    on_logprobs=batcher.logprobs_hook(job) if batcher else None)
             if batcher is not None:
                 batcher.flush()
             return answer.result
@@ -171,7 +173,12 @@ class _TextBatcher:
     def __init__(self, emit: Callable[[str, object], None], interval_s: float = 0.05) -> None:
         self._emit, self._interval_s = emit, interval_s
         self._parts: list[str] = []
+        self._logprobs: list[TokenLogprob] = []
         self._t_last = 0.0
+
+    def add_logprobs(self, logprobs: list[TokenLogprob]) -> None:
+        """The log probabilities of the tokens the next text ends: sent with it."""
+        self._logprobs.extend(logprobs)
 
     def add(self, text: str) -> None:
         self._parts.append(text)
@@ -182,8 +189,15 @@ class _TextBatcher:
 
     def flush(self) -> None:
         if self._parts:
+            if self._logprobs:
+                self._emit("logprobs", list(self._logprobs))
+                self._logprobs.clear()
             self._emit("text", "".join(self._parts))
             self._parts.clear()
+
+    def logprobs_hook(self, job: Job) -> Callable[[list[TokenLogprob]], None] | None:
+        """``add_logprobs`` where the request asked for log probabilities."""
+        return self.add_logprobs if job.request.logprobs is not None else None
 
 
 # The HTTP status of each kind of failure (engine.conversation.Failure): a lost worker's

@@ -20,8 +20,9 @@ def chat_logprobs(tokens: list[TokenLogprob]) -> dict[str, Any]:
         for t in tokens], "refusal": None}
 
 
-def text_logprobs(tokens: list[TokenLogprob]) -> dict[str, Any]:
-    offsets, at = [], 0
+def text_logprobs(tokens: list[TokenLogprob], start: int = 0) -> dict[str, Any]:
+    """``start``: where the first token's text begins in the answer (a streamed chunk's)."""
+    offsets, at = [], start
     for t in tokens:
         offsets.append(at)
         at += len(_text(t.piece))

@@ -129,7 +129,8 @@ class ParallelEngineLane(JobQueue):
         batcher = _TextBatcher(job.emit) if job.request.stream else None
         result = generate(lane, prompt, None, config,  # type: ignore[arg-type]
                           on_text=batcher.add if batcher else None,
-                          should_stop=job.cancelled.is_set)
+                          should_stop=job.cancelled.is_set,
+                          on_logprobs=batcher.logprobs_hook(job) if batcher else None)
         if batcher is not None:
             batcher.flush()
         return result

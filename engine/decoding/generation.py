@@ -72,14 +72,28 @@ class _Emitter:
     """Applies end conditions token by token and streams text."""
 
     def __init__(self, target: Target, config: GenerationConfig,
-                 on_text: Callable[[str], None] | None) -> None:
+                 on_text: Callable[[str], None] | None,
+                 on_logprobs: Callable[[list[TokenLogprob]], None] | None = None) -> None:
         self.target = target
         self.max_tokens = config.max_tokens
         self.stream = TextStream(config.stop)
         self.on_text = on_text
+        self.on_logprobs = on_logprobs
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprob] | None = [] if config.logprobs is not None else None
+        self.n_logprobs_sent = 0
         self.finish_reason: str | None = None
+
+    def _send_text(self, delta: str) -> None:
+        """``delta`` to ``on_text``, after the log probabilities of the tokens it ends
+        (every one not sent yet) to ``on_logprobs``."""
+        if self.on_logprobs is not None and self.logprobs:
+            fresh = self.logprobs[self.n_logprobs_sent:]
+            if fresh:
+                self.on_logprobs(fresh)
+                self.n_logprobs_sent = len(self.logprobs)
+        if self.on_text:
+            self.on_text(delta)
 
     def emit(self, tokens: list[int], logprobs: Sequence[TokenLogprob] = ()) -> None:
         for i, tok in enumerate(tokens):
@@ -92,8 +106,8 @@ class _Emitter:
             if self.logprobs is not None:
                 self.logprobs.append(logprobs[i])
             delta = self.stream.feed(self.target.token_bytes(tok))
-            if delta and self.on_text:
-                self.on_text(delta)
+            if delta:
+                self._send_text(delta)
             if self.stream.stopped:
                 self.finish_reason = "stop"
             elif len(self.tokens) >= self.max_tokens:
@@ -103,8 +117,8 @@ class _Emitter:
         if self.finish_reason is None:
             self.finish_reason = "length"
         tail = self.stream.finish()
-        if tail and self.on_text:
-            self.on_text(tail)
+        if tail:
+            self._send_text(tail)
         return self.finish_reason
 
 
@@ -119,8 +133,12 @@ def generate(
     cost: VerifyCostModel | None = None,
     governor: SpeculationGovernor | None = None,
     remember: bool = True,
+    on_logprobs: Callable[[list[TokenLogprob]], None] | None = None,
 ) -> GenerationResult:
     """Generate after ``prompt``; output equals plain decoding whatever the drafter.
+
+    ``on_logprobs`` (where ``config.logprobs`` asks for them) receives the log
+    probabilities of the tokens whose text ``on_text`` is about to receive, just before it.
 
     ``should_stop`` is polled between steps (cancellation). ``cost`` is the verification
     cost curve the draft budget uses; it learns from this generation's decodes (pass
@@ -134,7 +152,7 @@ def generate(
     config = config or GenerationConfig()
     grammar = Grammar.compile(target.model, config.grammar) if config.grammar else None
     run = _Run(target, config, cost if cost is not None else VerifyCostModel(), governor,
-               _Emitter(target, config, on_text),
+               _Emitter(target, config, on_text, on_logprobs),
                GenerationStats(n_prompt=len(prompt),
                                drafter=drafter.name if drafter else "none"),
                PositionUniforms(config.sampling.seed), drafter, prompt=list(prompt),
