@@ -305,7 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         if args.replay is not None:
-            found, _ = play(load_case(args.replay), Path(tmp))
+            case = load_case(args.replay)
+            if args.model is not None:  # a case file names the model it was found on
+                case = Case(case.seed, str(args.model), case.drafters, case.n_ctx,
+                            case.actions)
+            found, _ = play(case, Path(tmp))
             print(json.dumps(asdict(found) if found else "no divergence"))
             return 1 if found else 0
         prompts = [json.loads(line) for line in args.prompts.read_text().splitlines()
