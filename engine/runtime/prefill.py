@@ -229,6 +229,8 @@ class PromptReader:
         if len(prompt) + 1 > t.n_ctx:
             raise ContextFullError(len(prompt) + 1, t.n_ctx)
         t.settle()  # the last prompt's cells, before any cell of this one
+        if t.n_parked:
+            self._unpark()
         n_same = common_prefix_length(t.tokens, prompt)
         if n_same < len(t.tokens):
             n_same = self._keep_across_a_cut(prompt, n_same)
@@ -324,6 +326,23 @@ class PromptReader:
         self.remembered = [(key, logits, features)] + rest[:REMEMBERED_PREFILLS - 1]
 
     # --- the context shift ---------------------------------------------------------------
+    def _unpark(self) -> None:
+        """Before a prompt: free the cells a drafted answer parked, and write the sequence
+        back from the start so its cells are where plain decoding's are, one after
+        another in position order. Freed in place, they would leave holes between the
+        answer's cells; the prompt's cells would then go elsewhere than in plain
+        decoding's cache, and its sums differ (F32, tests/cases: 0.36 apart after a long
+        follow-up). The values are copied, not evaluated again."""
+        t = self.target
+        ctx = t.ctx
+        ctx.kv_remove(t.park_seq, -1, -1)
+        t.n_parked = 0
+        if t.arch.has_state:  # no trees, so nothing parked; never rewrite recurrent state
+            return
+        blob = ctx.state_seq_array(0)
+        ctx.kv_clear()
+        ctx.state_seq_set(0, blob)
+
     def _keep_across_a_cut(self, prompt: list[int], n_same: int) -> int:
         """A prompt that is the cached tokens with a span cut out after the common prefix
         (a long chat's oldest turns dropped) keeps the cells after the cut: they are
