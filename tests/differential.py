@@ -87,6 +87,7 @@ class Sessions:
 
     def __init__(self, model: Path, drafters: list[str], n_ctx: int, work: Path) -> None:
         from engine.conversation import AnswerService
+        from engine.decoding.budget import VerifyCostModel
         from engine.session import Engine, EngineConfig
 
         self.names = ["none", *drafters]
@@ -94,7 +95,11 @@ class Sessions:
         for name in self.names:
             config = EngineConfig(model_path=model, drafter=name, n_threads=2, n_ctx=n_ctx,
                                   cache_dir=work / "cache", memory_dir=work / f"mem-{name}")
-            self.services[name] = AnswerService(Engine(config), config)
+            engine = Engine(config)
+            # A fixed verification curve: the budget, and so what is drafted, verified and
+            # parked, must not follow this machine's timings, or a case would not replay.
+            engine.cost = VerifyCostModel(slope=0.35, learn=False)
+            self.services[name] = AnswerService(engine, config)
         self.messages: list[dict[str, str]] = []
         self.n_actions = 0
         self.n_tokens = 0  # generated, all sessions together

@@ -46,3 +46,18 @@ def test_a_case_replays(model_path: Path, tmp_path: Path, kind: str) -> None:
                Action(kind, "Name three lakes.", 12)]
     found, tokens = play(Case(1, str(model_path), ["memory"], 1024, actions), tmp_path)
     assert found is None and tokens > 0
+
+
+def test_a_long_follow_up_after_drafted_answers_reads_as_plain_on_f32(f32_model_path: Path,
+                                                                       tmp_path: Path) -> None:
+    """A case the differential found (tests/cases): after 18 actions with memory drafts, a
+    long follow-up's cells differed from plain decoding's, and the next first token's
+    logits were 0.42 apart. The cells a drafted answer parked, freed in place, left holes
+    for the prompt's cells (engine.runtime.prefill: ``_unpark``)."""
+    from tests.differential import load_case
+
+    case = load_case(Path(__file__).parent / "cases" / "f32-seed21-long-follow-up.json")
+    case = Case(case.seed, str(f32_model_path), case.drafters, case.n_ctx, case.actions)
+    found, tokens = play(case, tmp_path)
+    assert found is None, found
+    assert tokens > 0
