@@ -220,8 +220,7 @@ class LaneTarget:
             self._target.set_features(False)  # as plain decoding reads a prompt
             pre = self._target.prefill(prompt)
             blob = one_stream_of(self._target.ctx.state_seq_array(0), self._lanes.n_lanes)
-            self._lanes.ctx.kv_remove(self.seq, -1, -1)
-            self._lanes.ctx.state_seq_set(self.seq, blob)
+            self._lanes.ctx.state_seq_set(self.seq, blob)  # replaces the lane's cells
             return Prefill(pre.logits.copy(), None, pre.n_reused)
 
         pre = self._lanes.run(read)

@@ -76,7 +76,8 @@ def ensure_backend() -> None:
             _backend_ready = True
 
 
-def _lib_dir() -> Path:
+def lib_dir() -> Path:
+    """Where llama-cpp-python keeps llama.cpp's libraries."""
     return Path(llama_cpp.__file__).parent / "lib"
 
 
@@ -85,7 +86,7 @@ def _load_backend_libraries() -> None:
     backends as libraries ggml loads at run time, one CPU library per instruction-set
     level, of which it takes the best this CPU runs. ggml looks for them beside the
     executable and in the working directory, not where llama-cpp-python keeps them."""
-    if not any(_lib_dir().glob("libggml-cpu-*.so")):
+    if not any(lib_dir().glob("libggml-cpu-*.so")):
         return  # the CPU backend is linked in (make install's build)
     ggml = mapped_library("ggml")
     load_all = getattr(ggml, "ggml_backend_load_all_from_path", None)
@@ -93,7 +94,7 @@ def _load_backend_libraries() -> None:
         raise ModelLoadError("this llama.cpp build keeps its CPU backend in libraries "
                              "but cannot load them (no ggml_backend_load_all_from_path)")
     load_all.argtypes, load_all.restype = [ctypes.c_char_p], None
-    load_all(str(_lib_dir()).encode())
+    load_all(str(lib_dir()).encode())
 
 
 def mapped_library(stem: str, variants: bool = False) -> ctypes.CDLL | None:
@@ -159,11 +160,11 @@ def _ggml_cpu_library() -> ctypes.CDLL | None:
     mapped = mapped_library("ggml-cpu", variants=True)
     if mapped is not None:
         return mapped
-    lib_dir = _lib_dir()
+    folder = lib_dir()
     for name in ("libggml-cpu.so.0", "libggml-cpu.so", "libggml-cpu.0.dylib",
                  "libggml-cpu.dylib", "ggml-cpu.dll"):
         try:
-            return ctypes.CDLL(str(lib_dir / name))
+            return ctypes.CDLL(str(folder / name))
         except OSError:
             continue
     return None

@@ -17,7 +17,7 @@ from pathlib import Path
 import llama_cpp
 
 from engine.errors import ModelLoadError
-from engine.runtime.native import ensure_backend, mapped_library
+from engine.runtime.native import ensure_backend, lib_dir, mapped_library
 
 DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
 
@@ -27,10 +27,10 @@ def _library(stem: str) -> ctypes.CDLL | None:
     mapped = mapped_library(stem, variants=stem == "ggml-cpu")
     if mapped is not None:
         return mapped
-    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    folder = lib_dir()
     for name in (f"lib{stem}.so", f"lib{stem}.dylib", f"{stem}.dll"):
-        if (lib_dir / name).exists():
-            return ctypes.CDLL(str(lib_dir / name))
+        if (folder / name).exists():
+            return ctypes.CDLL(str(folder / name))
     return None
 
 

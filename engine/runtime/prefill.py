@@ -334,11 +334,16 @@ class PromptReader:
         decoding's cache, and its sums differ (F32, tests/cases: 0.36 apart after a long
         follow-up). The values are copied, not evaluated again."""
         t = self.target
-        ctx = t.ctx
-        ctx.kv_remove(t.park_seq, -1, -1)
+        t.ctx.kv_remove(t.park_seq, -1, -1)
         t.n_parked = 0
         if t.arch.has_state:  # no trees, so nothing parked; never rewrite recurrent state
             return
+        self._write_back()
+
+    def _write_back(self) -> None:
+        """Sequence 0's cells written back from the start, one after another in position
+        order (a copy: ``kv_clear`` leaves the blob as it was)."""
+        ctx = self.target.ctx
         blob = ctx.state_seq_array(0)
         ctx.kv_clear()
         ctx.state_seq_set(0, blob)
@@ -362,9 +367,7 @@ class PromptReader:
         n_cut, n_kept = cut
         end = n_same + n_cut + n_kept
         t.settle()
-        ctx = t.ctx
-        ctx.kv_remove(t.park_seq, -1, -1)  # parked cells go with the rewrite
-        t.n_parked = 0
+        ctx = t.ctx  # nothing is parked here: ``read`` unparked first
         ctx.kv_remove(0, end, -1)
         ctx.kv_remove(0, n_same, n_same + n_cut)
         ctx.kv_shift(0, n_same + n_cut, end, -n_cut)
@@ -374,9 +377,7 @@ class PromptReader:
             t.batch.fill([kept[-1]], [len(kept)], [(1,)], [False])
             ctx.decode(t.batch)
             ctx.kv_remove(1, -1, -1)
-            blob = ctx.state_seq_array(0)  # a copy: kv_clear leaves it as it was
-            ctx.kv_clear()
-            ctx.state_seq_set(0, blob)
+            self._write_back()
         except NativeError as exc:
             log.warning("context shift failed, the prompt is prefilled again: %s", exc)
             t.reset()
