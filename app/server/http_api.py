@@ -150,9 +150,10 @@ class _Answer:
         self.id = f"{'chatcmpl' if req.is_chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.model = state.model_id()
-        # Log probabilities sent with streamed text so far (the finish chunk has the rest).
-        self._streamed_logprobs: list[TokenLogprob] = []
+        # Log probabilities sent with streamed text so far (the finish chunk has the rest),
+        # and the characters of their tokens (where a completion's next offsets start).
         self._n_logprobs_streamed = 0
+        self._streamed_chars = 0
 
     def _envelope(self, chunk: bool) -> dict[str, Any]:
         kind = ("chat.completion" if self.req.is_chat else "text_completion") + \
@@ -182,9 +183,7 @@ class _Answer:
     def _format(self, logprobs: list[TokenLogprob]) -> dict[str, Any]:
         if self.req.is_chat:
             return chat_logprobs(logprobs)
-        start = sum(len(t.piece.decode("utf-8", errors="replace"))
-                    for t in self._streamed_logprobs)
-        return text_logprobs(logprobs, start)
+        return text_logprobs(logprobs, self._streamed_chars)
 
     def _calls(self, text: str) -> list[dict[str, Any]] | None:
         """The answer's function calls in OpenAI's shape, where tools were offered and
@@ -228,8 +227,9 @@ class _Answer:
         """A chunk of text, with the log probabilities of the tokens it ends."""
         formatted = self._format(logprobs) if logprobs else None
         if logprobs:
-            self._streamed_logprobs.extend(logprobs)
             self._n_logprobs_streamed += len(logprobs)
+            self._streamed_chars += sum(len(t.piece.decode("utf-8", errors="replace"))
+                                        for t in logprobs)
         return {**self._envelope(True), "choices": [self._choice(text, None, True,
                                                                   formatted)]}
 
