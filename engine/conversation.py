@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from engine.decoding.generation import GenerationConfig, GenerationResult
 from engine.decoding.logprobs import TokenLogprob
@@ -41,18 +42,21 @@ class Question:
     """What to answer: a conversation (``messages``, system prompt first) or, when
     ``text`` is given, that text to continue as it is (a completion)."""
 
-    messages: tuple[dict[str, str], ...] = ()
+    messages: tuple[dict[str, Any], ...] = ()
     text: str | None = None
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     context_policy: str = DEFAULT_POLICY  # engine.runtime.context_fit
     thinking: bool | None = None  # for templates with a thinking switch; None: theirs
     special: bool = False  # a text's control tokens (<|im_start|>...) parsed as such
+    # Functions offered through the chat template's own syntax (engine.tool_syntax)
+    tools: tuple[dict, ...] = ()
 
     @classmethod
-    def chat(cls, messages: list[dict[str, str]], generation: GenerationConfig,
-             context_policy: str = DEFAULT_POLICY, thinking: bool | None = None
-             ) -> Question:
-        return cls(tuple(messages), None, generation, context_policy, thinking)
+    def chat(cls, messages: list[dict[str, Any]], generation: GenerationConfig,
+             context_policy: str = DEFAULT_POLICY, thinking: bool | None = None,
+             tools: tuple[dict, ...] = ()) -> Question:
+        return cls(tuple(messages), None, generation, context_policy, thinking,
+                   tools=tools)
 
     @classmethod
     def completion(cls, text: str, generation: GenerationConfig, special: bool = False
@@ -153,7 +157,8 @@ class AnswerService:
             return engine.target.tokenize(question.text or "", special=question.special), 0
         thinking = question.thinking if engine.target.template.thinking_switch else None
         fitted = engine.fit_chat(list(question.messages), question.generation.max_tokens,
-                                 question.context_policy, thinking)
+                                 question.context_policy, thinking,
+                                 list(question.tools) or None)
         return fitted.tokens, fitted.n_dropped
 
     def answer(self, question: Question, *,

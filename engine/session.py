@@ -28,6 +28,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -472,22 +473,23 @@ class Engine:
         """The drafter in use: "head", "lookup" or "none"."""
         return self.drafter.name if self.drafter is not None else "none"
 
-    def chat_prompt(self, messages: list[dict[str, str]],
-                    enable_thinking: bool | None = None) -> list[int]:
-        return self.target.chat_prompt(messages, enable_thinking=enable_thinking)
+    def chat_prompt(self, messages: list[dict[str, Any]],
+                    enable_thinking: bool | None = None,
+                    tools: list[dict] | None = None) -> list[int]:
+        return self.target.chat_prompt(messages, enable_thinking=enable_thinking, tools=tools)
 
     def check_grammar(self, gbnf: str) -> None:
         """Raise InvalidSamplingError (naming the problem) when llama.cpp cannot parse
         ``gbnf``: checked before an answer starts, so an API client gets a 400."""
         Grammar.compile(self.target.model, gbnf).close()
 
-    def fit_chat(self, messages: list[dict[str, str]], max_tokens: int,
-                 policy: str = DEFAULT_POLICY, enable_thinking: bool | None = None
-                 ) -> FittedPrompt:
+    def fit_chat(self, messages: list[dict[str, Any]], max_tokens: int,
+                 policy: str = DEFAULT_POLICY, enable_thinking: bool | None = None,
+                 tools: list[dict] | None = None) -> FittedPrompt:
         """The prompt for a conversation that may outgrow the context: under
         ``drop_oldest`` the system prompt and the newest turns that leave room for the
         answer (engine.runtime.context_fit); under ``stop`` all of it."""
-        return fit_messages(lambda m: self.chat_prompt(m, enable_thinking), messages,
+        return fit_messages(lambda m: self.chat_prompt(m, enable_thinking, tools), messages,
                             self.target.n_ctx, max_tokens, policy)
 
     def generate(self, prompt: list[int], config: GenerationConfig | None = None, *,

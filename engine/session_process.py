@@ -226,9 +226,11 @@ class _TargetProxy:
     def detokenize(self, tokens: list[int]) -> str:
         return self._call("detokenize", list(tokens))
 
-    def chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
-                    enable_thinking: bool | None = None) -> list[int]:
-        return self._call("chat_prompt", messages, add_generation_prompt, enable_thinking)
+    def chat_prompt(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    enable_thinking: bool | None = None, tools: list[dict] | None = None
+                    ) -> list[int]:
+        return self._call("chat_prompt", messages, add_generation_prompt, enable_thinking,
+                          tools)
 
     def is_end_of_generation(self, token: int) -> bool:
         return self._call("is_end_of_generation", token)
@@ -369,14 +371,16 @@ class EngineProcess:
     def check_grammar(self, gbnf: str) -> None:
         self._engine_call("check_grammar", gbnf)
 
-    def fit_chat(self, messages: list[dict[str, str]], max_tokens: int,
-                 policy: str = DEFAULT_POLICY, enable_thinking: bool | None = None
-                 ) -> FittedPrompt:
-        return self._engine_call("fit_chat", messages, max_tokens, policy, enable_thinking)
+    def fit_chat(self, messages: list[dict[str, Any]], max_tokens: int,
+                 policy: str = DEFAULT_POLICY, enable_thinking: bool | None = None,
+                 tools: list[dict] | None = None) -> FittedPrompt:
+        return self._engine_call("fit_chat", messages, max_tokens, policy, enable_thinking,
+                                 tools)
 
-    def chat_prompt(self, messages: list[dict[str, str]],
-                    enable_thinking: bool | None = None) -> list[int]:
-        return self._engine_call("chat_prompt", messages, enable_thinking)
+    def chat_prompt(self, messages: list[dict[str, Any]],
+                    enable_thinking: bool | None = None, tools: list[dict] | None = None
+                    ) -> list[int]:
+        return self._engine_call("chat_prompt", messages, enable_thinking, tools)
 
     def plan_status(self) -> dict[str, object] | None:
         return self._engine_call("plan_status")

@@ -5,9 +5,9 @@ grammar when a call is required.
 A call is ``{"tool_calls": [{"name": ..., "arguments": {...}}]}``. With ``tool_choice``
 ``required`` or a named function the answer's grammar admits only such an object, with
 each function's arguments matching its JSON schema; with ``auto`` the model chooses, and an
-answer that is such an object (and nothing else) is read back as calls. Templates' own
-tool syntaxes (Hermes' ``<tool_call>``, Llama 3.1's ``ipython``...) are not used yet: this
-one prompt works on any instruct model, the bundled one included.
+answer that is such an object (and nothing else) is read back as calls. This is the
+generic syntax, for templates that have none of their own (the bundled model's);
+engine.tool_syntax uses a template's own where it knows it.
 """
 
 from __future__ import annotations

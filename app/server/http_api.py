@@ -30,7 +30,7 @@ from engine.decoding.generation import GenerationResult
 from engine.decoding.logprobs import TokenLogprob
 from engine.session import Engine
 from engine.session_process import EngineProcess
-from engine.tool_calls import read_calls
+from engine.tool_syntax import GENERIC, ReadCalls, ToolSyntax, tool_syntax_of
 
 # While a request waits for the model, how often to look for a client that left.
 _DISCONNECT_POLL_S = 0.25
@@ -54,6 +54,12 @@ class ServerState:
     def engine_of(self) -> Engine | EngineProcess | None:
         service = self.service_of()
         return service.engine if service is not None else None
+
+    def tool_syntax(self) -> ToolSyntax:
+        """How the loaded model's chat template offers functions."""
+        engine = self.engine_of()
+        return tool_syntax_of(engine.target.template.source) if engine is not None \
+            else GENERIC
 
     def model_id(self) -> str:
         engine = self.engine_of()
@@ -185,36 +191,40 @@ class _Answer:
             return chat_logprobs(logprobs)
         return text_logprobs(logprobs, self._streamed_chars)
 
-    def _calls(self, text: str) -> list[dict[str, Any]] | None:
-        """The answer's function calls in OpenAI's shape, where tools were offered and
-        the answer is a call."""
-        calls = read_calls(text, list(self.req.tools)) if self.req.tools else None
-        if calls is None:
-            return None
+    def _read(self, text: str) -> ReadCalls | None:
+        """The answer's function calls, where tools were offered and the answer calls."""
+        return self.req.tool_syntax.read(text, list(self.req.tools)) if self.req.tools \
+            else None
+
+    @staticmethod
+    def _openai_calls(read: ReadCalls) -> list[dict[str, Any]]:
         return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                  "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-                for c in calls]
+                for c in read.calls]
 
     def whole(self, text: str, result: GenerationResult, job: Job) -> dict[str, Any]:
         choice = self._choice(text, _FINISH[result.finish_reason], False,
                               self._logprobs(result))
-        calls = self._calls(text)
-        if calls is not None:
-            choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
+        read = self._read(text)
+        if read is not None:
+            choice["message"] = {"role": "assistant", "content": read.content,
+                                 "tool_calls": self._openai_calls(read)}
             choice["finish_reason"] = "tool_calls"
         return {**self._envelope(False), "choices": [choice],
                 "usage": _usage(result), "tandem": self.state.figures(result, job)}
 
-    def _held_back(self, text: str, calls: list[dict[str, Any]] | None
-                   ) -> list[dict[str, Any]]:
+    def _held_back(self, text: str, read: ReadCalls | None) -> list[dict[str, Any]]:
         """Where tools were offered the text is held back while it is written (it may be a
-        call): then sent as calls or as content, before the finish chunk."""
-        if calls is None:
+        call): then sent as calls (after any text the model wrote before them) or as
+        content, before the finish chunk."""
+        if read is None:
             return [self.text_chunk(text)] if text else []
-        delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}
-        return [{**self._envelope(True),
-                 "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                              "finish_reason": None}]}]
+        delta = {"tool_calls": [{"index": i, **c}
+                                for i, c in enumerate(self._openai_calls(read))]}
+        before = [self.text_chunk(read.content)] if read.content else []
+        return [*before, {**self._envelope(True),
+                          "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                       "finish_reason": None}]}]
 
     def first_chunk(self) -> dict[str, Any]:
         choice = self._choice("", None, True)
@@ -238,11 +248,11 @@ class _Answer:
         finish chunk (with usage, Tandem's figures and, where asked for, the whole
         answer's log probabilities); OpenAI's separate usage chunk when the client asked
         for it (``stream_options.include_usage``)."""
-        calls = self._calls(result.text)
-        held = self._held_back(result.text, calls) if self.req.tools else []
+        read = self._read(result.text)
+        held = self._held_back(result.text, read) if self.req.tools else []
         choice = self._choice(None, _FINISH[result.finish_reason], True,
                               self._logprobs(result))
-        if calls is not None:
+        if read is not None:
             choice["finish_reason"] = "tool_calls"
         finish = {**self._envelope(True), "choices": [choice],
                   "usage": _usage(result), "tandem": self.state.figures(result, job)}
@@ -264,7 +274,7 @@ def make_app(state: ServerState) -> Starlette:
         try:
             _check_key(request, state)
             req = parse_request(await _read_json(request, state.limits.max_body_bytes),
-                                state.limits, chat)
+                                state.limits, chat, state.tool_syntax())
             events: asyncio.Queue = asyncio.Queue()
             job = Job(req, _deliver_to(asyncio.get_running_loop(), events))
             state.lane.submit(job)

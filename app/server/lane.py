@@ -81,8 +81,8 @@ def question_of(job: Job) -> Question:
     req = job.request
     config = GenerationConfig(max_tokens=req.max_tokens, sampling=req.sampling,
                               stop=req.stop, grammar=req.grammar, logprobs=req.logprobs)
-    return (Question.chat([{"role": r, "content": c} for r, c in req.messages],
-                          config, req.context_policy, req.enable_thinking)
+    return (Question.chat(list(req.messages), config, req.context_policy,
+                          req.enable_thinking, req.template_tools)
             if req.is_chat else Question.completion(req.prompt or "", config))
 
 

@@ -7,6 +7,7 @@ fields Tandem does not know are ignored, as clients send many optional ones.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,8 @@ from engine.decoding.json_grammar import json_object_grammar, json_schema_gramma
 from engine.decoding.sampling import CHAT_DEFAULTS, SamplingParams
 from engine.errors import InvalidSamplingError
 from engine.runtime.context_fit import CONTEXT_POLICIES
-from engine.tool_calls import Tool, call_text, calls_grammar, tools_prompt
+from engine.tool_calls import Tool
+from engine.tool_syntax import GENERIC, ToolSyntax
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
@@ -48,7 +50,9 @@ class CompletionRequest:
     """One chat or text completion, validated."""
 
     model: str
-    messages: tuple[tuple[str, str], ...]  # (role, text) for chat; empty for text
+    # For chat, checked (engine.tool_syntax: Message) and then in the form the chat
+    # template takes; empty for text
+    messages: tuple[dict[str, Any], ...]
     prompt: str | None  # the text to continue for /v1/completions; None for chat
     stream: bool
     include_usage: bool
@@ -65,6 +69,9 @@ class CompletionRequest:
     # How many likeliest alternatives to report with each token's log probability
     # (None: no log probabilities).
     logprobs: int | None = None
+    # How the offered tools reach the model and its calls come back (the template's)
+    tool_syntax: ToolSyntax = GENERIC
+    template_tools: tuple[dict, ...] = ()  # the tools the chat template is given
 
     @property
     def is_chat(self) -> bool:
@@ -135,11 +142,12 @@ def _text_of(content: Any, where: str) -> str:
     raise _bad(where, f"must be a string or a list of text parts, got {type(content).__name__}")
 
 
-def _messages(body: dict) -> tuple[tuple[str, str], ...]:
+def _messages(body: dict) -> list[dict[str, Any]]:
+    """The conversation, checked: engine.tool_syntax's messages."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise _bad("messages", "must be a non-empty list of {role, content}")
-    out: list[tuple[str, str]] = []
+    out: list[dict[str, Any]] = []
     called: dict[str, str] = {}  # tool call id -> function name
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
@@ -149,27 +157,43 @@ def _messages(body: dict) -> tuple[tuple[str, str], ...]:
             raise _bad(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}, got {role!r}")
         where = f"messages[{i}].content"
         if role == "assistant" and m.get("tool_calls"):
-            calls = m["tool_calls"]
-            if not isinstance(calls, list):
-                raise _bad(f"messages[{i}].tool_calls", "must be a list of calls")
-            for c in calls:
-                if isinstance(c, dict) and isinstance(c.get("function"), dict):
-                    called[str(c.get("id", ""))] = str(c["function"].get("name", ""))
-            out.append(("assistant", call_text(calls)))
+            calls = _calls_sent(m["tool_calls"], f"messages[{i}].tool_calls")
+            called.update((c["id"], c["name"]) for c in calls)
+            content = m.get("content")
+            out.append({"role": "assistant", "tool_calls": calls,
+                        "content": "" if content is None else _text_of(content, where)})
         elif role == "tool":
-            # A function's result, told to the model as the user's next message (tool
-            # results in a row make one message: templates want turns to alternate).
-            name = called.get(str(m.get("tool_call_id", "")), "the function")
-            text = f"Result of {name}: {_text_of(m.get('content'), where)}"
-            if out and out[-1][0] == "user" and out[-1][1].startswith("Result of "):
-                out[-1] = ("user", out[-1][1] + "\n" + text)
-            else:
-                out.append(("user", text))
+            call_id = str(m.get("tool_call_id", ""))
+            out.append({"role": "tool", "content": _text_of(m.get("content"), where),
+                        "tool_call_id": call_id,
+                        "name": called.get(call_id, str(m.get("name") or ""))})
         else:
             # Templates know "system"; OpenAI's newer "developer" role means the same.
-            out.append(("system" if role == "developer" else role, _text_of(m.get("content"),
-                                                                             where)))
-    return tuple(out)
+            out.append({"role": "system" if role == "developer" else role,
+                        "content": _text_of(m.get("content"), where)})
+    return out
+
+
+def _calls_sent(calls: Any, where: str) -> list[dict[str, Any]]:
+    """An earlier answer's calls as sent back: ``{id, name, arguments}`` with the
+    arguments parsed (an unreadable JSON string becomes ``{}``, as the model may well
+    have written it)."""
+    if not isinstance(calls, list):
+        raise _bad(where, "must be a list of calls")
+    out = []
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise _bad(f"{where}[{j}]", "must be {id, type: function, function: {name, "
+                                        "arguments}}")
+        args = fn.get("arguments", "{}")
+        try:
+            parsed = json.loads(args) if isinstance(args, str) else args
+        except json.JSONDecodeError:
+            parsed = {}
+        out.append({"id": str(c.get("id", f"call_{j}")), "name": fn["name"],
+                    "arguments": parsed if isinstance(parsed, dict) else {}})
+    return out
 
 
 def _tools(body: dict) -> tuple[tuple[Tool, ...], str]:
@@ -208,15 +232,6 @@ def _tools(body: dict) -> tuple[tuple[Tool, ...], str]:
     return tuple(tools), choice
 
 
-def _offer_tools(messages: tuple[tuple[str, str], ...], tools: tuple[Tool, ...],
-                 required: bool) -> tuple[tuple[str, str], ...]:
-    """The conversation with the tools' description first in its system message."""
-    offer = tools_prompt(list(tools), required)
-    if messages and messages[0][0] == "system":
-        return (("system", messages[0][1] + "\n\n" + offer), *messages[1:])
-    return (("system", offer), *messages)
-
-
 def _prompt(body: dict) -> str:
     p = body.get("prompt")
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
@@ -246,8 +261,10 @@ def _sampling(body: dict) -> SamplingParams:
                        code="invalid_value") from None
 
 
-def parse_request(body: Any, limits: Limits, chat: bool) -> CompletionRequest:
-    """A chat (``chat``) or text completion request from its JSON body; ApiError if not."""
+def parse_request(body: Any, limits: Limits, chat: bool, syntax: ToolSyntax = GENERIC
+                  ) -> CompletionRequest:
+    """A chat (``chat``) or text completion request from its JSON body; ApiError if not.
+    ``syntax``: how the loaded model's template offers tools (engine.tool_syntax)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     model = body.get("model", "")
@@ -263,24 +280,24 @@ def parse_request(body: Any, limits: Limits, chat: bool) -> CompletionRequest:
     max_tokens = _integer({name: asked}, name, min(512, limits.max_tokens), 1,
                           limits.max_tokens)
     assert max_tokens is not None
-    messages = _messages(body) if chat else ()
     tools, choice = _tools(body) if chat else ((), "none")
+    messages, template_tools = syntax.prepare(_messages(body), list(tools), choice != "none",
+                                              choice not in ("none", "auto")) \
+        if chat else ([], None)
     grammar = _grammar(body)
-    if choice != "none":
-        messages = _offer_tools(messages, tools, choice != "auto")
-        if choice != "auto":
-            if grammar is not None:
-                raise _bad("tool_choice", "a required call has its own grammar: give no "
-                                          "response_format or grammar with it")
-            try:
-                parallel = body.get("parallel_tool_calls", True) is not False
-                grammar = calls_grammar(list(tools), parallel)
-            except InvalidSamplingError as exc:
-                raise ApiError(400, exc.named("'tools'"), param="tools",
-                               code="invalid_value") from None
+    if choice not in ("none", "auto"):
+        if grammar is not None:
+            raise _bad("tool_choice", "a required call has its own grammar: give no "
+                                      "response_format or grammar with it")
+        try:
+            parallel = body.get("parallel_tool_calls", True) is not False
+            grammar = syntax.grammar(list(tools), parallel)
+        except InvalidSamplingError as exc:
+            raise ApiError(400, exc.named("'tools'"), param="tools",
+                           code="invalid_value") from None
     return CompletionRequest(
         model=model,
-        messages=messages,
+        messages=tuple(messages),
         prompt=None if chat else _prompt(body),
         stream=_boolean(body, "stream"),
         include_usage=_boolean(options, "include_usage"),
@@ -291,7 +308,9 @@ def parse_request(body: Any, limits: Limits, chat: bool) -> CompletionRequest:
         enable_thinking=_enable_thinking(body),
         grammar=grammar,
         tools=tools if choice != "none" else (),
-        logprobs=_logprobs(body, chat))
+        logprobs=_logprobs(body, chat),
+        tool_syntax=syntax,
+        template_tools=tuple(template_tools or ()))
 
 
 def _grammar(body: dict) -> str | None:

@@ -75,12 +75,19 @@ def tokenizer_fields(source: Path) -> Fields:
 
 @functools.lru_cache(maxsize=4)
 def _tokenizer_fields(source: Path, _mtime_ns: int, _size: int) -> Fields:
-    from gguf import GGUFReader, GGUFValueType
+    from gguf import GGUFReader
 
-    reader = GGUFReader(str(source))
+    return _fields_of(GGUFReader(str(source)), "tokenizer.")
+
+
+def _fields_of(reader, prefix: str) -> Fields:  # noqa: ANN001
+    """The keys of ``reader`` (a GGUFReader) that start with ``prefix``, with values and
+    types."""
+    from gguf import GGUFValueType
+
     out: Fields = {}
     for key, field in reader.fields.items():
-        if not key.startswith("tokenizer."):
+        if not key.startswith(prefix) or key.startswith("GGUF."):
             continue
         vtype = field.types[0]
         if vtype == GGUFValueType.ARRAY:
@@ -95,6 +102,30 @@ def _tokenizer_fields(source: Path, _mtime_ns: int, _size: int) -> Fields:
         else:
             out[key] = (field.parts[field.data[0]][0].item(), vtype, None)
     return out
+
+
+def copy_with_chat_template(source: Path, path: Path, template: str) -> Path:
+    """Write ``path``: ``source`` with ``template`` as its chat template, every other
+    key and every tensor as they are (a model as another family's template would
+    serve it: tool syntaxes, reasoning switches)."""
+    from gguf import GGUFReader, GGUFWriter
+
+    reader = GGUFReader(str(source))
+    fields = _fields_of(reader, "")
+    arch = fields.pop("general.architecture")[0]
+    writer = GGUFWriter(str(path), str(arch))
+    fields.pop("general.alignment", None)  # the writer writes its own
+    for key, (value, vtype, sub) in fields.items():
+        if key != "tokenizer.chat_template":
+            writer.add_key_value(key, value, vtype, sub_type=sub)
+    writer.add_chat_template(template)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
 
 
 def copy_tokenizer(writer, source: Path, skip: tuple[str, ...] = (),  # noqa: ANN001

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -21,7 +22,7 @@ CHATML = (
 )
 
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")  # "tool": a function's result
 OWN_TEMPLATE = "the model's own"  # ChatTemplate.origin of a GGUF's own template
 
 
@@ -51,6 +52,14 @@ class _ModelFacts(Protocol):
 
 def _raise(message: str) -> None:
     raise jinja2.TemplateError(message)
+
+
+def _tojson(value: Any, indent: int | None = None, separators: tuple[str, str] | None = None,
+            sort_keys: bool = False, ensure_ascii: bool = False) -> str:
+    """JSON as templates expect it (transformers' and llama.cpp's ``tojson``): Jinja's
+    own escapes ``<``, ``>``, ``&`` and ``'`` for HTML, which a prompt must not."""
+    return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys,
+                      ensure_ascii=ensure_ascii)
 
 
 @dataclass
@@ -84,8 +93,9 @@ class ChatTemplate:
         ``enable_thinking``)."""
         return has_thinking_switch(self.source)
 
-    def render_parts(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
-                     enable_thinking: bool | None = None) -> list[tuple[str, bool]] | None:
+    def render_parts(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                     enable_thinking: bool | None = None, tools: list[dict] | None = None
+                     ) -> list[tuple[str, bool]] | None:
         """The prompt as (text, is_markup) parts: the template's own markup, whose control
         tokens are real, and each message's text (and reasoning), which must be
         tokenized as plain text (a user typing ``<|im_end|>`` must not end their turn).
@@ -96,12 +106,12 @@ class ChatTemplate:
         for i, m in enumerate(messages):
             stand_in = dict(m)
             for key in ("content", "reasoning_content"):
-                if key in m:
+                if m.get(key):  # (an empty text needs no protecting, and may be left out)
                     mark = f"\x00\x01{i}{key[0]}\x01\x00"
                     texts[mark] = m[key]
                     stand_in[key] = mark
             stand_ins.append(stand_in)
-        text = self.render(stand_ins, add_generation_prompt, enable_thinking)
+        text = self.render(stand_ins, add_generation_prompt, enable_thinking, tools)
         parts: list[tuple[str, bool]] = []
         pattern = re.compile("\x00\x01\\d+[cr]\x01\x00")
         last = 0
@@ -117,14 +127,20 @@ class ChatTemplate:
             return None
         return [(t, markup) for t, markup in parts if t]
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
-               enable_thinking: bool | None = None) -> str:
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               enable_thinking: bool | None = None, tools: list[dict] | None = None) -> str:
         """The prompt text for ``messages`` (dicts with ``role`` and ``content``, and
-        ``reasoning_content`` for an assistant's earlier reasoning); ``enable_thinking``
-        goes to templates that read it (None: the template's default)."""
+        ``reasoning_content`` for an assistant's earlier reasoning, ``tool_calls`` for
+        its calls); ``enable_thinking`` goes to templates that read it (None: the
+        template's default), ``tools`` (OpenAI's function list) to templates that
+        offer functions (engine.tool_syntax)."""
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
-        extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        env.filters["tojson"] = _tojson
+        extra: dict[str, Any] = {} if enable_thinking is None else {
+            "enable_thinking": enable_thinking}
+        if tools:
+            extra["tools"] = tools
         try:
             template = env.from_string(self.source)
             return template.render(messages=messages,

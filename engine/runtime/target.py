@@ -24,6 +24,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -336,21 +337,24 @@ class Target:
         """Tokens of ``text``; ``special`` parses control tokens such as <|im_start|>."""
         return self.model.tokenize(text, add_special=self.model.add_bos, parse_special=special)
 
-    def chat_prompt(self, messages: list[dict[str, str]],
+    def chat_prompt(self, messages: list[dict[str, Any]],
                     add_generation_prompt: bool = True,
-                    enable_thinking: bool | None = None) -> list[int]:
+                    enable_thinking: bool | None = None,
+                    tools: list[dict] | None = None) -> list[int]:
         """Tokens of a conversation formatted with the GGUF's chat template (with the
         assistant's opening when ``add_generation_prompt``). An earlier answer's
         reasoning section goes to the template apart (engine.runtime.reasoning);
-        ``enable_thinking`` to templates that read it."""
+        ``enable_thinking`` and ``tools`` (engine.tool_syntax) to templates that read
+        them."""
         check_messages(messages)
         messages = for_template(messages)
         # The template writes BOS itself when the model wants one. Only its markup may
         # become control tokens: the messages' own text is tokenized as text.
-        parts = self.template.render_parts(messages, add_generation_prompt, enable_thinking)
+        parts = self.template.render_parts(messages, add_generation_prompt, enable_thinking,
+                                           tools)
         if parts is None:
             log.warning("the chat template rewrites message texts; tokenizing it whole")
-            text = self.template.render(messages, add_generation_prompt, enable_thinking)
+            text = self.template.render(messages, add_generation_prompt, enable_thinking, tools)
             return self.model.tokenize(text, add_special=False, parse_special=True)
         tokens: list[int] = []
         for text, markup in parts:
