@@ -4,6 +4,12 @@ drafter, driven through the same random user actions, must stay identical.
     .venv/bin/python -m tests.differential --seed 1 --minutes 60 [--model M.gguf]
         [--drafters memory,lookup,head,eagle3] [--out cases/]
     .venv/bin/python -m tests.differential --replay cases/case-1.json
+    .venv/bin/python -m tests.differential --matrix --minutes 60 [--out cases/]
+
+``--matrix`` shares the minutes among models and drafters (MATRIX: the bundled Q4_0 with
+``auto``, an F32 copy with a draft model, and tiny hybrid, sliding-window, MoE and
+latent-attention files with memory, lookup and their MTP blocks), writes each one's
+counts as it ends and skips those a rerun with the same seed finds done.
 
 Each session is the real answer path (``engine.conversation.AnswerService`` over an
 ``Engine`` with the drafter named, two threads). The actions are a user's: a new chat, a
@@ -59,6 +65,7 @@ class Case:
     drafters: list[str]
     n_ctx: int
     actions: list[Action] = field(default_factory=list)
+    draft_model: str | None = None  # the GGUF the "draft" drafter runs
 
 
 def random_actions(rng: random.Random, prompts: list[dict], n: int) -> list[Action]:
@@ -85,7 +92,8 @@ def random_actions(rng: random.Random, prompts: list[dict], n: int) -> list[Acti
 class Sessions:
     """One AnswerService per drafter ("none" first), on one model."""
 
-    def __init__(self, model: Path, drafters: list[str], n_ctx: int, work: Path) -> None:
+    def __init__(self, model: Path, drafters: list[str], n_ctx: int, work: Path,
+                 draft_model: Path | None = None) -> None:
         from engine.conversation import AnswerService
         from engine.decoding.budget import VerifyCostModel
         from engine.session import Engine, EngineConfig
@@ -94,7 +102,8 @@ class Sessions:
         self.services = {}
         for name in self.names:
             config = EngineConfig(model_path=model, drafter=name, n_threads=2, n_ctx=n_ctx,
-                                  cache_dir=work / "cache", memory_dir=work / f"mem-{name}")
+                                  cache_dir=work / "cache", memory_dir=work / f"mem-{name}",
+                                  draft_model=draft_model)
             engine = Engine(config)
             # A fixed verification curve: the budget, and so what is drafted, verified and
             # parked, must not follow this machine's timings, or a case would not replay.
@@ -215,7 +224,8 @@ class Sessions:
 
 def play(case: Case, work: Path) -> tuple[Divergence | None, int]:
     """Run ``case``; the divergence (None if none) and the tokens generated."""
-    sessions = Sessions(Path(case.model), case.drafters, case.n_ctx, work)
+    sessions = Sessions(Path(case.model), case.drafters, case.n_ctx, work,
+                        Path(case.draft_model) if case.draft_model else None)
     try:
         for action in case.actions:
             found = sessions.run(action)
@@ -232,22 +242,22 @@ def shrink(case: Case, work: Path) -> Case:
     i = 1  # the first action opens the chat
     while i < len(actions):
         trial = Case(case.seed, case.model, case.drafters, case.n_ctx,
-                     actions[:i] + actions[i + 1:])
+                     actions[:i] + actions[i + 1:], case.draft_model)
         if play(trial, work)[0] is not None:
             actions = trial.actions
         else:
             i += 1
-    return Case(case.seed, case.model, case.drafters, case.n_ctx, actions)
+    return Case(case.seed, case.model, case.drafters, case.n_ctx, actions, case.draft_model)
 
 
 def run_for(seed: int, minutes: float, model: Path, drafters: list[str], n_ctx: int,
             prompts: list[dict], out: Path, work: Path, max_actions: int | None = None,
-            first: list[Action] | None = None) -> dict:
+            first: list[Action] | None = None, draft_model: Path | None = None) -> dict:
     """``first`` actions, then random ones for ``minutes`` (or until ``max_actions`` in
     all, whichever ends first); a divergence is shrunk and written to ``out``."""
     rng = random.Random(seed)
     deadline = time.monotonic() + minutes * 60
-    sessions = Sessions(model, drafters, n_ctx, work)
+    sessions = Sessions(model, drafters, n_ctx, work, draft_model)
     done: list[Action] = []
     planned = list(first or [])
     result = {"seed": seed, "model": str(model), "drafters": drafters, "actions": 0,
@@ -270,7 +280,8 @@ def run_for(seed: int, minutes: float, model: Path, drafters: list[str], n_ctx: 
                 result["divergences"] += 1
                 out.mkdir(parents=True, exist_ok=True)
                 path = out / f"case-{seed}-{len(done)}.json"
-                whole = Case(seed, str(model), [found.drafter], n_ctx, done)
+                whole = Case(seed, str(model), [found.drafter], n_ctx, done,
+                             str(draft_model) if draft_model else None)
                 # Kept as found first: shrinking replays it many times.
                 path.write_text(json.dumps({"divergence": asdict(found), **asdict(whole)},
                                            indent=1))
@@ -288,7 +299,73 @@ def run_for(seed: int, minutes: float, model: Path, drafters: list[str], n_ctx: 
 def load_case(path: Path) -> Case:
     data = json.loads(path.read_text())
     return Case(data["seed"], data["model"], data["drafters"], data["n_ctx"],
-                [Action(**a) for a in data["actions"]])
+                [Action(**a) for a in data["actions"]], data.get("draft_model"))
+
+
+# (name, model, drafters): "bundled" is the bundled Q4_0, "f32" its F32 copy (drafting
+# with the bundled file as its draft model), any other name a tiny synthetic file of that
+# architecture (engine.gguf.architectures) whose layers add little to the residual
+# stream, so the model often repeats itself and drafts are both kept and taken back.
+MATRIX = [
+    ("bundled", "bundled", ["auto", "memory", "head"]),
+    ("f32+draft", "f32", ["draft", "lookup"]),
+    ("qwen35 hybrid", "qwen35", ["memory", "lookup", "mtp"]),
+    ("lfm2 hybrid", "lfm2", ["memory", "lookup"]),
+    ("gemma3 sliding window", "gemma3", ["memory", "lookup"]),
+    ("qwen3moe", "qwen3moe", ["memory", "lookup"]),
+    ("deepseek2 latent attention", "deepseek2", ["memory", "lookup", "mtp"]),
+]
+
+
+def matrix_model(kind: str, folder: Path) -> tuple[Path, Path | None]:
+    """The model file for a MATRIX row (written once into ``folder``) and its draft
+    model."""
+    from engine.gguf.architectures import MTP_LAYOUTS, TinyShape, write_architecture_gguf
+    from engine.hub.model_store import default_model_path
+
+    bundled = default_model_path()
+    if kind == "bundled":
+        return bundled, None
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{kind}.gguf"
+    if kind == "f32":
+        if not path.exists():
+            from engine.hub.convert import convert
+            convert(bundled, path, "f32", 2)
+        return path, bundled
+    if not path.exists():
+        shape = TinyShape(mtp_layers=1 if kind in MTP_LAYOUTS else 0, damp=0.22)
+        write_architecture_gguf(kind, path, bundled, shape)
+    return path, None
+
+
+def run_matrix(seed: int, minutes: float, n_ctx: int, prompts: list[dict], out: Path,
+               work: Path) -> dict:
+    """Every MATRIX row for an equal share of ``minutes``; each row's counts are written
+    to ``out/matrix-SEED.json`` when it ends, and a rerun skips the rows found there."""
+    out.mkdir(parents=True, exist_ok=True)
+    record = out / f"matrix-{seed}.json"
+    rows = json.loads(record.read_text()) if record.exists() else {}
+    for name, kind, drafters in MATRIX:
+        if name in rows:
+            continue
+        model, draft = matrix_model(kind, out / "models")
+        print(f"== {name}: {', '.join(drafters)}", file=sys.stderr, flush=True)
+        rows[name] = run_for(seed, minutes / len(MATRIX), model, drafters, n_ctx, prompts,
+                             out, work / name.replace(" ", "-"), draft_model=draft)
+        record.write_text(json.dumps(rows, indent=1))
+    totals = {"actions": sum(r["actions"] for r in rows.values()),
+              "tokens": sum(r["tokens"] for r in rows.values()),
+              "divergences": sum(r["divergences"] for r in rows.values()),
+              "wall_s": round(sum(r["wall_s"] for r in rows.values()), 1)}
+    print(f"{'model':28} {'drafters':24} {'actions':>7} {'tokens':>7} {'parted':>6}  "
+          "accepted/rejected")
+    for name, r in rows.items():
+        kept = ", ".join(f"{d} {r['accepted'][d]}/{r['rejected'][d]}" for d in r["drafters"])
+        print(f"{name:28} {','.join(r['drafters']):24} {r['actions']:7} {r['tokens']:7} "
+              f"{r['divergences']:6}  {kept}")
+    print(f"{'all':53} {totals['actions']:7} {totals['tokens']:7} {totals['divergences']:6}")
+    return {"rows": rows, **totals}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -307,20 +384,30 @@ def main(argv: list[str] | None = None) -> int:
                    / "spec_bench_dev.jsonl")
     p.add_argument("--out", type=Path, default=Path("differential-cases"))
     p.add_argument("--replay", type=Path, default=None, help="a case file to run again")
+    p.add_argument("--draft-model", type=Path, default=None,
+                   help="the GGUF the 'draft' drafter runs")
+    p.add_argument("--matrix", action="store_true",
+                   help="every MATRIX model and drafter, sharing the minutes")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         if args.replay is not None:
             case = load_case(args.replay)
             if args.model is not None:  # a case file names the model it was found on
                 case = Case(case.seed, str(args.model), case.drafters, case.n_ctx,
-                            case.actions)
+                            case.actions, case.draft_model)
             found, _ = play(case, Path(tmp))
             print(json.dumps(asdict(found) if found else "no divergence"))
             return 1 if found else 0
         prompts = [json.loads(line) for line in args.prompts.read_text().splitlines()
                    if line.strip()]
+        if args.matrix:
+            result = run_matrix(args.seed, args.minutes, args.ctx, prompts, args.out,
+                                Path(tmp))
+            print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
+            return 1 if result["divergences"] else 0
         result = run_for(args.seed, args.minutes, args.model or default_model_path(),
-                         args.drafters.split(","), args.ctx, prompts, args.out, Path(tmp))
+                         args.drafters.split(","), args.ctx, prompts, args.out, Path(tmp),
+                         draft_model=args.draft_model)
     print(json.dumps(result, indent=1))
     return 1 if result["divergences"] else 0
 
