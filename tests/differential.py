@@ -175,9 +175,17 @@ class Sessions:
         (decoded in a verification) are not what plain decoding has, and the next prompt,
         which goes on from the common prefix, would read them instead of reading that
         token with the prompt's kernels (F32: 0.157 apart, seed 21)."""
-        for service in self.services.values():
-            target = service.engine.target
-            keep = len(service.prompt_of(question)[0]) + n_answer - 1  # type: ignore[arg-type]
+        targets = [(s.engine.target, len(s.prompt_of(question)[0]) + n_answer - 1)  # type: ignore[arg-type]
+                   for s in self.services.values()]
+        if targets[0][0].arch.has_state and any(t.n_past > keep for t, keep in targets):
+            # Recurrent state goes back only as far as its snapshots; further, it is read
+            # again from the start, with other sums than one-token decoding's. A user's
+            # stop never asks that of one session alone (its answer keeps what it
+            # decoded), so every session's state is read again alike.
+            for target, keep in targets:
+                target._evaluate_again(target.tokens[:keep])
+            return
+        for target, keep in targets:
             if target.n_past > keep:
                 target.rollback(keep)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.differential import Action, Case, play, random_actions, run_for
+from tests.differential import MATRIX, Action, Case, play, random_actions, run_for
 
 DRAFTERS = ["memory", "lookup", "head", "eagle3"]
 
@@ -61,3 +61,48 @@ def test_a_long_follow_up_after_drafted_answers_reads_as_plain_on_f32(f32_model_
     found, tokens = play(case, tmp_path)
     assert found is None, found
     assert tokens > 0
+
+
+# Cases the matrix found on tiny synthetic files (tests/cases), each failing before its fix:
+# - gemma3 (sliding window), memory: writing the cache back after parked drafts left out
+#   the window cache's cells that had left the window (0.33 apart), and then started its
+#   next cells at cell 0, where the window cache took cells still needed (0.0084 apart;
+#   packaging/llama-cpp/kv-restore-head.patch);
+# - deepseek2, MTP: the next-token rows stayed on while a prompt was read without
+#   features, so the last layer summed every row in a batch (7e-7 apart);
+# - qwen35 and lfm2 (hybrids), after a stop: the harness took one session's recurrent
+#   state back further than its snapshots (a user's stop never does).
+SYNTHETIC_CASES = ["gemma3-seed3-new-chat-after-long.json",
+                   "deepseek2-seed3-mtp-first-answer.json",
+                   "qwen35-seed3-mtp-after-stop.json",
+                   "lfm2-seed3-long-after-stop.json"]
+
+
+@pytest.mark.parametrize("name", SYNTHETIC_CASES)
+def test_cases_found_on_synthetic_architectures_replay_alike(name: str, tmp_path: Path) -> None:
+    from tests.differential import load_case, matrix_model
+
+    case = load_case(Path(__file__).parent / "cases" / name)
+    model, _ = matrix_model(case.model.removeprefix("synthetic:"), tmp_path / "models")
+    found, tokens = play(Case(case.seed, str(model), case.drafters, case.n_ctx, case.actions),
+                         tmp_path / "work")
+    assert found is None, found
+    assert tokens > 0
+
+
+@pytest.mark.parametrize("row", [r for r in MATRIX if r[1] not in ("bundled", "f32")],
+                         ids=lambda r: r[1])
+def test_a_slice_on_every_synthetic_architecture_parts_nowhere(row: tuple, tmp_path: Path,
+                                                               dev_prompts: list[dict]
+                                                               ) -> None:
+    from tests.differential import matrix_model
+
+    _, kind, drafters = row
+    model, _ = matrix_model(kind, tmp_path / "models")
+    result = run_for(11, 5.0, model, drafters, 1024, dev_prompts, tmp_path / "cases",
+                     tmp_path / "work", max_actions=24)
+    assert result["divergences"] == 0, result["cases"]
+    assert result["actions"] == 24
+    for name in drafters:
+        assert result["accepted"][name] > 0 and result["rejected"][name] > 0, (
+            name, result["accepted"], result["rejected"])

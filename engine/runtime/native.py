@@ -701,6 +701,7 @@ class NativeContext:
         self._llama_embeddings = features  # llama.cpp's own flag (embeddings mode), as last set
         self.feature_layers: tuple[int, ...] = ()
         self.next_features = False  # features are the trunk's output for an MTP block
+        self._llama_nextn = False  # llama.cpp's next-token rows flag, as last set
         try:
             self.set_feature_layers(feature_layers)
         except BaseException:
@@ -738,13 +739,10 @@ class NativeContext:
     def set_next_features(self, on: bool) -> None:
         """``features`` gives what an MTP block reads, the trunk's normed output of
         every token in a batch (llama.cpp's unmasked next-token rows), with llama.cpp's
-        embeddings mode off: those rows come with every decode."""
-        from llama_cpp import llama_cpp_ext
-
+        embeddings mode off: those rows come with every decode where features are on."""
         if on and self.feature_layers:
             raise ValueError("features are layer inputs already")
         if on != self.next_features:
-            llama_cpp_ext.llama_set_embeddings_nextn(self.handle, on, False)
             self.next_features = on
             self._sync_features()
 
@@ -790,6 +788,15 @@ class NativeContext:
         self._sync_features()
 
     def _sync_features(self) -> None:
+        # Next-token rows only while features are on: they unmask every row of the last
+        # layer, whose sums for the last token then differ from a prompt read without
+        # them (deepseek2 F32 with prompt kernels: 7e-7, the differential).
+        nextn = self._features and self.next_features
+        if nextn != self._llama_nextn:
+            from llama_cpp import llama_cpp_ext
+
+            llama_cpp_ext.llama_set_embeddings_nextn(self.handle, nextn, False)
+            self._llama_nextn = nextn
         wanted = self._features and not self.feature_layers and not self.next_features
         if wanted != self._llama_embeddings:
             llama_cpp.llama_set_embeddings(self.handle, wanted)
@@ -949,6 +956,12 @@ class NativeContext:
     def kv_pos_max(self, seq_id: int) -> int:
         """Largest position held by the sequence, -1 when it is empty."""
         return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id))
+
+    def kv_pos_min(self, seq_id: int) -> int:
+        """Smallest position held by the sequence, -1 when it is empty. For a
+        sliding-window model, the window cache's: llama.cpp reuses cells that have left
+        the window for new tokens (and then drops every earlier position of theirs)."""
+        return int(llama_cpp.llama_memory_seq_pos_min(self.memory, seq_id))
 
 
 
