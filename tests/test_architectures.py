@@ -494,3 +494,24 @@ def test_a_hybrids_answer_ended_at_eos_leaves_the_next_turn_as_plain_decoding_do
         got = drafted.prefill(follow)
         assert got.n_reused == want.n_reused
         np.testing.assert_array_equal(got.logits, want.logits)
+
+
+def test_a_latent_attention_chat_that_outgrows_the_context_is_read_again_not_shifted(
+        tiny_models: dict[str, Path]) -> None:
+    """llama.cpp's K shift of a latent-attention cache in Q8_0 crashes the process (the
+    differential found it on deepseek2). The target says it cannot shift, so a chat whose
+    oldest turns are dropped is read again, and answers as a fresh read does."""
+    with Target(tiny_models["deepseek2"], TargetConfig(n_ctx=512, n_threads=2)) as target:
+        assert not target.ctx.can_shift
+        head = target.tokenize(PROMPTS[0], special=False)
+        dropped = target.tokenize(" " + " ".join([PROMPTS[1]] * 3), special=False)
+        kept = target.tokenize(" " + " ".join(PROMPTS * 2), special=False)
+        generate(target, head + dropped + kept, None, GenerationConfig(4))
+        prompt = head + kept
+        warm = generate(target, prompt, None, GenerationConfig(8))
+        assert warm.stats.n_prompt_reused <= len(head) + 1
+        target.reset(cold=True)
+        assert generate(target, prompt, None, GenerationConfig(8)).tokens == warm.tokens
+    with Target(tiny_models["deepseek2"], TargetConfig(n_ctx=512, n_threads=2, type_k="f16",
+                                                       type_v="f16")) as target:
+        assert target.ctx.can_shift  # an F16 cache shifts

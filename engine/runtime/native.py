@@ -678,6 +678,9 @@ class NativeContext:
             type_v = type_k
         params.type_k = _KV_TYPES[type_k]
         params.type_v = _KV_TYPES[type_v]
+        # llama.cpp's K shift of a latent-attention cache in a quantized type crashes
+        # (deepseek2 Q8_0 K, the differential's long chats; F16 shifts): no shift then.
+        self._shift_crashes = model.latent_attention and type_k not in ("f16", "f32", "bf16")
         if ctx_other is not None:
             params.ctx_other = ctx_other.handle
         if mtp:
@@ -917,8 +920,9 @@ class NativeContext:
 
     @property
     def can_shift(self) -> bool:
-        """Whether the memory can shift positions (not recurrent state, not M-RoPE)."""
-        return bool(llama_cpp.llama_memory_can_shift(self.memory))
+        """Whether the memory can shift positions (not recurrent state, not M-RoPE, not
+        a latent-attention cache of a quantized K)."""
+        return not self._shift_crashes and bool(llama_cpp.llama_memory_can_shift(self.memory))
 
     def state_seq_get(self, seq_id: int) -> bytes:
         """llama.cpp's serialized cells of one sequence (engine.runtime.kv_transfer reads it)."""

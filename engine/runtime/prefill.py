@@ -376,8 +376,12 @@ class PromptReader:
         ctx.kv_remove(0, n_same, n_same + n_cut)
         ctx.kv_shift(0, n_same + n_cut, end, -n_cut)
         kept = t.tokens[:n_same] + t.tokens[n_same + n_cut:end]
+        features = ctx.features_on
         try:
-            # llama.cpp rotates K at the next decode: one token in a scratch sequence.
+            # llama.cpp rotates K at the next decode: one token in a scratch sequence,
+            # with no output, so no features either (an MTP block's next-token rows of
+            # a batch without outputs crashed llama.cpp: deepseek2, the differential).
+            ctx.set_features(False)
             t.batch.fill([kept[-1]], [len(kept)], [(1,)], [False])
             ctx.decode(t.batch)
             ctx.kv_remove(1, -1, -1)
@@ -386,6 +390,8 @@ class PromptReader:
             log.warning("context shift failed, the prompt is prefilled again: %s", exc)
             t.reset()
             return 0
+        finally:
+            ctx.set_features(features)
         t.tokens = kept
         self.remembered = []  # the kept cells moved: no prompt's logits hold
         log.info("context shift: %d tokens cut after %d, %d kept", n_cut, n_same, n_kept)
