@@ -15,7 +15,7 @@ import numpy as np
 import psutil
 import pytest
 
-from engine.planning.machine_load import LoadReading, look_at_load
+from engine.planning.machine_load import LoadReading, _CpuTimes, look_at_load, niced_share
 from engine.planning.thread_choice import ThreadFollower, threads_for
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.target import Target, TargetConfig
@@ -67,6 +67,36 @@ def test_a_busy_program_takes_a_thread_and_a_niced_one_does_not() -> None:
     assert niced.n_threads == PHYSICAL and "give way" in niced.why, niced.why
     follower.next_answer()  # no look since: the last choice stands
     assert follower.choice == niced
+
+
+def test_kernel_time_is_shared_out_by_priority_as_user_time_is() -> None:
+    # Others: 1.0 s niced user, no plain user, 0.5 s kernel: all of it gives way.
+    assert niced_share(_CpuTimes(1.6, 0.05, 1.0, 0.55), 0.05, 0.05, False) == 1.5
+    # Half the others' user time niced: half their kernel time too.
+    assert niced_share(_CpuTimes(2.5, 1.0, 1.0, 0.5), 0.0, 0.0, False) == 1.25
+    # Nothing niced: none of it; a niced Tandem's own user time is not another's.
+    assert niced_share(_CpuTimes(2.0, 1.0, 0.0, 1.0), 0.5, 0.5, False) == 0.0
+    assert niced_share(_CpuTimes(2.0, 0.0, 1.0, 1.0), 1.0, 1.0, True) == 0.0
+
+
+@pytest.mark.skipif(PHYSICAL < 2, reason="one core: nothing to give up")
+def test_a_niced_program_in_the_kernel_gives_way_too() -> None:
+    """A niced build spends much of its time in system calls, which Linux does not count
+    as niced: shared out by priority, it still leaves our cores ours."""
+    if look_at_load(PHYSICAL, 0.6).competing_cores > 0.5:
+        pytest.skip("another program keeps a core busy already")
+    code = "f = open('/dev/zero', 'rb', 0)\nwhile True: f.read(1 << 20)"
+    loop = subprocess.Popen([sys.executable, "-c", code],
+                            preexec_fn=lambda: __import__("os").nice(19))
+    try:
+        time.sleep(0.3)
+        reading = look_at_load(PHYSICAL, 1.0)
+    finally:
+        loop.kill()
+        loop.wait()
+    assert reading.others_cores > 0.7, reading  # it ran, much of it in the kernel
+    assert reading.competing_cores < 0.3, reading
+    assert threads_for(reading, PHYSICAL).n_threads == PHYSICAL
 
 
 def test_a_conversation_decodes_alike_on_any_thread_count(model_path: Path,

@@ -24,16 +24,23 @@ BUSY_MARGIN_CORES = 0.25
 QUICK_LOOK_S = 0.3  # a look at the machine before deciding to measure again
 
 
-def _machine_busy_s() -> tuple[float, float]:
-    """CPU seconds all processes spent busy, summed over the logical cores (guest time is
-    inside user time on Linux, so it is not added again), and the part of it niced
-    processes spent (they give way to ours)."""
+@dataclass(frozen=True)
+class _CpuTimes:
+    """CPU seconds, summed over the logical cores."""
+
+    busy: float  # all of it (guest time is inside user time on Linux: not added again)
+    user: float  # user time at normal priority or above
+    niced: float  # user time of niced processes (they give way to ours)
+    system: float  # kernel time, whatever the priority
+
+
+def _machine_busy_s() -> _CpuTimes:
     t = psutil.cpu_times()
     niced = getattr(t, "nice", 0.0)
     busy = t.user + t.system + niced
     for extra in ("irq", "softirq", "steal"):  # steal: a hypervisor gave our core away
         busy += getattr(t, extra, 0.0)
-    return busy, niced
+    return _CpuTimes(busy, t.user, niced, t.system)
 
 
 # Processes whose CPU time is this engine's own work: a worker on this machine computes
@@ -49,17 +56,32 @@ def count_as_own(pid: int) -> None:
     _HELPERS.add(pid)
 
 
-def _own_busy_s(process: psutil.Process) -> float:
+def _own_busy_s(process: psutil.Process) -> tuple[float, float]:
+    """This process's (and its helpers') user and kernel seconds."""
     t = process.cpu_times()
-    busy = t.user + t.system
+    user, system = t.user, t.system
     for pid in list(_HELPERS):
         try:
             h = psutil.Process(pid).cpu_times()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             _HELPERS.discard(pid)
             continue
-        busy += h.user + h.system
-    return busy
+        user, system = user + h.user, system + h.system
+    return user, system
+
+
+def niced_share(machine: _CpuTimes, own_user: float, own_system: float,
+                own_niced: bool) -> float:
+    """Other programs' CPU seconds at a lower priority than ours, from the machine's
+    times over a span (``machine``: differences) and ours. Linux splits user time by
+    priority but not kernel time, so other programs' kernel time is shared out as their
+    user time is: a niced compile's system calls give way to us too."""
+    niced_user = machine.niced - (own_user if own_niced else 0.0)
+    plain_user = machine.user - (0.0 if own_niced else own_user)
+    others_system = machine.system - own_system
+    niced_user, plain_user = max(0.0, niced_user), max(0.0, plain_user)
+    share = niced_user / (niced_user + plain_user) if niced_user > 0 else 0.0
+    return niced_user + max(0.0, others_system) * share
 
 
 @dataclass(frozen=True)
@@ -96,7 +118,7 @@ class LoadMeter:
 
     def __enter__(self) -> LoadMeter:
         self._t0 = time.perf_counter()
-        self._machine0, self._niced0 = _machine_busy_s()
+        self._machine0 = _machine_busy_s()
         self._own0 = _own_busy_s(self._process)
         return self
 
@@ -106,12 +128,15 @@ class LoadMeter:
     def read(self) -> LoadReading:
         """Other programs' use since the meter started (it goes on)."""
         wall = max(1e-6, time.perf_counter() - self._t0)
-        machine, niced = _machine_busy_s()
-        own = _own_busy_s(self._process) - self._own0
-        others = (machine - self._machine0) - own
-        niced -= self._niced0
-        if os.getpriority(os.PRIO_PROCESS, 0) > 0:  # a niced Tandem's own time is in it
-            niced -= own
+        now, then = _machine_busy_s(), self._machine0
+        machine = _CpuTimes(now.busy - then.busy, now.user - then.user,
+                            now.niced - then.niced, now.system - then.system)
+        user, system = _own_busy_s(self._process)
+        own_user, own_system = user - self._own0[0], system - self._own0[1]
+        others = machine.busy - own_user - own_system
+        # (a niced Tandem's own user time is in the niced column)
+        niced = niced_share(machine, own_user, own_system,
+                            os.getpriority(os.PRIO_PROCESS, 0) > 0)
         # The clocks tick at different moments: a tiny negative is zero.
         return LoadReading(max(0.0, others) / wall, wall, self.spare_cores,
                            min(max(0.0, niced), max(0.0, others)) / wall)
