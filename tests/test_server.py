@@ -379,9 +379,16 @@ def test_a_tool_call_round_trip(server: Served) -> None:
     second = client.chat.completions.create(model="any", messages=history, max_tokens=40,
                                             tools=[WEATHER, TIME], tool_choice="none")
     assert second.choices[0].message.content and not second.choices[0].message.tool_calls
-    stream = client.chat.completions.create(model="any", messages=ASK_WEATHER, max_tokens=60,
-                                            tools=[WEATHER], tool_choice="required",
-                                            parallel_tool_calls=False, stream=True)
+    assert_a_streamed_call(client, 60)
+
+
+def assert_a_streamed_call(client: openai.OpenAI, max_tokens: int) -> None:
+    """A required call of get_weather, streamed: its name and arguments as tool-call
+    deltas, then finish_reason tool_calls."""
+    stream = client.chat.completions.create(model="any", messages=ASK_WEATHER,
+                                            max_tokens=max_tokens, tools=[WEATHER],
+                                            tool_choice="required", parallel_tool_calls=False,
+                                            stream=True)
     args, names, finish = "", [], None
     for chunk in stream:
         if not chunk.choices:

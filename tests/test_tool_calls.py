@@ -3,8 +3,6 @@ drafted equal to plain decoding under that grammar."""
 
 from __future__ import annotations
 
-import json
-
 from engine.decoding.budget import VerifyCostModel
 from engine.decoding.generation import GenerationConfig, generate
 from engine.drafters.memory import MemoryDrafter
@@ -40,13 +38,19 @@ def test_a_required_call_is_valid_and_drafting_changes_nothing(target) -> None: 
     calls = read_calls(plain.text, [WEATHER, TIME])
     assert plain.finish_reason == "eos" and calls, plain.text
     assert isinstance(calls[0].arguments["city"], str)
+    assert memory_drafts_the_call_as_plain(target, prompt, config, plain.tokens) >= 10
+
+
+def memory_drafts_the_call_as_plain(target, prompt: list[int], config: GenerationConfig,  # noqa: ANN001
+                                    plain: list[int]) -> int:
+    """Answer ``prompt`` twice with memory drafts (the second time it drafts the whole
+    call), asserting plain decoding's tokens; the draft tokens accepted."""
     memory = MemoryDrafter()
     accepted = 0
-    for _ in range(2):  # the second time the memory drafts the whole call
+    for _ in range(2):
         target.reset()
         out = generate(target, prompt, memory, config,
                        cost=VerifyCostModel(slope=0.0, learn=False))
-        assert out.tokens == plain.tokens
+        assert out.tokens == plain
         accepted += sum(s.n_accepted for s in out.stats.steps)
-    assert accepted >= 10
-    assert json.loads(out.text)["tool_calls"]
+    return accepted

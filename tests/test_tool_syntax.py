@@ -11,15 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from engine.decoding.budget import VerifyCostModel
 from engine.decoding.generation import GenerationConfig, generate
-from engine.drafters.memory import MemoryDrafter
 from engine.gguf.synthetic import copy_with_chat_template
 from engine.runtime.chat_template import ChatTemplate
 from engine.tool_calls import Tool, ToolCall
 from engine.tool_syntax import GENERIC, HERMES, LLAMA3, ReadCalls, tool_syntax_of
 from tests import tool_templates
-from tests.test_server import ASK_WEATHER, TIME, WEATHER, Served, _serve
+from tests.test_server import ASK_WEATHER, TIME, WEATHER, Served, _serve, assert_a_streamed_call
+from tests.test_tool_calls import memory_drafts_the_call_as_plain
 
 TOOLS = [Tool(t["function"]["name"], t["function"]["description"],
               t["function"]["parameters"]) for t in (WEATHER, TIME)]
@@ -96,15 +95,7 @@ def test_a_required_call_in_a_templates_syntax_is_drafted_as_plain(target, synta
     read = syntax.read(plain.text, TOOLS)
     assert plain.finish_reason == "eos" and read is not None, plain.text
     assert len(read.calls) == 1 and isinstance(read.calls[0].arguments["city"], str)
-    memory = MemoryDrafter()
-    accepted = 0
-    for _ in range(2):  # the second time the memory drafts the whole call
-        target.reset()
-        out = generate(target, prompt, memory, config,
-                       cost=VerifyCostModel(slope=0.0, learn=False))
-        assert out.tokens == plain.tokens
-        accepted += sum(s.n_accepted for s in out.stats.steps)
-    assert accepted >= 10
+    assert memory_drafts_the_call_as_plain(target, prompt, config, plain.tokens) >= 10
 
 
 @pytest.fixture(scope="module")
@@ -150,16 +141,4 @@ def test_the_openai_client_calls_tools_in_the_templates_syntax(hermes_server: Se
     expected = [t for text, markup in parts
                 for t in target.model.tokenize(text, add_special=False, parse_special=markup)]
     assert second.usage.prompt_tokens == len(expected)
-    stream = client.chat.completions.create(model="any", messages=ASK_WEATHER, max_tokens=80,
-                                            tools=[WEATHER], tool_choice="required",
-                                            parallel_tool_calls=False, stream=True)
-    args, names, finish = "", [], None
-    for chunk in stream:
-        if not chunk.choices:
-            continue
-        for tc in chunk.choices[0].delta.tool_calls or []:
-            names.append(tc.function.name)
-            args += tc.function.arguments or ""
-        finish = chunk.choices[0].finish_reason or finish
-    assert names == ["get_weather"] and finish == "tool_calls"
-    assert isinstance(json.loads(args)["city"], str)
+    assert_a_streamed_call(client, 80)
