@@ -39,3 +39,48 @@ def test_switch_serves_the_loaded_model_beside_the_chat(qtbot, tmp_path: Path,
     assert switch.server is not None
     w.close()
     assert switch.server is None
+
+
+def test_the_switch_answers_requests_together_each_as_alone(qtbot, tmp_path: Path,
+                                                            model_path: Path) -> None:
+    """With "requests at once" at 2, two requests sent together are decoded together on
+    the window's engine (its thread, between the chat's answers), and each answer is
+    the one it gets alone; the chat goes on beside them, and the window closes with
+    them served."""
+    import concurrent.futures
+
+    w = open_window(qtbot, tmp_path / "chat.sqlite3", model_path)
+    switch = w.api_switch
+    switch.port.setValue(0)
+    switch.at_once.setValue(2)
+    with qtbot.waitSignal(switch.state_changed, timeout=30_000) as blocker:
+        switch.enabled.setChecked(True)
+    url = blocker.args[0]
+    assert "2 requests at once" in switch.address.text(), switch.address.text()
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=180)
+    questions = ["Name three colours.", "Count from one to five."]
+
+    def ask(question: str) -> str:
+        answer = client.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": question}], max_tokens=24)
+        return answer.choices[0].message.content or ""
+
+    alone = [ask(q) for q in questions]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(ask, questions))
+    assert together == alone and all(alone)
+    lanes = switch.server.lane.lanes  # type: ignore[union-attr]
+    assert max(lanes.rows_decoded) == 2  # their tokens were rows of one batch
+    assert send_and_wait(qtbot, w, "Hello!").text
+    assert ask(questions[0]) == alone[0]  # and after the chat's answer
+    # Another model: the lanes' context goes before the old model does (a request then is
+    # refused, not left waiting), and the server comes back with lanes on the new one.
+    switch.worker.call_in_worker(switch.server.lane.abandon)  # type: ignore[union-attr]
+    with pytest.raises(openai.APIStatusError):
+        ask(questions[1])
+    with qtbot.waitSignal(switch.state_changed, timeout=30_000):
+        switch._model_ready(None)
+    client = openai.OpenAI(base_url=switch.server.url, api_key="unused",  # type: ignore[union-attr]
+                           max_retries=0, timeout=180)
+    assert ask(questions[1]) == alone[1]
+    w.close()

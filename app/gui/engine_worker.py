@@ -170,6 +170,9 @@ class EngineWorker(QObject):
         # Held while the engine loads, generates or closes: the local API server
         # (app.server) runs its requests under it too, so they take turns with the chat.
         self.engine_lock = threading.RLock()
+        # Called on this thread before a loaded model closes (another is chosen, the
+        # window closes): the API's lanes free their context of it.
+        self.before_close: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self._cancelled: set[int] = set()
         self._stop_all = False
@@ -409,6 +412,8 @@ class EngineWorker(QObject):
     def _close_engine(self) -> None:
         with self.engine_lock:
             if self._service is not None:
+                for hook in self.before_close:  # what holds native state of this model
+                    hook()
                 self._service.close()
                 self._service = None
 

@@ -2,8 +2,10 @@
 one model (engine.decoding.parallel), a bounded queue in front of them.
 
 Each request runs ``generate`` on its own thread over a lane; every llama.cpp call runs
-in ``run_forever``, on the thread that made the engine. The queue, its 429 and the
-figures for /health are as in EngineLane.
+in ``run_forever``, on the thread that made the engine. In the desktop app that thread
+also answers the chat, so ``execute`` hands it the lanes' work in bursts, while any is
+waiting, under the engine lock (the chat's answers go between bursts). The queue, its
+429 and the figures for /health are as in EngineLane.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 from app.server.lane import Job, JobQueue, _api_error, _TextBatcher, question_of
 from app.server.schema import ApiError
@@ -54,20 +57,54 @@ class ParallelEngineLane(JobQueue):
     this process). ``submit`` raises ApiError 429 when ``max_waiting`` jobs wait."""
 
     def __init__(self, service_of: Callable[[], AnswerService | None], max_waiting: int,
-                 n_lanes: int) -> None:
+                 n_lanes: int,
+                 execute: Callable[[Callable[[], object]], object] | None = None,
+                 lock: AbstractContextManager | None = None) -> None:
+        """``execute(fn)``: runs ``fn`` on the engine's thread and waits (the app's
+        worker); None when the caller gives that thread to ``run_forever``. ``lock``:
+        held around each burst of the lanes' work there."""
         service = service_of()
         engine = service.current() if service is not None else None
         if engine is None:
             raise ValueError("no model is loaded")
         super().__init__(max_waiting)
         self._service = service
-        self.lanes = ParallelLanes(engine.target, n_lanes)
+        self._execute = execute
+        self._lock = lock or nullcontext()
+        make = lambda: ParallelLanes(engine.target, n_lanes)  # noqa: E731
+        self.lanes: ParallelLanes = make() if execute is None else execute(make)  # type: ignore[assignment]
         self._counts_lock = threading.Lock()
         self._running: dict[int, Job] = {}  # by id: jobs are not hashable
         self._threads = [threading.Thread(target=self._work, name=f"tandem-api-lane-{i}",
                                           daemon=True) for i in range(self.lanes.n_lanes)]
+        if execute is not None:
+            self._threads.append(threading.Thread(target=self._hand_work_over,
+                                                  name="tandem-api-lanes-native", daemon=True))
         for t in self._threads:
             t.start()
+
+    def _hand_work_over(self) -> None:
+        """While the lanes have work, run it on the engine's thread, a burst at a time."""
+        assert self._execute is not None
+        while True:
+            self.lanes.work_ready.wait()
+            if not self._execute(self._burst):
+                break  # closed
+        self._execute(self.lanes.free)
+
+    def _burst(self) -> bool:
+        with self._lock:
+            return self.lanes.serve_until_quiet()
+
+    def abandon(self) -> None:
+        """The model is about to close: on the engine's thread, between bursts. What
+        runs and waits is answered with an error and the lanes' context freed now."""
+        for job in list(self._running.values()):
+            job.cancelled.set()
+        self._turn_away_waiting()
+        self.lanes.close()
+        self.lanes.fail_what_waits()
+        self.lanes.free()
 
     def run_forever(self) -> None:
         """The native work of every lane, until ``close``; on the engine's thread."""
@@ -81,7 +118,7 @@ class ParallelEngineLane(JobQueue):
         for job in list(self._running.values()):
             job.cancelled.set()
         self._turn_away_waiting()
-        for _ in self._threads:
+        for _ in range(self.lanes.n_lanes):
             self._queue.put(None)
         self.lanes.close()
         deadline = time.monotonic() + timeout_s

@@ -56,17 +56,18 @@ class ApiServer:
                  | None = None, parallel: int = 1) -> None:
         """``execute``: how a job reaches the engine's thread (see EngineLane); None for
         ``run`` in the thread that made the engine. ``parallel``: answers decoded
-        together (``run`` only), as many as ``lanes_allowed`` lets; ``parallel_note``
-        says why fewer."""
+        together, as many as ``lanes_allowed`` lets; ``parallel_note`` says why fewer."""
         check_binding(host, port, api_key)
         self.parallel, self.parallel_note = 1, ""
-        if parallel > 1 and execute is None:
+        if parallel > 1:
             service = service_of()
             self.parallel, self.parallel_note = lanes_allowed(
                 service.current() if service is not None else None, parallel)
         self.lane: EngineLane | ParallelEngineLane
         if self.parallel > 1:
-            self.lane = ParallelEngineLane(service_of, max_waiting, self.parallel)
+            self.lane = ParallelEngineLane(service_of, max_waiting, self.parallel,
+                                           execute=execute,  # type: ignore[arg-type]
+                                           lock=lock if execute is not None else None)
         else:
             self.lane = EngineLane(service_of, lock, max_waiting,
                                    own_thread=execute is not None, execute=execute)

@@ -22,7 +22,9 @@ for all rows), so answers decoded together finish sooner in all than one after a
 
 Every llama.cpp call runs on the thread that calls ``serve_forever`` (with OpenMP a
 decode from another thread runs far slower); the answers' own loops run on their
-threads, and each hands its decodes to that one.
+threads, and each hands its decodes to that one. A thread that has other work too (the
+desktop app's engine thread, which also answers the chat) calls ``serve_until_quiet``
+whenever ``work_ready`` is set instead.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.errors import ContextFullError
+from engine.errors import ClosedError, ContextFullError
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.native import NativeBatch, NativeContext
 from engine.runtime.prefill import Prefill
@@ -44,6 +46,8 @@ from engine.runtime.target import Target, Verification
 # How long a batch waits for answers still choosing their next token (Python work between
 # decodes) before it goes with the rows it has.
 GATHER_S = 0.002
+# How long ``serve_until_quiet`` waits for more work before it gives the thread back.
+QUIET_S = 0.05
 
 
 _TIMEOUT = object()  # no work came while a batch waited for more rows
@@ -90,6 +94,11 @@ class ParallelLanes:
         self.ctx: NativeContext = target.lane_context(self.n_lanes)
         self.batch = NativeBatch(self.n_lanes, self.n_lanes)
         self._work: queue.Queue[_Decode | _Call | None] = queue.Queue()  # None: close
+        # Set while work waits that no serving loop has taken (``serve_until_quiet``).
+        self.work_ready = threading.Event()
+        self._work_lock = threading.Lock()
+        self._closed = False
+        self._freed = False
         self._free = queue.Queue[int]()
         for seq in range(self.n_lanes):
             self._free.put(seq)
@@ -106,37 +115,65 @@ class ParallelLanes:
     def run(self, fn: Callable[[], object]) -> object:
         """``fn()`` on the native thread, between batches; its result or exception."""
         done: Future = Future()
-        self._work.put(_Call(fn, done))
+        self._put(_Call(fn, done))
         return done.result()
 
     def _decode(self, token: int, position: int, seq: int) -> np.ndarray:
         done: Future = Future()
-        self._work.put(_Decode(token, position, seq, done))
+        self._put(_Decode(token, position, seq, done))
         return done.result()
+
+    def _put(self, item: _Decode | _Call | None) -> None:
+        with self._work_lock:
+            if self._closed:
+                if item is not None:
+                    raise ClosedError("lanes' context")
+                return
+            self._closed = item is None
+            self._work.put(item)
+            self.work_ready.set()
 
     def _set_decoding(self, seq: int, on: bool) -> None:
         with self._lock:
             (self._decoding.add if on else self._decoding.discard)(seq)
-        self._work.put(_Call(lambda: None, Future()))  # a batch waiting on it looks again
+        self._put(_Call(lambda: None, Future()))  # a batch waiting on it looks again
 
     def _release(self, seq: int) -> None:
-        self._set_decoding(seq, False)
-        self.run(lambda: self.ctx.kv_remove(seq, -1, -1))
+        try:
+            self._set_decoding(seq, False)
+            self.run(lambda: self.ctx.kv_remove(seq, -1, -1))
+        except ClosedError:
+            pass  # the cells go with the context
         self._free.put(seq)
 
     # --- the native thread ---------------------------------------------------------------
     def serve_forever(self) -> None:
         """Run prompt reads and batches until ``close``. On the engine's thread."""
+        self._serve(quiet_s=None)
+
+    def serve_until_quiet(self) -> bool:
+        """Run prompt reads and batches until no work has come for ``QUIET_S`` (every
+        answer between its tokens, or none running); False after ``close``. On the
+        engine's thread, when ``work_ready`` is set."""
+        return self._serve(quiet_s=QUIET_S)
+
+    def _serve(self, quiet_s: float | None) -> bool:
         pending: list[_Decode] = []
         while True:
             try:
-                item = self._work.get(timeout=GATHER_S if pending else None)
+                item = self._work.get(timeout=GATHER_S if pending else quiet_s)
             except queue.Empty:
+                if not pending:  # quiet: give the thread back unless work just came
+                    with self._work_lock:
+                        if self._work.empty():
+                            self.work_ready.clear()
+                            return True
+                    continue
                 item = _TIMEOUT
-            if item is None:  # close
-                if pending:
-                    self._run_batch(pending)
-                return
+            if item is None:  # close: what is left is answered with the error
+                for left in pending:
+                    left.done.set_exception(ClosedError("lanes' context"))
+                return False
             if isinstance(item, _Call):
                 self._call(item)
             elif isinstance(item, _Decode):
@@ -169,13 +206,32 @@ class ParallelLanes:
             r.done.set_result(logits[i].copy())
 
     def close(self) -> None:
-        """Stop ``serve_forever`` after the work queued before."""
-        self._work.put(None)
+        """Stop ``serve_forever`` after the work queued before; work asked for later
+        raises ClosedError."""
+        self._put(None)
+
+    def fail_what_waits(self) -> None:
+        """After ``close``, with no loop serving: answer every queued item with
+        ClosedError (the model is about to go)."""
+        closing = False
+        while True:
+            try:
+                item = self._work.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                closing = True
+            else:
+                item.done.set_exception(ClosedError("lanes' context"))
+        if closing:  # a serving loop still to come sees the close
+            self._work.put(None)
 
     def free(self) -> None:
-        """Free the native context; after ``serve_forever`` returned."""
-        self.ctx.close()
-        self.batch.close()
+        """Free the native context; after ``serve_forever`` returned. Once."""
+        if not self._freed:
+            self._freed = True
+            self.ctx.close()
+            self.batch.close()
 
 
 class LaneTarget:
