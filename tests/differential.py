@@ -116,6 +116,11 @@ class Sessions:
         # something where drafts were accepted and rejected.
         self.accepted = dict.fromkeys(self.names, 0)
         self.rejected = dict.fromkeys(self.names, 0)
+        # Follow-ups and regenerates whose prompt was read again from (nearly) the start
+        # although the last one's was cached: no path should re-read a conversation.
+        self.rereads = dict.fromkeys(self.names, 0)
+        self.n_continued = 0  # such actions, every session together
+        self._last_prompt: dict[str, int] = {}
 
     def close(self) -> None:
         for service in self.services.values():
@@ -141,9 +146,11 @@ class Sessions:
                 return bool(action.stop_after) and len(pieces) >= action.stop_after
 
             try:
-                result = service.answer(question, on_text=pieces.append,
-                                        should_stop=stop).result
+                answer = service.answer(question, on_text=pieces.append, should_stop=stop)
+                result = answer.result
                 answers[name] = result.tokens
+                self._count_rereads(name, action, answer.n_prompt,
+                                    result.stats.n_prompt_reused)
                 steps = result.stats.steps
                 self.accepted[name] += sum(s.n_accepted for s in steps)
                 self.rejected[name] += sum(s.n_proposed - s.n_accepted for s in steps)
@@ -167,6 +174,15 @@ class Sessions:
         text = self.services["none"].engine.target.detokenize(plain)
         self.messages = messages + [{"role": "assistant", "content": text}]
         return self._probe(index)
+
+    def _count_rereads(self, name: str, action: Action, n_prompt: int, n_reused: int) -> None:
+        last = self._last_prompt.get(name)
+        self._last_prompt[name] = n_prompt
+        if last is None or action.kind not in ("follow_up", "long", "regenerate"):
+            return
+        self.n_continued += 1
+        if n_reused < min(last, n_prompt) // 2:
+            self.rereads[name] += 1
 
     def _stopped_at(self, question: object, n_answer: int) -> None:
         """After a stop, every session as plain decoding leaves an answer stopped after
@@ -282,6 +298,7 @@ def run_for(seed: int, minutes: float, model: Path, drafters: list[str], n_ctx: 
             result["actions"], result["tokens"] = len(done), sessions.n_tokens
             result["wall_s"] = round(time.monotonic() - t0, 1)
             result["accepted"], result["rejected"] = sessions.accepted, sessions.rejected
+            result["rereads"], result["continued"] = sessions.rereads, sessions.n_continued
             print(f"{len(done)} {action.kind}: {'parted' if found else 'same'}",
                   file=sys.stderr, flush=True)
             if found is not None:

@@ -25,6 +25,7 @@ def test_a_fixed_slice_of_random_actions_parts_nowhere(model_path: Path,
                      tmp_path / "work", max_actions=16, first=first)
     assert result["divergences"] == 0, result["cases"]
     assert result["actions"] == 16 and result["tokens"] > 0
+    assert result["continued"] > 0 and not any(result["rereads"].values()), result["rereads"]
     for name in DRAFTERS:  # identity that was tested on both outcomes
         assert result["accepted"][name] > 0 and result["rejected"][name] > 0, (
             name, result["accepted"], result["rejected"])
@@ -103,6 +104,8 @@ def test_a_slice_on_every_synthetic_architecture_parts_nowhere(row: tuple, tmp_p
                      tmp_path / "work", max_actions=24)
     assert result["divergences"] == 0, result["cases"]
     assert result["actions"] == 24
+    # No follow-up or regenerate read its conversation again from the start.
+    assert result["continued"] > 0 and not any(result["rereads"].values()), result["rereads"]
     for name in drafters:
         assert result["accepted"][name] > 0 and result["rejected"][name] > 0, (
             name, result["accepted"], result["rejected"])
