@@ -515,3 +515,27 @@ def test_a_latent_attention_chat_that_outgrows_the_context_is_read_again_not_shi
     with Target(tiny_models["deepseek2"], TargetConfig(n_ctx=512, n_threads=2, type_k="f16",
                                                        type_v="f16")) as target:
         assert target.ctx.can_shift  # an F16 cache shifts
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gpt-oss"])
+def test_a_sliding_window_prompt_going_back_past_the_window_reads_as_afresh(
+        arch: str, tiny_models: dict[str, Path]) -> None:
+    """After a long prompt (moved in from the F16 context, whose window cache keeps only
+    the last window), a prompt sharing only its start (a new chat with the same system
+    prompt, an edit) cannot go on from cells the window cache lacks: it is read again,
+    and its logits are a fresh read's (gemma3 went on from there 4.8 apart). One that
+    goes on from the end still reuses the cache."""
+    with Target(tiny_models[arch], TargetConfig(n_ctx=1024, n_threads=2)) as target:
+        long = target.tokenize(" ".join(f"word{i}" for i in range(200)), special=False)
+        other = target.tokenize(" and then something else entirely", special=False)
+        for shared in (20, len(long) - 10):
+            target.reset(cold=True)
+            generate(target, long, None, GenerationConfig(4))
+            prompt = long[:shared] + other
+            warm = target.prefill(prompt).logits.copy()
+            target.reset(cold=True)
+            assert np.array_equal(warm, target.prefill(prompt).logits), (arch, shared)
+        target.reset(cold=True)
+        answer = generate(target, long, None, GenerationConfig(4)).tokens
+        follow = generate(target, long + answer + other, None, GenerationConfig(4))
+        assert follow.stats.n_prompt_reused >= len(long)

@@ -234,6 +234,7 @@ class PromptReader:
         n_same = common_prefix_length(t.tokens, prompt)
         if n_same < len(t.tokens):
             n_same = self._keep_across_a_cut(prompt, n_same)
+        n_same = self._within_the_window(n_same, len(prompt))
         again = self._answer_again(prompt, n_same, feature_tail)
         if again is not None:
             return again
@@ -326,6 +327,24 @@ class PromptReader:
         self.remembered = [(key, logits, features)] + rest[:REMEMBERED_PREFILLS - 1]
 
     # --- the context shift ---------------------------------------------------------------
+    def _within_the_window(self, n_same: int, n_prompt: int) -> int:
+        """How much of the cached prefix a sliding-window model can go on from: all of it
+        when the window cache holds the window before its end, else nothing (as
+        llama-server does). The window cache keeps only the last window of a prompt
+        moved in from the F16 context (one sequence's state leaves older cells out), and
+        llama.cpp drops older positions when it reuses cells that left the window; a
+        prompt going on from further back would attend to cells that are not there
+        (gemma3 after a long prompt, a new chat sharing its first 20 tokens: 4.8 apart
+        from reading it afresh)."""
+        t = self.target
+        if not t.arch.n_swa or n_same == 0:
+            return n_same
+        # The first token read (or, for a prompt asked again, the first one answered)
+        # attends back to position first - n_swa + 1 in the window's layers.
+        first = min(n_same, n_prompt - 1) if n_same < n_prompt else n_same
+        lowest = t.ctx.kv_pos_min(0)  # the window cache's (llama-kv-cache-iswa.cpp)
+        return n_same if 0 <= lowest <= max(0, first - t.arch.n_swa + 1) else 0
+
     def _unpark(self) -> None:
         """Before a prompt: free the cells a drafted answer parked, and write the sequence
         back from the start so its cells are where plain decoding's are, one after
