@@ -539,3 +539,31 @@ def test_a_sliding_window_prompt_going_back_past_the_window_reads_as_afresh(
         answer = generate(target, long, None, GenerationConfig(4)).tokens
         follow = generate(target, long + answer + other, None, GenerationConfig(4))
         assert follow.stats.n_prompt_reused >= len(long)
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "lfm2"])
+def test_a_hybrid_prompt_parting_inside_a_drafted_answers_last_batch_reads_as_plain(
+        arch: str, tmp_path: Path) -> None:
+    """A next prompt that parts a few tokens before the answer's end (its text tokenized
+    otherwise): plain decoding's state cannot go back there and is read again; a drafted
+    answer's last verification holds snapshots that reach, from other sums. The drafted
+    session reads again too, so the next logits are plain decoding's bit for bit (lfm2,
+    the differential: 2.7e-5 apart)."""
+    from tests.differential import matrix_model
+
+    gen = GenerationConfig(N_NEW, max_draft=16)
+    path, _ = matrix_model(arch, tmp_path)  # the differential's file (layers damped)
+    with Target(path, TargetConfig(n_ctx=512, n_threads=2)) as target:
+        prompt = target.tokenize(PROMPTS[0], special=False)
+        other = target.tokenize(" and then something else", special=False)
+        target.reset(cold=True)
+        plain = generate(target, prompt, None, gen).tokens
+        parted = prompt + plain[:-3] + other  # two tokens before the cache's end
+        expected = target.prefill(parted).logits.copy()
+        memory = SuffixIndex()
+        memory.insert(prompt + plain)  # drafts the whole answer: its last batch is long
+        target.reset(cold=True)
+        out = generate(target, prompt, MemoryDrafter(memory), gen,
+                       cost=VerifyCostModel(slope=0.0, learn=False), remember=False)
+        assert out.tokens == plain and out.stats.steps[-1].n_accepted >= 3
+        assert np.array_equal(target.prefill(parted).logits, expected), arch

@@ -119,7 +119,7 @@ class SequenceZero(Protocol):
 
     def settle(self) -> None: ...
 
-    def rollback(self, n_keep: int) -> None: ...
+    def rollback(self, n_keep: int, for_a_prompt: bool = False) -> None: ...
 
     def reset(self, cold: bool = False) -> None: ...
 
@@ -240,7 +240,7 @@ class PromptReader:
             return again
         # Evaluate at least the last prompt token: its logits choose the first new token.
         n_keep = min(n_same, len(prompt) - 1)
-        t.rollback(n_keep)
+        t.rollback(n_keep, for_a_prompt=True)
         todo = prompt[n_keep:]
         with_features = t.ctx.features_on
         tail = 1  # the last token's logits choose the first new token
@@ -300,7 +300,7 @@ class PromptReader:
         last = next((e for e in self.remembered if e[0] == key), None)
         if last is None or n_same < len(prompt):
             return None
-        t.rollback(len(prompt))
+        t.rollback(len(prompt), for_a_prompt=True)
         features = None
         if t.ctx.features_on:
             want = 1 if feature_tail is None else max(1, min(feature_tail, len(prompt)))
