@@ -149,8 +149,9 @@ class Sessions:
                 answer = service.answer(question, on_text=pieces.append, should_stop=stop)
                 result = answer.result
                 answers[name] = result.tokens
-                self._count_rereads(name, action, answer.n_prompt,
-                                    result.stats.n_prompt_reused)
+                if not answer.n_dropped:  # (oldest turns dropped: mostly new text to read)
+                    self._count_rereads(name, action, answer.n_prompt,
+                                        result.stats.n_prompt_reused)
                 steps = result.stats.steps
                 self.accepted[name] += sum(s.n_accepted for s in steps)
                 self.rejected[name] += sum(s.n_proposed - s.n_accepted for s in steps)
