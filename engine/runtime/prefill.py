@@ -339,9 +339,9 @@ class PromptReader:
         t = self.target
         if not t.arch.n_swa or n_same == 0:
             return n_same
-        # The first token read (or, for a prompt asked again, the first one answered)
-        # attends back to position first - n_swa + 1 in the window's layers.
-        first = min(n_same, n_prompt - 1) if n_same < n_prompt else n_same
+        # The first token read (at least the prompt's last, where remembered logits do
+        # not serve) attends back to position first - n_swa + 1 in the window's layers.
+        first = min(n_same, n_prompt - 1)
         lowest = t.ctx.kv_pos_min(0)  # the window cache's (llama-kv-cache-iswa.cpp)
         return n_same if 0 <= lowest <= max(0, first - t.arch.n_swa + 1) else 0
 
