@@ -33,6 +33,10 @@ class _CpuTimes:
     niced: float  # user time of niced processes (they give way to ours)
     system: float  # kernel time, whatever the priority
 
+    def __sub__(self, earlier: _CpuTimes) -> _CpuTimes:
+        return _CpuTimes(self.busy - earlier.busy, self.user - earlier.user,
+                         self.niced - earlier.niced, self.system - earlier.system)
+
 
 def _machine_busy_s() -> _CpuTimes:
     t = psutil.cpu_times()
@@ -128,9 +132,7 @@ class LoadMeter:
     def read(self) -> LoadReading:
         """Other programs' use since the meter started (it goes on)."""
         wall = max(1e-6, time.perf_counter() - self._t0)
-        now, then = _machine_busy_s(), self._machine0
-        machine = _CpuTimes(now.busy - then.busy, now.user - then.user,
-                            now.niced - then.niced, now.system - then.system)
+        machine = _machine_busy_s() - self._machine0
         user, system = _own_busy_s(self._process)
         own_user, own_system = user - self._own0[0], system - self._own0[1]
         others = machine.busy - own_user - own_system

@@ -390,12 +390,10 @@ class Target:
         self.prompts.forget_beyond(n_keep)
         if n_keep < len(self.tokens):
             self.settle()
-            if for_a_prompt and self.arch.has_state and n_keep < len(self.tokens) - 1:
-                del self.tokens[n_keep:]
-                self._evaluate_again(self.tokens)
-                return
             # Recurrent state further back than its snapshots is evaluated again.
-            removed = self.ctx.kv_remove(0, n_keep, -1)
+            removed = not (for_a_prompt and self.arch.has_state
+                           and n_keep < len(self.tokens) - 1) \
+                and self.ctx.kv_remove(0, n_keep, -1)
             del self.tokens[n_keep:]
             if not removed:
                 self._evaluate_again(self.tokens)
