@@ -328,18 +328,21 @@ def load_case(path: Path) -> Case:
                 [Action(**a) for a in data["actions"]], data.get("draft_model"))
 
 
-# (name, model, drafters): "bundled" is the bundled Q4_0, "f32" its F32 copy (drafting
-# with the bundled file as its draft model), any other name a tiny synthetic file of that
-# architecture (engine.gguf.architectures) whose layers add little to the residual
-# stream, so the model often repeats itself and drafts are both kept and taken back.
+# (name, model, drafters, share of the minutes): "bundled" is the bundled Q4_0, "q4_k_m"
+# and "f32" its requantizations (F32 drafting with the bundled file as its draft model),
+# any other name a tiny synthetic file of that architecture (engine.gguf.architectures)
+# whose layers add little to the residual stream, so the model often repeats itself and
+# drafts are both kept and taken back. The real-size rows answer about 50 times slower
+# than the tiny ones, so these get more of the time: more actions where they are cheap.
 MATRIX = [
-    ("bundled", "bundled", ["auto", "memory", "head"]),
-    ("f32+draft", "f32", ["draft", "lookup"]),
-    ("qwen35 hybrid", "qwen35", ["memory", "lookup", "mtp"]),
-    ("lfm2 hybrid", "lfm2", ["memory", "lookup"]),
-    ("gemma3 sliding window", "gemma3", ["memory", "lookup"]),
-    ("qwen3moe", "qwen3moe", ["memory", "lookup"]),
-    ("deepseek2 latent attention", "deepseek2", ["memory", "lookup", "mtp"]),
+    ("bundled", "bundled", ["auto", "memory", "head"], 1.0),
+    ("q4_k_m+eagle3", "q4_k_m", ["eagle3", "lookup"], 1.0),
+    ("f32+draft", "f32", ["draft", "lookup"], 0.75),
+    ("qwen35 hybrid", "qwen35", ["memory", "lookup", "mtp"], 1.5),
+    ("lfm2 hybrid", "lfm2", ["memory", "lookup"], 1.5),
+    ("gemma3 sliding window", "gemma3", ["memory", "lookup"], 1.5),
+    ("qwen3moe", "qwen3moe", ["memory", "lookup"], 1.5),
+    ("deepseek2 latent attention", "deepseek2", ["memory", "lookup", "mtp"], 1.5),
 ]
 
 
@@ -354,11 +357,11 @@ def matrix_model(kind: str, folder: Path) -> tuple[Path, Path | None]:
         return bundled, None
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{kind}.gguf"
-    if kind == "f32":
+    if kind in ("f32", "q4_k_m"):
         if not path.exists():
-            from engine.hub.convert import convert
-            convert(bundled, path, "f32", 2)
-        return path, bundled
+            from engine.hub.convert import quantize_as
+            quantize_as(bundled, path, kind, 2)
+        return path, bundled if kind == "f32" else None
     if not path.exists():
         shape = TinyShape(mtp_layers=1 if kind in MTP_LAYOUTS else 0, damp=0.22)
         write_architecture_gguf(kind, path, bundled, shape)
@@ -367,17 +370,18 @@ def matrix_model(kind: str, folder: Path) -> tuple[Path, Path | None]:
 
 def run_matrix(seed: int, minutes: float, n_ctx: int, prompts: list[dict], out: Path,
                work: Path) -> dict:
-    """Every MATRIX row for an equal share of ``minutes``; each row's counts are written
+    """Every MATRIX row for its share of ``minutes``; each row's counts are written
     to ``out/matrix-SEED.json`` when it ends, and a rerun skips the rows found there."""
     out.mkdir(parents=True, exist_ok=True)
     record = out / f"matrix-{seed}.json"
     rows = json.loads(record.read_text()) if record.exists() else {}
-    for name, kind, drafters in MATRIX:
+    shares = sum(row[3] for row in MATRIX)
+    for name, kind, drafters, share in MATRIX:
         if name in rows:
             continue
         model, draft = matrix_model(kind, out / "models")
         print(f"== {name}: {', '.join(drafters)}", file=sys.stderr, flush=True)
-        rows[name] = run_for(seed, minutes / len(MATRIX), model, drafters, n_ctx, prompts,
+        rows[name] = run_for(seed, minutes * share / shares, model, drafters, n_ctx, prompts,
                              out, work / name.replace(" ", "-"), draft_model=draft)
         record.write_text(json.dumps(rows, indent=1))
     totals = {"actions": sum(r["actions"] for r in rows.values()),
