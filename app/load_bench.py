@@ -3,13 +3,15 @@
 a niced compile; and how long a start takes on a busy machine. Prints a table, writes JSON.
 
     .venv/bin/python -m app.load_bench --json load.json [--model M.gguf] [--tokens 128]
-        [--llama-bench PATH]
+        [--llama-bench PATH] [--repeat 3]
 
 With ``--llama-bench`` (llama.cpp's own, built from the same vendored source), the same
 decode by llama-bench on 1 and on 2 threads, beside each load, with Tandem's cache types.
 
 The loads are real processes: a Python busy loop, the same at nice 10, and gcc compiling
 a generated C file again and again at nice 10 (two jobs, as `nice make -j2`).
+With ``--repeat N`` every cell is the median of N runs, taken in turn (one round of every
+runner, then the next), so a slow moment of the machine does not fall on one runner alone.
 """
 
 from __future__ import annotations
@@ -81,13 +83,19 @@ def _llama_bench(binary: Path, model: Path, tokens: int, threads: int) -> float:
     return round(float(json.loads(out.stdout)[0]["avg_ts"]), 1)
 
 
+def _median_cell(runs: list[dict]) -> dict:
+    """The run with the median speed, and every run's speed."""
+    ordered = sorted(runs, key=lambda r: r["tok_per_s"])
+    return {**ordered[(len(ordered) - 1) // 2], "runs": [r["tok_per_s"] for r in runs]}
+
+
 def run(model: Path | None, tokens: int, out: Path, say: Callable[[str], None],
-        llama_bench: Path | None = None) -> dict:
+        llama_bench: Path | None = None, repeat: int = 1) -> dict:
     from engine.hub.model_store import default_model_path
     from engine.session import Engine, EngineConfig
 
     results: dict = {"machine": os.uname().machine, "cores": os.cpu_count(),
-                     "tokens": tokens, "decode": {}, "start_s": {}}
+                     "tokens": tokens, "repeat": repeat, "decode": {}, "start_s": {}}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         cache = folder / "cache"
@@ -100,19 +108,23 @@ def run(model: Path | None, tokens: int, out: Path, say: Callable[[str], None],
                 [{"role": "user", "content": PROMPT}])
             for kind in ("quiet", "busy", "niced-busy", "niced-compile"):
                 row = results["decode"][kind] = {}
-                for name, engine in engines.items():
-                    with _load(kind, folder):
-                        engine.target.reset()
-                        row[name] = _decode(engine, prompt, tokens)
-                    say(f"{kind:14} {name:17} {row[name]['tok_per_s']:7.1f} tok/s "
-                        f"({row[name]['threads']} threads)")
-                    out.write_text(json.dumps(results, indent=1))
-                for n in (1, 2) if llama_bench else ():
-                    with _load(kind, folder):
-                        speed = _llama_bench(llama_bench, model or default_model_path(),
-                                             tokens, n)
-                    row[f"llama-bench {n}"] = {"tok_per_s": speed, "threads": n}
-                    say(f"{kind:14} llama-bench {n} thr  {speed:7.1f} tok/s")
+                runs: dict[str, list[dict]] = {}
+                for _ in range(repeat):
+                    for name, engine in engines.items():
+                        with _load(kind, folder):
+                            engine.target.reset()
+                            got = _decode(engine, prompt, tokens)
+                        runs.setdefault(name, []).append(got)
+                        say(f"{kind:14} {name:17} {got['tok_per_s']:7.1f} tok/s "
+                            f"({got['threads']} threads)")
+                    for n in (1, 2) if llama_bench else ():
+                        with _load(kind, folder):
+                            speed = _llama_bench(llama_bench, model or default_model_path(),
+                                                 tokens, n)
+                        runs.setdefault(f"llama-bench {n}", []).append(
+                            {"tok_per_s": speed, "threads": n})
+                        say(f"{kind:14} llama-bench {n} thr  {speed:7.1f} tok/s")
+                    row.update({name: _median_cell(r) for name, r in runs.items()})
                     out.write_text(json.dumps(results, indent=1))
         finally:
             for engine in engines.values():
@@ -163,9 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--llama-bench", type=Path, default=None,
                    help="llama.cpp's llama-bench, run beside each load on 1 and 2 threads")
+    p.add_argument("--repeat", type=int, default=1, help="runs per cell (the median)")
     args = p.parse_args(argv)
     results = run(args.model, args.tokens, args.json,
-                  lambda line: print(line, file=sys.stderr, flush=True), args.llama_bench)
+                  lambda line: print(line, file=sys.stderr, flush=True), args.llama_bench,
+                  max(1, args.repeat))
     print(table(results))
     return 0
 

@@ -524,7 +524,7 @@ class Engine:
         return result
 
     def _follow_the_load(self) -> None:
-        """The threads for this answer, from the machine's load since the last one."""
+        """The threads for this answer, from the machine's load in the seconds before it."""
         if self.threads is None:
             return
         n = self.threads.next_answer().n_threads
@@ -565,6 +565,8 @@ class Engine:
 
     # --- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
+        if self.threads is not None:
+            self.threads.close()
         self._detach_drafter()
         self.target.close()
 

@@ -15,7 +15,13 @@ import numpy as np
 import psutil
 import pytest
 
-from engine.planning.machine_load import LoadReading, _CpuTimes, look_at_load, niced_share
+from engine.planning.machine_load import (
+    LoadReading,
+    RecentLoad,
+    _CpuTimes,
+    look_at_load,
+    niced_share,
+)
 from engine.planning.thread_choice import ThreadFollower, threads_for
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.target import Target, TargetConfig
@@ -67,6 +73,26 @@ def test_a_busy_program_takes_a_thread_and_a_niced_one_does_not() -> None:
     assert niced.n_threads == PHYSICAL and "give way" in niced.why, niced.why
     follower.next_answer()  # no look since: the last choice stands
     assert follower.choice == niced
+
+
+@pytest.mark.skipif(PHYSICAL < 2, reason="one core: nothing to give up")
+def test_a_load_that_ended_before_the_last_seconds_does_not_count() -> None:
+    """The next answer meets the machine as it is now: a program that was busy earlier
+    in a long wait between answers (and ended) takes no thread from it."""
+    if look_at_load(PHYSICAL, 0.6).competing_cores > 0.5:
+        pytest.skip("another program keeps a core busy already")
+    watch = RecentLoad(PHYSICAL, recent_s=1.0, step_s=0.25)
+    with _busy_loop():
+        time.sleep(1.5)
+    time.sleep(1.6)
+    reading = watch.read()
+    assert 1.0 <= reading.wall_s < 1.6, reading  # the last second or so, not all 3.4 s
+    assert reading.competing_cores < 0.25, reading
+    # While it runs, it counts.
+    with _busy_loop():
+        watch = RecentLoad(PHYSICAL, recent_s=1.0, step_s=0.25)
+        time.sleep(1.2)
+        assert watch.read().competing_cores > 0.7
 
 
 def test_kernel_time_is_shared_out_by_priority_as_user_time_is() -> None:

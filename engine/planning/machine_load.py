@@ -11,7 +11,9 @@ browser tab, a terminal).
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import psutil
@@ -111,19 +113,48 @@ class LoadReading:
         return f"{state} (other programs used {self.others_cores:.2f} cores)"
 
 
+@dataclass(frozen=True)
+class _Snapshot:
+    """The machine's and this process's CPU times at one moment."""
+
+    at: float  # time.perf_counter()
+    machine: _CpuTimes
+    own: tuple[float, float]  # this process's (and its helpers') user and kernel seconds
+
+
+def _snapshot(process: psutil.Process) -> _Snapshot:
+    return _Snapshot(time.perf_counter(), _machine_busy_s(), _own_busy_s(process))
+
+
+def _reading_between(first: _Snapshot, last: _Snapshot, spare_cores: float) -> LoadReading:
+    """Other programs' use from ``first`` to ``last``."""
+    wall = max(1e-6, last.at - first.at)
+    machine = last.machine - first.machine
+    own_user, own_system = last.own[0] - first.own[0], last.own[1] - first.own[1]
+    others = machine.busy - own_user - own_system
+    # (a niced Tandem's own user time is in the niced column)
+    niced = niced_share(machine, own_user, own_system,
+                        os.getpriority(os.PRIO_PROCESS, 0) > 0)
+    # The clocks tick at different moments: a tiny negative is zero.
+    return LoadReading(max(0.0, others) / wall, wall, spare_cores,
+                       min(max(0.0, niced), max(0.0, others)) / wall)
+
+
+def _spare_cores(n_threads: int) -> int:
+    physical = psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+    return max(0, physical - n_threads)
+
+
 class LoadMeter:
     """``with LoadMeter(n_threads) as meter: ...``; then ``meter.reading``."""
 
     def __init__(self, n_threads: int) -> None:
-        physical = psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
-        self.spare_cores = max(0, physical - n_threads)
+        self.spare_cores = _spare_cores(n_threads)
         self._process = psutil.Process()
         self.reading: LoadReading | None = None
 
     def __enter__(self) -> LoadMeter:
-        self._t0 = time.perf_counter()
-        self._machine0 = _machine_busy_s()
-        self._own0 = _own_busy_s(self._process)
+        self._first = _snapshot(self._process)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -131,17 +162,38 @@ class LoadMeter:
 
     def read(self) -> LoadReading:
         """Other programs' use since the meter started (it goes on)."""
-        wall = max(1e-6, time.perf_counter() - self._t0)
-        machine = _machine_busy_s() - self._machine0
-        user, system = _own_busy_s(self._process)
-        own_user, own_system = user - self._own0[0], system - self._own0[1]
-        others = machine.busy - own_user - own_system
-        # (a niced Tandem's own user time is in the niced column)
-        niced = niced_share(machine, own_user, own_system,
-                            os.getpriority(os.PRIO_PROCESS, 0) > 0)
-        # The clocks tick at different moments: a tiny negative is zero.
-        return LoadReading(max(0.0, others) / wall, wall, self.spare_cores,
-                           min(max(0.0, niced), max(0.0, others)) / wall)
+        return _reading_between(self._first, _snapshot(self._process), self.spare_cores)
+
+
+class RecentLoad:
+    """Other programs' use over the last ``recent_s`` seconds before ``read()``, however
+    long it watched: a compile that ended a minute ago says nothing about the next answer,
+    and a load that began a second ago does. A daemon thread takes a snapshot every
+    ``step_s`` (a read of /proc/stat, microseconds) and keeps the recent ones."""
+
+    def __init__(self, n_threads: int, recent_s: float = 2.0, step_s: float = 0.5) -> None:
+        self.spare_cores = _spare_cores(n_threads)
+        self._process = psutil.Process()
+        self._step_s = step_s
+        self._kept: deque[_Snapshot] = deque(maxlen=max(2, round(recent_s / step_s) + 1))
+        self._kept.append(_snapshot(self._process))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="tandem-load-watch",
+                                        daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._step_s):
+            self._kept.append(_snapshot(self._process))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def read(self) -> LoadReading:
+        """Stops watching; other programs' use from the oldest snapshot kept to now."""
+        self.stop()
+        return _reading_between(self._kept[0], _snapshot(self._process), self.spare_cores)
 
 
 def look_at_load(n_threads: int, seconds: float = QUICK_LOOK_S) -> LoadReading:

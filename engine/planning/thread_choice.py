@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from engine.planning.machine_load import LoadMeter, LoadReading, look_at_load
+from engine.planning.machine_load import LoadReading, RecentLoad, look_at_load
 
 # The shortest look at the machine worth deciding from: between two requests that follow
 # each other at once, the last choice stands.
@@ -51,12 +51,13 @@ def threads_for(reading: LoadReading, most: int, physical: int | None = None
 
 class ThreadFollower:
     """Watches the machine between answers and says how many threads the next answer
-    should decode with (``most`` when nothing competes)."""
+    should decode with (``most`` when nothing competes), from the last seconds before it
+    begins (RecentLoad): the machine as the answer meets it."""
 
     def __init__(self, most: int) -> None:
         self.most = most
         self.choice = ThreadChoice(most, f"{most} threads: not looked yet")
-        self._meter: LoadMeter | None = None
+        self._watch: RecentLoad | None = None
 
     def at_start(self) -> ThreadChoice:
         """The threads for opening the model, from a quick look at the machine now."""
@@ -65,13 +66,20 @@ class ThreadFollower:
 
     def idle(self) -> None:
         """An answer ended: watch the machine until the next begins."""
-        self._meter = LoadMeter(self.most).__enter__()
+        if self._watch is None:
+            self._watch = RecentLoad(self.most)
 
     def next_answer(self) -> ThreadChoice:
         """The threads for the answer that begins now."""
-        meter, self._meter = self._meter, None
-        if meter is not None:
-            reading = meter.read()
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            reading = watch.read()
             if reading.wall_s >= MIN_LOOK_S:
                 self.choice = threads_for(reading, self.most)
         return self.choice
+
+    def close(self) -> None:
+        """Stops watching (the engine closes)."""
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.stop()
