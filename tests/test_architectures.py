@@ -390,14 +390,21 @@ def test_a_draft_model_of_each_architecture_drafts_losslessly(
 def test_an_eagle3_head_drafts_losslessly_or_is_refused_with_the_reason(
         arch: str, tiny_models: dict[str, Path], tmp_path: Path, model_path: Path) -> None:
     """Graphs that export layer inputs draft with an EAGLE-3 head through llama.cpp and
-    give plain decoding's tokens (LFM2 included: llama.cpp's embeddings mode computes no
-    logits there, so layer inputs are read without it); the others refuse the head with
-    the reason instead of aborting in llama.cpp."""
+    give plain decoding's tokens, with drafts both kept and taken back (LFM2 included:
+    llama.cpp's embeddings mode computes no logits there, so layer inputs are read without
+    it); the others refuse the head with the reason instead of aborting in llama.cpp."""
     from engine.drafters.eagle3 import Eagle3Drafter
+    from engine.drafters.native_head import HeadChainConfig
     from engine.errors import ModelLoadError
     from engine.gguf.eagle3 import shape_for_target, write_eagle3_head
 
     path = tiny_models[arch]
+    if EXPECTED[arch][3]:
+        # Layers that add little to the residual stream, and an LM head with the
+        # embeddings' values: the model mostly says its last token again, which the head
+        # (passing the token's embedding through) guesses; where it does not, it is wrong.
+        path = write_architecture_gguf(arch, tmp_path / f"{arch}.gguf", model_path,
+                                       TinyShape(damp=0.05))
     shape = shape_for_target(path, (0, 1, 1))
     e = shape.hidden
     fc = np.zeros((e, 3 * e), np.float32)
@@ -412,18 +419,21 @@ def test_an_eagle3_head_drafts_losslessly_or_is_refused_with_the_reason(
             with pytest.raises(ModelLoadError, match="graph cannot export layer inputs"):
                 Eagle3Drafter(head, target)
             return
-        drafter = Eagle3Drafter(head, target)
+        # Every guess proposed (the head's scores are flat on a tiny vocabulary's worth).
+        drafter = Eagle3Drafter(head, target, HeadChainConfig(p_min=0.0))
         try:
             config = GenerationConfig(24, max_draft=8)
-            free = VerifyCostModel(slope=0.0, learn=False)
-            for text in ("0 0 0 0 0 0 0 0 0 0 0 0 0 0",):
-                prompt = target.tokenize(text, special=False)
-                target.reset()
-                plain = generate(target, prompt, None, config).tokens
-                target.reset()
-                out = generate(target, prompt, drafter, config, cost=free)
-                assert out.tokens == plain, (arch, text)
-                assert not out.stats.fallback
+            prompt = target.tokenize(PROMPTS[0], special=False)
+            target.reset()
+            plain = generate(target, prompt, None, config).tokens
+            target.reset()
+            out = generate(target, prompt, drafter, config,
+                           cost=VerifyCostModel(slope=0.0, learn=False))
+            assert out.tokens == plain, arch
+            assert not out.stats.fallback
+            accepted = sum(s.n_accepted for s in out.stats.steps)
+            rejected = sum(s.n_proposed - s.n_accepted for s in out.stats.steps)
+            assert accepted > 0 and rejected > 0, (arch, accepted, rejected)
         finally:
             drafter.close()
 

@@ -320,9 +320,9 @@ def tensor_layout(arch: str, s: TinyShape, n_vocab: int) -> list[Tensor]:
     layers = _layers(arch, s)
     final_norm = "token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight"
     out = [("token_embd.weight", (n_vocab, s.hidden), "matrix"), _norm(final_norm, s)]
-    if arch == "gpt-oss":  # without tied embeddings
-        out.append(("output.weight", (n_vocab, s.hidden), "matrix"))
-    if arch in ("glm4moe", "deepseek2"):  # own LM heads, here the embeddings' values
+    # Own LM heads (llama.cpp requires them), here the embeddings' values: a damped model
+    # then repeats itself as tied ones do.
+    if arch in ("gpt-oss", "glm4moe", "deepseek2"):
         out.append(("output.weight", (n_vocab, s.hidden), "tied"))
     if s.mtp_layers:
         if arch not in MTP_LAYOUTS or s.mtp_layers != 1:
@@ -421,7 +421,7 @@ def direct_type(arch: str, name: str, dims: tuple[int, ...], kind: str
     """The type ``tandem synth --direct`` writes a tensor in, as a Q4_K_M-like file has
     it: gpt-oss's experts in MXFP4 (as its files ship), other weight matrices Q4_K where
     their rows take 256-value blocks, else Q8_0 (gpt-oss's 2880-wide rows); None: F32."""
-    if kind != "matrix":
+    if kind not in ("matrix", "tied"):  # (a tied head takes its embeddings' type)
         return None
     if arch == "gpt-oss" and "_exps." in name:
         return _MXFP4
@@ -508,8 +508,8 @@ def write_architecture_gguf(arch: str, path: Path, tokenizer_from: Path,
         # "tied": an LM head with the embeddings' values, so a damped model says its last
         # token again, as tied ones do (tests need drafts that are accepted).
         quant = types[tensor_name]
-        data = (random_blocks(quant, dims, rng) if quant is not None else
-                embeddings if kind == "tied" else _fill(kind, dims, rng))
+        data = (embeddings if kind == "tied" else random_blocks(quant, dims, rng)
+                if quant is not None else _fill(kind, dims, rng))
         if tensor_name == "token_embd.weight":
             embeddings = data
         if s.damp != 1.0 and tensor_name.endswith(_OUTPUT_PROJECTIONS):
