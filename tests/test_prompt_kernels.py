@@ -101,6 +101,8 @@ def test_long_prompts_prefill_with_sgemm_and_answers_equal_plain(f32_model_path,
                                cost=VerifyCostModel(slope=0.0, learn=False))
             assert drafted.tokens == plain.tokens
             assert drafted.stats.mean_accepted > 1  # drafts were taken
+            steps = drafted.stats.steps  # and some taken back
+            assert sum(s.n_proposed - s.n_accepted for s in steps) > 0
     assert not np.array_equal(logits[True], logits[False])
 
 
