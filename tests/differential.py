@@ -145,13 +145,17 @@ class Sessions:
             def stop(pieces: list[str] = pieces) -> bool:
                 return bool(action.stop_after) and len(pieces) >= action.stop_after
 
+            target = service.engine.target
+            read_again = target.n_read_again
             try:
                 answer = service.answer(question, on_text=pieces.append, should_stop=stop)
                 result = answer.result
                 answers[name] = result.tokens
+                # Cached tokens read again inside the target (recurrent state that could
+                # not go back) were not reused.
+                reused = result.stats.n_prompt_reused - (target.n_read_again - read_again)
                 if not answer.n_dropped:  # (oldest turns dropped: mostly new text to read)
-                    self._count_rereads(name, action, answer.n_prompt,
-                                        result.stats.n_prompt_reused)
+                    self._count_rereads(name, action, answer.n_prompt, reused)
                 steps = result.stats.steps
                 self.accepted[name] += sum(s.n_accepted for s in steps)
                 self.rejected[name] += sum(s.n_proposed - s.n_accepted for s in steps)
@@ -196,11 +200,11 @@ class Sessions:
                    for s in self.services.values()]
         if targets[0][0].arch.has_state and any(t.n_past > keep for t, keep in targets):
             # Recurrent state goes back only as far as its snapshots; further, it is read
-            # again from the start, with other sums than one-token decoding's. A user's
-            # stop never asks that of one session alone (its answer keeps what it
-            # decoded), so every session's state is read again alike.
+            # again from the prompt's checkpoint, with other sums than one-token
+            # decoding's. A user's stop never asks that of one session alone (its answer
+            # keeps what it decoded), so every session's state is read again alike.
             for target, keep in targets:
-                target._evaluate_again(target.tokens[:keep])
+                target._from_checkpoint(keep)
             return
         for target, keep in targets:
             if target.n_past > keep:

@@ -506,6 +506,34 @@ def test_a_hybrids_answer_ended_at_eos_leaves_the_next_turn_as_plain_decoding_do
         np.testing.assert_array_equal(got.logits, want.logits)
 
 
+@pytest.mark.parametrize("arch", ["qwen35", "lfm2"])
+def test_a_hybrid_goes_back_to_its_prompts_checkpoint_not_to_the_start(
+        arch: str, tiny_models: dict[str, Path]) -> None:
+    """Recurrent state cannot go back further than its snapshots: a regenerate, or a
+    follow-up parting inside the answer (its text tokenized otherwise), takes it back to
+    the checkpoint the prompt left, as llama-server's context checkpoints do. Only the
+    answer's tokens are read again, not the conversation, and the next logits are bit
+    for bit those of reading the same tokens after the prompt."""
+    path = tiny_models[arch]
+    gen = GenerationConfig(16)
+    with Target(path, TargetConfig(n_ctx=512, n_threads=2)) as target:
+        prompt = target.tokenize(PROMPTS[1], special=False)
+        answer = generate(target, prompt, None, gen).tokens
+        assert len(target.tokens) > len(prompt) + 1
+        again = generate(target, prompt, None, gen)  # a regenerate
+        assert again.tokens == answer and target.n_read_again == 0
+        parted = prompt + answer[:-4] + target.tokenize(" and then", special=False)
+        got = target.prefill(parted)
+        assert got.n_reused == len(prompt) + len(answer) - 4
+        assert target.n_read_again == len(answer) - 4  # the answer's, not the prompt's
+    with Target(path, TargetConfig(n_ctx=512, n_threads=2)) as fresh:
+        fresh.prefill(prompt)
+        fresh.evaluate_cells_only(answer[:-4])
+        want = fresh.prefill(parted)
+        assert fresh.n_read_again == 0
+    np.testing.assert_array_equal(got.logits, want.logits)
+
+
 def test_a_latent_attention_chat_that_outgrows_the_context_is_read_again_not_shifted(
         tiny_models: dict[str, Path]) -> None:
     """llama.cpp's K shift of a latent-attention cache in Q8_0 crashes the process (the

@@ -59,6 +59,16 @@ def test_sgemm_changes_a_batch_inside_the_switch_only(direct_target, prompt):
     assert np.array_equal(after, off)  # and it is off again
 
 
+def test_a_nested_block_leaves_the_switch_on_until_the_outer_one_ends(direct_target, prompt):
+    with prompt_kernels():
+        inside = _prefill_logits(direct_target, prompt)
+        with prompt_kernels():
+            pass
+        still = _prefill_logits(direct_target, prompt)  # the inner block ended: still on
+    assert np.array_equal(still, inside)
+    assert not np.array_equal(_prefill_logits(direct_target, prompt), inside)  # off now
+
+
 def test_another_threads_decode_waits_for_the_switch(direct_target, prompt):
     off = _prefill_logits(direct_target, prompt)
     entered = threading.Event()

@@ -43,6 +43,9 @@ _DECODE_MEANINGS = {
 }
 
 _KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
+# llama.h's LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a sequence's recurrent state (or window
+# cache) alone, without the attention cells.
+PARTIAL_STATE = 1
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -181,8 +184,9 @@ def ggml_row_kernels() -> GgmlRowKernels | None:
 
 
 # Held while the prompt kernels are on, and by every decode: a decode on another thread
-# (a draft model's, a second target's) waits rather than run with them.
+# (a draft model's, a head's, a second target's) waits rather than run with them.
 _PROMPT_KERNELS_HELD = threading.RLock()
+_prompt_kernel_depth = 0  # nested blocks (one thread: the lock's holder) turn them off once
 
 
 @functools.cache
@@ -213,12 +217,17 @@ def prompt_kernels(on: bool = True) -> Iterator[bool]:
     if switch is None:
         yield False
         return
+    global _prompt_kernel_depth
     with _PROMPT_KERNELS_HELD:
-        switch(True)
+        if _prompt_kernel_depth == 0:
+            switch(True)
+        _prompt_kernel_depth += 1
         try:
             yield True
         finally:
-            switch(False)
+            _prompt_kernel_depth -= 1
+            if _prompt_kernel_depth == 0:
+                switch(False)
 
 
 def utf8_bytes(text: str) -> bytes:
@@ -892,8 +901,9 @@ class NativeContext:
         Raises ContextFullError or NativeError as ``decode`` does."""
         kind = (llama_cpp.LLAMA_PROCESS_TYPE_ENCODE if encode
                 else llama_cpp.LLAMA_PROCESS_TYPE_DECODE)
-        self._check("llama_process", llama_cpp.llama_process(self.handle, kind, batch.raw),
-                    batch.n_rows, "head batch")
+        with _PROMPT_KERNELS_HELD:  # (as ``decode``: never inside another's prompt kernels)
+            rc = llama_cpp.llama_process(self.handle, kind, batch.raw)
+        self._check("llama_process", rc, batch.n_rows, "head batch")
 
     # KV cache. Positions: p0 inclusive, p1 exclusive, negative means open-ended.
     def kv_remove(self, seq_id: int, p0: int, p1: int = -1) -> bool:
@@ -928,34 +938,45 @@ class NativeContext:
         """llama.cpp's serialized cells of one sequence (engine.runtime.kv_transfer reads it)."""
         return self.state_seq_array(seq_id).tobytes()
 
-    def state_seq_array(self, seq_id: int, into: np.ndarray | None = None) -> np.ndarray:
+    def state_seq_array(self, seq_id: int, into: np.ndarray | None = None,
+                        partial: bool = False) -> np.ndarray:
         """``state_seq_get`` as a uint8 array, with no copy. A fresh ``bytes`` (or a ctypes
         array) of a long prompt's cells is touched page by page; numpy's large arrays get
         huge pages, much sooner (docs/benchmarks.md: figures behind the code's rules,
         "Moving a prompt's cells"). ``into``: a uint8 array to write it in when it is
-        big enough (the result is a view of it)."""
+        big enough (the result is a view of it). ``partial``: only the recurrent state
+        (or the window cache), not the attention cells (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)."""
         mark = _log_mark()
-        size = int(llama_cpp.llama_state_seq_get_size(self.handle, seq_id))
+        flags = PARTIAL_STATE if partial else 0
+        size = int(llama_cpp.llama_state_seq_get_size_ext(self.handle, seq_id, flags))
         buffer = into if into is not None and into.size >= size and into.dtype == np.uint8 \
             else np.empty(size, dtype=np.uint8)
-        written = int(llama_cpp.llama_state_seq_get_data(
-            self.handle, buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, seq_id))
+        written = int(llama_cpp.llama_state_seq_get_data_ext(
+            self.handle, buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, seq_id,
+            flags))
         if not written:
             raise NativeError("llama_state_seq_get_data", 0, _native_errors_since(mark))
         return buffer[:written]
 
-    def state_seq_set(self, seq_id: int, blob: bytes | np.ndarray) -> None:
+    def state_seq_set(self, seq_id: int, blob: bytes | np.ndarray,
+                      partial_at: int | None = None) -> None:
         """Replace the sequence's cells with a blob from ``state_seq_get`` (of a cache of
-        the same types); on failure llama.cpp leaves the sequence empty."""
+        the same types); on failure llama.cpp leaves the sequence empty. ``partial_at``:
+        a blob of the recurrent state alone (``state_seq_array(partial=True)``) as it
+        stood after that many tokens; the attention cells are left as they are (those
+        after it are the caller's to remove)."""
         mark = _log_mark()
         data = np.frombuffer(blob, dtype=np.uint8)  # read in place, no copy
         buffer = data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-        if not llama_cpp.llama_state_seq_set_data(self.handle, buffer, len(blob), seq_id):
+        flags = 0 if partial_at is None else PARTIAL_STATE
+        if not llama_cpp.llama_state_seq_set_data_ext(self.handle, buffer, len(blob), seq_id,
+                                                      flags):
             raise NativeError("llama_state_seq_set_data", 0, _native_errors_since(mark))
         if self._stateful:
             # Restored state comes without snapshots (llama.cpp resets their index): no
-            # token of it can be taken back until a decode writes new ones.
-            self.last_batch_start = 2**31 - 1
+            # token of it can be taken back until a decode writes new ones; cells after
+            # a partial state's last token can go (the state is not theirs).
+            self.last_batch_start = 2**31 - 1 if partial_at is None else partial_at - 1
 
     def kv_pos_max(self, seq_id: int) -> int:
         """Largest position held by the sequence, -1 when it is empty."""

@@ -257,6 +257,9 @@ class PromptReader:
             self._remember(prompt, logits, kept)
             return Prefill(logits=logits, features=kept, n_reused=n_keep)
         fast = self.fast_prompts
+        # Recurrent state asked again whole (a regenerate) goes back to the prompt's
+        # checkpoint, after its last token: that token's logits are kept for it.
+        keep = fast or t.arch.has_state
         if with_features and (t.config.max_batch is not None or fast):
             # Kernels exact only in short batches (repacked K-quants), or the prompt
             # kernels: the prompt goes in plain decoding's chunks and kernels, so its
@@ -268,12 +271,12 @@ class PromptReader:
             finally:
                 t.ctx.set_features(True)
             feats = t.features_again(self._room_for(tail))
-            if fast:
+            if keep:
                 self._remember(prompt, logits, feats)
             return Prefill(logits=logits, features=feats, n_reused=n_keep)
         if not with_features:
             logits, _ = t.evaluate_prompt(todo)
-            if fast:
+            if keep:
                 self._remember(prompt, logits, None)
             return Prefill(logits=logits, features=None, n_reused=n_keep)
         # Exact kernels for any batch: the features' tail may be a chunk of its own.
@@ -286,6 +289,8 @@ class PromptReader:
             todo = todo[-tail:]
         logits, tail_feats = t.evaluate(todo, t.config.n_batch)
         features = np.concatenate(tail_feats) if tail_feats else None
+        if keep:
+            self._remember(prompt, logits, features)
         return Prefill(logits=logits, features=features, n_reused=n_keep)
 
     # --- remembered prefills -------------------------------------------------------------
@@ -300,6 +305,8 @@ class PromptReader:
         last = next((e for e in self.remembered if e[0] == key), None)
         if last is None or n_same < len(prompt):
             return None
+        if t.arch.has_state and not t.has_checkpoint_at(len(prompt)):
+            return None  # the state read again would not be the one these logits saw
         t.rollback(len(prompt), for_a_prompt=True)
         features = None
         if t.ctx.features_on:

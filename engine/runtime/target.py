@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 # Tokens re-evaluated per batch when parked cells are freed, where any batch is exact.
 COMPACT_CHUNK = 8
+# Recurrent-state checkpoints kept (the last prompts'): a regenerate, a follow-up and an
+# edit of the last message each go back to one of the last two.
+CHECKPOINTS = 4
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,12 @@ class Target:
         self.max_leaves = self.park_seq  # a verified tree's leaves: one sequence each
         self.n_parked = 0  # cells parked (see module docstring)
         self._parked_from = 0  # every parked cell sits at a position >= this
+        # Recurrent state as the last prompts left it: (their tokens, the state's blob),
+        # in position order.
+        self._checkpoints: list[tuple[int, np.ndarray]] = []
+        # Tokens evaluated again because recurrent state could not go back to where a
+        # prompt parted (a count to watch: no path should read a conversation again).
+        self.n_read_again = 0
         try:
             self.prompts = PromptReader(self)
         except BaseException:
@@ -376,6 +385,7 @@ class Target:
         self.prompts.drop_unmoved()
         self.ctx.kv_clear()
         self.tokens = []
+        self._checkpoints = []
         self.prompts.forget_all(cold)
         self.n_parked = 0
 
@@ -383,24 +393,73 @@ class Target:
         """Forget everything after the first ``n_keep`` committed tokens.
         ``for_a_prompt``: a new prompt parts from the cache there. Recurrent state then
         goes back through its snapshots only as far as plain decoding's last one-token
-        decode reaches (one token), else it is evaluated again: a drafted answer's last
-        verification holds snapshots further back, from other sums than reading the
-        conversation again, which is what plain decoding does there (lfm2, the
-        differential: 2.7e-5 apart)."""
+        decode reaches (one token), else from a recent prompt's checkpoint
+        (``_from_checkpoint``): a drafted answer's last verification holds snapshots
+        further back, from other sums than reading the conversation again, which is what
+        plain decoding does there (lfm2, the differential: 2.7e-5 apart)."""
         self.prompts.forget_beyond(n_keep)
+        self._checkpoints = [c for c in self._checkpoints if c[0] <= n_keep]
         if n_keep < len(self.tokens):
             self.settle()
-            # Recurrent state further back than its snapshots is evaluated again.
-            removed = not (for_a_prompt and self.arch.has_state
-                           and n_keep < len(self.tokens) - 1) \
-                and self.ctx.kv_remove(0, n_keep, -1)
-            del self.tokens[n_keep:]
-            if not removed:
-                self._evaluate_again(self.tokens)
+            if for_a_prompt and self.arch.has_state and n_keep < len(self.tokens) - 1:
+                self._from_checkpoint(n_keep)
+            else:
+                removed = self.ctx.kv_remove(0, n_keep, -1)
+                del self.tokens[n_keep:]
+                if not removed:  # recurrent state further back than its snapshots
+                    self._evaluate_again(self.tokens)
         if self.n_parked and n_keep <= self._parked_from:
             # Every parked cell now follows every kept cell: freeing them leaves no hole.
             self.ctx.kv_remove(self.park_seq, -1, -1)
             self.n_parked = 0
+
+    def keep_checkpoint(self) -> None:
+        """Remember recurrent state as the prompt just read left it, as llama-server's
+        context checkpoints do: a regenerate, an edit of a recent message, or a
+        follow-up whose answer re-tokenizes otherwise at its end then reads from the
+        checkpoint before it again, not the conversation. A copy of the state alone (not
+        the attention cells), the last ``CHECKPOINTS`` prompts'; nothing on models
+        without recurrent state."""
+        if not self.arch.has_state or not self.tokens:
+            return
+        if self.has_checkpoint_at(len(self.tokens)):
+            return  # (taken back to it: the same state)
+        try:
+            state = self.ctx.state_seq_array(0, partial=True).copy()
+        except NativeError as exc:
+            log.warning("no checkpoint of the recurrent state: %s", exc)
+            return
+        # (``rollback`` dropped every checkpoint past the cache's tokens)
+        self._checkpoints = [*self._checkpoints, (len(self.tokens), state)][-CHECKPOINTS:]
+
+    def has_checkpoint_at(self, n_tokens: int) -> bool:
+        return any(at == n_tokens for at, _ in self._checkpoints)
+
+    def _from_checkpoint(self, n_keep: int) -> None:
+        """Sequence 0 as its first ``n_keep`` tokens where its recurrent state cannot go
+        back that far: the last checkpoint's state at or before ``n_keep`` and the
+        attention cells before it, the tokens between evaluated again; with no such
+        checkpoint, the whole sequence evaluated again."""
+        kept = self.tokens[:n_keep]
+        self._checkpoints = [c for c in self._checkpoints if c[0] <= n_keep]
+        if self._checkpoints:
+            at, state = self._checkpoints[-1]
+            try:
+                self.ctx.state_seq_set(0, state, partial_at=at)
+                # The attention cells after it; the state's last position is at - 1,
+                # so its part is left as restored.
+                restored = self.ctx.kv_remove(0, at, -1)
+            except NativeError as exc:
+                log.warning("the recurrent state's checkpoint did not restore: %s", exc)
+                restored = False
+            if restored:
+                self.tokens = kept[:at]
+                if n_keep > at:
+                    self.n_read_again += n_keep - at
+                    self.evaluate_cells_only(kept[at:])
+                return
+            self._checkpoints.clear()  # the state is in doubt: read from the start
+        self._evaluate_again(kept)
 
     def _evaluate_again(self, kept: list[int]) -> None:
         """Rebuild sequence 0 as ``kept`` from an empty cache: for recurrent state asked
@@ -408,7 +467,9 @@ class Target:
         the last one; never a verification within ``max_draft``)."""
         self.prompts.drop_unmoved()  # the cache is emptied: nothing left to move in
         self.ctx.kv_clear()
+        self._checkpoints = []
         kept, self.tokens = list(kept), []
+        self.n_read_again += len(kept)
         self.n_parked = 0
         self.prompts.forget_all()  # their cells are evaluated anew, maybe in other chunks
         if kept:
@@ -470,7 +531,9 @@ class Target:
         Raises ContextFullError (nothing changed) when the prompt cannot fit with room
         for one new token; NativeError on a failed decode (the cache is rolled back).
         """
-        return self.prompts.read(prompt, feature_tail)
+        read = self.prompts.read(prompt, feature_tail)
+        self.keep_checkpoint()
+        return read
 
     def evaluate_prompt(self, tokens: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
         """``evaluate`` in prefill chunks with the prompt kernels where they are on:
