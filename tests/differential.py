@@ -108,6 +108,7 @@ class Sessions:
             # A fixed verification curve: the budget, and so what is drafted, verified and
             # parked, must not follow this machine's timings, or a case would not replay.
             engine.cost = VerifyCostModel(slope=0.35, learn=False)
+            _fixed_decisions(engine)
             self.services[name] = AnswerService(engine, config)
         self.messages: list[dict[str, str]] = []
         self.n_actions = 0
@@ -249,6 +250,21 @@ class Sessions:
                 diff = float(np.max(np.abs(logits[name] - logits["none"])))
                 return Divergence(index, name, f"next first-token logits {diff:.3g} apart")
         return None
+
+
+def _fixed_decisions(engine: object) -> None:
+    """Drafting decisions that follow this machine's timings fixed, so a case replays as
+    it was found: no governor pausing ``auto``'s drafter, no dynamic depth in a head
+    (a level's measured time). Neither changes what a session answers, only what is
+    drafted (qwen35 with MTP parted once, 8e-4, in a run beside other work and replayed
+    clean)."""
+    import dataclasses
+
+    engine.governor = None  # type: ignore[attr-defined]
+    drafter = engine.drafter  # type: ignore[attr-defined]
+    config = getattr(drafter, "config", None)
+    if dataclasses.is_dataclass(config) and getattr(config, "dynamic_depth", False):
+        drafter.config = dataclasses.replace(config, dynamic_depth=False)
 
 
 def play(case: Case, work: Path) -> tuple[Divergence | None, int]:
