@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.differential import MATRIX, Action, Case, play, random_actions, run_for
+from tests.differential import (
+    MATRIX,
+    Action,
+    Case,
+    fewest_that_part,
+    play,
+    random_actions,
+    run_for,
+)
 
 DRAFTERS = ["memory", "lookup", "head", "eagle3"]
 
@@ -109,3 +117,20 @@ def test_a_slice_on_every_synthetic_architecture_parts_nowhere(row: tuple, tmp_p
     for name in drafters:
         assert result["accepted"][name] > 0 and result["rejected"][name] > 0, (
             name, result["accepted"], result["rejected"])
+
+
+def test_a_late_divergence_shrinks_in_few_replays() -> None:
+    """The shrinker keeps the actions a divergence needs, in order, and finds them in far
+    fewer replays than actions (a replay of a long case takes minutes)."""
+    actions = [Action("follow_up", str(i)) for i in range(300)]
+    needed = {"0", "41", "42", "250", "299"}
+    replays = []
+
+    def parts(trial: list[Action]) -> bool:
+        replays.append(len(trial))
+        return needed <= {a.text for a in trial}
+
+    kept = fewest_that_part(actions, parts)
+    assert [a.text for a in kept] == ["0", "41", "42", "250", "299"]
+    assert len(replays) < 150, len(replays)
+    assert sum(replays) < 300 * 30  # (dropping one at a time: about 300 * 300)

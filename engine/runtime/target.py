@@ -425,7 +425,7 @@ class Target:
         if self.has_checkpoint_at(len(self.tokens)):
             return  # (taken back to it: the same state)
         try:
-            state = self.ctx.state_seq_array(0, partial=True).copy()
+            state = self.ctx.state_seq_array(0, partial=True)  # (a buffer of its own)
         except NativeError as exc:
             log.warning("no checkpoint of the recurrent state: %s", exc)
             return
