@@ -170,6 +170,9 @@ class Engine:
         self.drafter: Drafter | None = None
         self.max_draft = 0
         self.governor: SpeculationGovernor | None = None
+        # Whether auto's drafters are governed (paused while they do not pay): off where
+        # what is drafted must not follow this machine's timings (a replayed test case).
+        self.governed = True
         self._draft_pair: str | None = None  # the record a draft model's steps correct
         self.memory: SuffixIndex | None = None
         self._memory_path: Path | None = None
@@ -347,7 +350,7 @@ class Engine:
         # paused 32 steps at most, so a repeat is not missed for long. A drafter asked
         # for by name runs as asked.
         self.governor = None
-        if config.drafter == "auto" and drafter is not None:
+        if config.drafter == "auto" and drafter is not None and self.governed:
             self.governor = (SpeculationGovernor() if drafter.is_draft_model else
                              SpeculationGovernor(tolerance=0.05, max_pause=32))
 
@@ -428,8 +431,8 @@ class Engine:
             self.plans.remeasure_wanted = True  # settle it with a real measurement when idle
 
     def remeasure(self, progress: Callable[[str], None] | None = None) -> bool:
-        """Measure this machine's costs again (between answers: the target's cache is
-        emptied) and plan from them. A quiet measurement replaces the cached one and the
+        """Measure this machine's costs again (between answers; the conversation's cells
+        are put back after) and plan from them. A quiet measurement replaces the cached one and the
         plan follows it; a busy one is dropped and the wish to measure stays. Returns
         whether the plan changed."""
         if self.plan is None:
@@ -444,13 +447,16 @@ class Engine:
         if refit:
             self._detach_drafter()
             target.set_state_snapshots(RS_ROLLBACK_TOKENS)
-        try:
-            costs = self.plans.measure(target, self._target_config, say)
-        finally:
-            if not on_cpu:
-                target.close()
-            if refit:  # the setup in use, until a new plan replaces it
-                self.apply(self.setup)
+        # The conversation's cells come back as they were: the next turn parts from them
+        # as a session that did not measure would (bit for bit the same first token).
+        with target.cache_kept() if on_cpu else contextlib.nullcontext():
+            try:
+                costs = self.plans.measure(target, self._target_config, say)
+            finally:
+                if not on_cpu:
+                    target.close()
+                if refit:  # the setup in use, until a new plan replaces it
+                    self.apply(self.setup)
         if costs.provisional:
             return False
         plan = self.plans.keep_measured(costs, self.plan)

@@ -15,11 +15,13 @@ Each session is the real answer path (``engine.conversation.AnswerService`` over
 ``Engine`` with the drafter named, two threads). The actions are a user's: a new chat, a
 follow-up, a regenerate, an edit of an earlier message, a stop after a few tokens, a long
 (RAG) prompt or a short one, seeded sampling, a small token limit, and a chat that outgrows
-the context (its oldest turns dropped and the cache shifted). After each action every
-session's answer must be the plain session's token for token, and the first-token logits
-of a fixed next question must be bit for bit the same (the caches alike). A divergence is
-written as a replayable case (seed, model, drafter, the actions) and shrunk to the fewest
-actions that still part. ``tests/test_differential.py`` runs a fixed-seed slice in CI.
+the context (its oldest turns dropped and the cache shifted); and the app's between answers:
+a plan switch (a new draft budget) and, with ``auto``, measuring the machine again. After
+each action every session's answer must be the plain session's token for token, and the
+first-token logits of a fixed next question must be bit for bit the same (the caches
+alike). A divergence is written as a replayable case (seed, model, drafter, the actions)
+and shrunk to the fewest actions that still part. ``tests/test_differential.py`` runs a
+fixed-seed slice in CI.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ from engine.errors import TandemError
 
 PROBE = "In one sentence, what did we just talk about?"
 KINDS = ("new_chat", "follow_up", "regenerate", "edit", "stop", "long", "sampled",
-         "short_limit")
+         "short_limit", "replan")
+# Measuring the machine again between answers: only a planned session (``auto``) does.
+PLANNED_KINDS = (*KINDS, "remeasure")
 
 
 @dataclass
@@ -50,6 +54,7 @@ class Action:
     seed: int | None = None  # sampling at temperature 0.8 with this seed; None: greedy
     edit_at: int = 0  # for "edit": which user message (from the start) is replaced
     stop_after: int = 0  # for "stop": the answer stops after this many text pieces
+    max_draft: int = 0  # for "replan": every drafted session's new draft budget
 
 
 @dataclass
@@ -69,13 +74,15 @@ class Case:
     draft_model: str | None = None  # the GGUF the "draft" drafter runs
 
 
-def random_actions(rng: random.Random, prompts: list[dict], n: int) -> list[Action]:
-    """``n`` actions a user could take, from the dev prompts' texts."""
+def random_actions(rng: random.Random, prompts: list[dict], n: int,
+                   kinds: tuple[str, ...] = KINDS) -> list[Action]:
+    """``n`` actions a user (or the app between answers) could take, from the dev
+    prompts' texts."""
     short = [r["turns"][0] for r in prompts if len(r["turns"][0]) < 400]
     long = [r["turns"][0] for r in prompts if r["category"] in ("rag", "summarization")]
     actions = [Action("new_chat", rng.choice(short), rng.randint(8, 32))]
     for _ in range(n - 1):
-        kind = rng.choice(KINDS)
+        kind = rng.choice(kinds)
         text = rng.choice(long if kind == "long" else short)
         action = Action(kind, text, rng.randint(4, 32))
         if kind == "sampled":
@@ -86,6 +93,8 @@ def random_actions(rng: random.Random, prompts: list[dict], n: int) -> list[Acti
             action.stop_after = rng.randint(1, 6)
         elif kind == "short_limit":
             action.max_tokens = rng.randint(1, 3)
+        elif kind == "replan":
+            action.max_draft = rng.randint(1, 8)
         actions.append(action)
     return actions
 
@@ -135,6 +144,9 @@ class Sessions:
         from engine.decoding.sampling import SamplingParams
 
         index, self.n_actions = self.n_actions, self.n_actions + 1
+        if action.kind in ("replan", "remeasure"):
+            self._between_answers(action)
+            return self._probe(index)
         messages = self._messages_for(action)
         sampling = (SamplingParams(temperature=0.8, seed=action.seed)
                     if action.seed is not None else SamplingParams())
@@ -181,6 +193,20 @@ class Sessions:
         text = self.services["none"].engine.target.detokenize(plain)
         self.messages = messages + [{"role": "assistant", "content": text}]
         return self._probe(index)
+
+    def _between_answers(self, action: Action) -> None:
+        """What the app does between answers: a plan switch (every drafted session's
+        budget changed; a hybrid's snapshots follow it into a new context) or ``auto``
+        measuring the machine again (the cache emptied and put back)."""
+        from dataclasses import replace
+
+        for service in self.services.values():
+            engine = service.engine
+            if action.kind == "remeasure":
+                engine.remeasure()
+            elif engine.drafter is not None:
+                engine.apply(replace(engine.setup, max_draft=action.max_draft))
+            _fixed_decisions(engine)
 
     def _count_rereads(self, name: str, action: Action, n_prompt: int, n_reused: int) -> None:
         last = self._last_prompt.get(name)
@@ -255,13 +281,14 @@ class Sessions:
 
 def _fixed_decisions(engine: object) -> None:
     """Drafting decisions that follow this machine's timings fixed, so a case replays as
-    it was found: no governor pausing ``auto``'s drafter, no dynamic depth in a head
-    (a level's measured time). Neither changes what a session answers, only what is
-    drafted (qwen35 with MTP parted once, 8e-4, in a run beside other work and replayed
-    clean)."""
+    it was found: no governor pausing ``auto``'s drafter (through plan switches too), no
+    dynamic depth in a head (a level's measured time). Neither changes what a session
+    answers, only what is drafted (qwen35 with MTP parted once, 8e-4, in a run beside
+    other work and replayed clean). Set again after a plan switch: the new drafter opens
+    with its defaults."""
     import dataclasses
 
-    engine.governor = None  # type: ignore[attr-defined]
+    engine.governed, engine.governor = False, None  # type: ignore[attr-defined]
     drafter = engine.drafter  # type: ignore[attr-defined]
     config = getattr(drafter, "config", None)
     if dataclasses.is_dataclass(config) and getattr(config, "dynamic_depth", False):
@@ -319,6 +346,7 @@ def run_for(seed: int, minutes: float, model: Path, drafters: list[str], n_ctx: 
     """``first`` actions, then random ones for ``minutes`` (or until ``max_actions`` in
     all, whichever ends first); a divergence is shrunk and written to ``out``."""
     rng = random.Random(seed)
+    kinds = PLANNED_KINDS if "auto" in drafters else KINDS
     deadline = time.monotonic() + minutes * 60
     sessions = Sessions(model, drafters, n_ctx, work, draft_model)
     done: list[Action] = []
@@ -330,7 +358,7 @@ def run_for(seed: int, minutes: float, model: Path, drafters: list[str], n_ctx: 
         while time.monotonic() < deadline and (max_actions is None
                                                   or len(done) < max_actions):
             action = planned.pop(0) if planned else \
-                random_actions(rng, prompts, 2)[1] if done else \
+                random_actions(rng, prompts, 2, kinds)[1] if done else \
                 random_actions(rng, prompts, 1)[0]
             done.append(action)
             found = sessions.run(action)

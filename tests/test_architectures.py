@@ -302,12 +302,21 @@ def test_auto_that_drafts_nothing_keeps_no_state_snapshots(tiny_models: dict[str
     with Engine(config) as engine:  # snapshots for the drafts it may take back
         assert engine.drafter_name == "memory" and engine.max_draft == 2
         assert engine.target.state_snapshots == 2
+        prompt = engine.target.tokenize(PROMPTS[0], special=False)
+        answer = engine.generate(prompt, GenerationConfig(12)).tokens
+        cached = list(engine.target.tokens)
         engine.remeasure()  # measured with all of them, then back to the plan's
         assert engine.drafter_name == "memory" and engine.target.state_snapshots == 2
-        prompt = engine.target.tokenize(PROMPTS[0], special=False)
-        plain = generate(engine.target, prompt, None, GenerationConfig(12)).tokens
+        # The conversation's cells are put back: the next turn parts from them as a
+        # session that never measured (before: read from nothing, 3.3e-6 apart).
+        assert engine.target.tokens == cached and engine.target.n_read_again == 0
+        follow = prompt + answer + engine.target.tokenize(" and then", special=False)
+        after = engine.target.prefill(follow).logits.copy()
         engine.target.reset()
-        assert engine.generate(prompt, GenerationConfig(12)).tokens == plain
+        assert engine.generate(prompt, GenerationConfig(12)).tokens == answer
+    with Engine(replace(config, drafter="none", overrides=Overrides())) as plain:
+        assert plain.generate(prompt, GenerationConfig(12)).tokens == answer
+        assert np.array_equal(plain.target.prefill(follow).logits, after)
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "gpt-oss"])
@@ -531,6 +540,32 @@ def test_a_hybrid_goes_back_to_its_prompts_checkpoint_not_to_the_start(
         fresh.evaluate_cells_only(answer[:-4])
         want = fresh.prefill(parted)
         assert fresh.n_read_again == 0
+    np.testing.assert_array_equal(got.logits, want.logits)
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "lfm2"])
+def test_a_prompt_parting_one_token_back_after_a_prompt_goes_back_to_a_checkpoint(
+        arch: str, tiny_models: dict[str, Path]) -> None:
+    """A plain session (no snapshots) whose next prompt parts one token before the
+    cache's end, where the last batch read was a prompt: its state cannot go back that
+    one token, so it goes back to the earlier prompt's checkpoint and reads from there,
+    not the whole conversation (the differential on lfm2: 4 of 609 follow-ups did)."""
+    path = tiny_models[arch]
+    with Target(path, TargetConfig(n_ctx=512, n_threads=2)) as target:
+        target.set_state_snapshots(0)  # as a plain session keeps
+        first = target.tokenize(PROMPTS[1], special=False)
+        answer = generate(target, first, None, GenerationConfig(8)).tokens
+        second = first + answer + target.tokenize(" and then", special=False)
+        target.prefill(second)
+        parted = second[:-1] + target.tokenize(" or", special=False)
+        got = target.prefill(parted)
+        assert got.n_reused == len(second) - 1
+        assert target.n_read_again == len(second) - 1 - len(first)  # not the first prompt
+    with Target(path, TargetConfig(n_ctx=512, n_threads=2)) as fresh:
+        fresh.set_state_snapshots(0)
+        fresh.prefill(first)
+        fresh.evaluate_cells_only(second[len(first):-1])
+        want = fresh.prefill(parted)
     np.testing.assert_array_equal(got.logits, want.logits)
 
 

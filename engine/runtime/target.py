@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -405,9 +407,11 @@ class Target:
                 self._from_checkpoint(n_keep)
             else:
                 removed = self.ctx.kv_remove(0, n_keep, -1)
-                del self.tokens[n_keep:]
                 if not removed:  # recurrent state further back than its snapshots
-                    self._evaluate_again(self.tokens)
+                    # (a prompt parting one token back where the last batch was the
+                    # prompt itself: plain decoding keeps no snapshots)
+                    self._from_checkpoint(n_keep)
+                del self.tokens[n_keep:]
         if self.n_parked and n_keep <= self._parked_from:
             # Every parked cell now follows every kept cell: freeing them leaves no hole.
             self.ctx.kv_remove(self.park_seq, -1, -1)
@@ -474,6 +478,29 @@ class Target:
         self.prompts.forget_all()  # their cells are evaluated anew, maybe in other chunks
         if kept:
             self.evaluate_cells_only(kept)
+
+    @contextmanager
+    def cache_kept(self) -> Iterator[None]:
+        """Sequence 0 put back as it stood after a block that empties the cache (a
+        measurement between answers): its cells copied out and in again byte for byte,
+        as a plan switch moves them, so the next prompt parts from the conversation as it
+        would have, not read from nothing (in other chunks, with other sums)."""
+        self.settle()
+        tokens, checkpoints = list(self.tokens), list(self._checkpoints)
+        remembered = list(self.prompts.remembered)
+        cells = self.ctx.state_seq_array(0) if tokens else None
+        try:
+            yield
+        finally:
+            self.reset()
+            if cells is not None:
+                try:
+                    self.ctx.state_seq_set(0, cells)
+                    self.tokens, self._checkpoints = tokens, checkpoints
+                    self.prompts.remembered = remembered
+                except NativeError:  # a cache of the same types: not expected
+                    log.warning("the cache could not be put back: evaluated again")
+                    self._evaluate_again(tokens)
 
     def evaluate_cells_only(self, tokens: list[int]) -> None:
         """Append ``tokens`` for their cells (or state) alone: no hidden states asked."""
