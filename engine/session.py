@@ -23,6 +23,7 @@ through.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -170,9 +171,7 @@ class Engine:
         self.drafter: Drafter | None = None
         self.max_draft = 0
         self.governor: SpeculationGovernor | None = None
-        # Whether auto's drafters are governed (paused while they do not pay): off where
-        # what is drafted must not follow this machine's timings (a replayed test case).
-        self.governed = True
+        self.pinned = False  # drafting decisions no longer follow timings (pin_drafting)
         self._draft_pair: str | None = None  # the record a draft model's steps correct
         self.memory: SuffixIndex | None = None
         self._memory_path: Path | None = None
@@ -350,9 +349,26 @@ class Engine:
         # paused 32 steps at most, so a repeat is not missed for long. A drafter asked
         # for by name runs as asked.
         self.governor = None
-        if config.drafter == "auto" and drafter is not None and self.governed:
+        if self.pinned:
+            self._pin_drafter()
+        elif config.drafter == "auto" and drafter is not None:
             self.governor = (SpeculationGovernor() if drafter.is_draft_model else
                              SpeculationGovernor(tolerance=0.05, max_pause=32))
+
+    def pin_drafting(self, slope: float = 0.35) -> None:
+        """Pin the drafting decisions that follow this machine's timings, so the same
+        actions draft the same tokens on any run (a replayed test case): a fixed
+        verification cost curve, no governor pausing ``auto``'s drafter, no dynamic depth
+        in a head; held through plan switches. What is answered never depends on them."""
+        self.cost = VerifyCostModel(slope=slope, learn=False)
+        self.pinned, self.governor = True, None
+        self._pin_drafter()
+
+    def _pin_drafter(self) -> None:
+        drafter = self.drafter
+        config = getattr(drafter, "config", None)
+        if dataclasses.is_dataclass(config) and getattr(config, "dynamic_depth", False):
+            drafter.config = dataclasses.replace(config, dynamic_depth=False)  # type: ignore[union-attr]
 
     def _detach_drafter(self) -> None:
         old, self.drafter = self.drafter, None

@@ -368,6 +368,9 @@ class EngineProcess:
         return self._call("engine", "remeasure", (), {},
                           {"progress": progress} if progress else {})[1]
 
+    def pin_drafting(self, slope: float = 0.35) -> None:
+        self._engine_call("pin_drafting", slope)
+
     def check_grammar(self, gbnf: str) -> None:
         self._engine_call("check_grammar", gbnf)
 

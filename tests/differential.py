@@ -13,15 +13,15 @@ counts as it ends and skips those a rerun with the same seed finds done.
 
 Each session is the real answer path (``engine.conversation.AnswerService`` over an
 ``Engine`` with the drafter named, two threads). The actions are a user's: a new chat, a
-follow-up, a regenerate, an edit of an earlier message, a stop after a few tokens, a long
-(RAG) prompt or a short one, seeded sampling, a small token limit, and a chat that outgrows
-the context (its oldest turns dropped and the cache shifted); and the app's between answers:
-a plan switch (a new draft budget) and, with ``auto``, measuring the machine again. After
-each action every session's answer must be the plain session's token for token, and the
-first-token logits of a fixed next question must be bit for bit the same (the caches
-alike). A divergence is written as a replayable case (seed, model, drafter, the actions)
-and shrunk to the fewest actions that still part. ``tests/test_differential.py`` runs a
-fixed-seed slice in CI.
+follow-up, a regenerate, an edit of an earlier message and a switch back to the branch it
+replaced, a stop after a few tokens, a long (RAG) prompt or a short one, seeded sampling, a
+small token limit, and a chat that outgrows the context (its oldest turns dropped and the
+cache shifted); and the app's between answers: a plan switch (a new draft budget) and, with
+``auto``, measuring the machine again. After each action every session's answer must be
+the plain session's token for token, and the first-token logits of a fixed next question
+must be bit for bit the same (the caches alike). A divergence is written as a replayable
+case (seed, model, drafter, the actions) and shrunk to the fewest actions that still part.
+``tests/test_differential.py`` runs a fixed-seed slice in CI.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from engine.errors import TandemError
 
 PROBE = "In one sentence, what did we just talk about?"
 KINDS = ("new_chat", "follow_up", "regenerate", "edit", "stop", "long", "sampled",
-         "short_limit", "replan")
+         "short_limit", "replan", "switch_branch")
 # Measuring the machine again between answers: only a planned session (``auto``) does.
 PLANNED_KINDS = (*KINDS, "remeasure")
 
@@ -105,7 +105,6 @@ class Sessions:
     def __init__(self, model: Path, drafters: list[str], n_ctx: int, work: Path,
                  draft_model: Path | None = None) -> None:
         from engine.conversation import AnswerService
-        from engine.decoding.budget import VerifyCostModel
         from engine.session import Engine, EngineConfig
 
         self.names = ["none", *drafters]
@@ -115,12 +114,14 @@ class Sessions:
                                   cache_dir=work / "cache", memory_dir=work / f"mem-{name}",
                                   draft_model=draft_model)
             engine = Engine(config)
-            # A fixed verification curve: the budget, and so what is drafted, verified and
-            # parked, must not follow this machine's timings, or a case would not replay.
-            engine.cost = VerifyCostModel(slope=0.35, learn=False)
-            _fixed_decisions(engine)
+            # What is drafted, verified and parked must not follow this machine's timings
+            # (the budget's cost curve, auto's governor, a head's dynamic depth), or a case
+            # would not replay (qwen35 with MTP parted once, 8e-4, in a run beside other
+            # work, and replayed clean).
+            engine.pin_drafting(0.35)
             self.services[name] = AnswerService(engine, config)
         self.messages: list[dict[str, str]] = []
+        self.other_branch: list[dict[str, str]] | None = None  # what the last edit replaced
         self.n_actions = 0
         self.n_tokens = 0  # generated, all sessions together
         # Draft tokens kept and taken back per session: identical output is only worth
@@ -146,6 +147,13 @@ class Sessions:
         index, self.n_actions = self.n_actions, self.n_actions + 1
         if action.kind in ("replan", "remeasure"):
             self._between_answers(action)
+            return self._probe(index)
+        if action.kind == "switch_branch":  # back to the conversation before the last edit
+            if self.other_branch is not None:
+                self.messages, self.other_branch = self.other_branch, self.messages
+                # The cache holds the other branch: the next prompt reads this one's
+                # turns after the edit point, as any chat app must (not a re-read).
+                self._last_prompt.clear()
             return self._probe(index)
         messages = self._messages_for(action)
         sampling = (SamplingParams(temperature=0.8, seed=action.seed)
@@ -191,6 +199,10 @@ class Sessions:
                 return Divergence(index, name, f"answer {got if isinstance(got, str) else ''}"
                                   f" parts from plain's")
         text = self.services["none"].engine.target.detokenize(plain)
+        if action.kind == "edit":
+            self.other_branch = self.messages
+        elif action.kind == "new_chat":
+            self.other_branch = None
         self.messages = messages + [{"role": "assistant", "content": text}]
         return self._probe(index)
 
@@ -206,7 +218,6 @@ class Sessions:
                 engine.remeasure()
             elif engine.drafter is not None:
                 engine.apply(replace(engine.setup, max_draft=action.max_draft))
-            _fixed_decisions(engine)
 
     def _count_rereads(self, name: str, action: Action, n_prompt: int, n_reused: int) -> None:
         last = self._last_prompt.get(name)
@@ -277,22 +288,6 @@ class Sessions:
                 diff = float(np.max(np.abs(logits[name] - logits["none"])))
                 return Divergence(index, name, f"next first-token logits {diff:.3g} apart")
         return None
-
-
-def _fixed_decisions(engine: object) -> None:
-    """Drafting decisions that follow this machine's timings fixed, so a case replays as
-    it was found: no governor pausing ``auto``'s drafter (through plan switches too), no
-    dynamic depth in a head (a level's measured time). Neither changes what a session
-    answers, only what is drafted (qwen35 with MTP parted once, 8e-4, in a run beside
-    other work and replayed clean). Set again after a plan switch: the new drafter opens
-    with its defaults."""
-    import dataclasses
-
-    engine.governed, engine.governor = False, None  # type: ignore[attr-defined]
-    drafter = engine.drafter  # type: ignore[attr-defined]
-    config = getattr(drafter, "config", None)
-    if dataclasses.is_dataclass(config) and getattr(config, "dynamic_depth", False):
-        drafter.config = dataclasses.replace(config, dynamic_depth=False)
 
 
 def play(case: Case, work: Path) -> tuple[Divergence | None, int]:

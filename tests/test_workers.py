@@ -26,6 +26,7 @@ from app.loopback_worker import free_port, loopback_worker
 from engine.conversation import LOCAL_AGAIN, AnswerService, Question
 from engine.decoding.budget import VerifyCostModel
 from engine.decoding.generation import GenerationConfig, generate
+from engine.decoding.sampling import SamplingParams
 from engine.drafters import DrafterSpec, build_drafter
 from engine.drafters.suffix_index import SuffixIndex
 from engine.errors import (
@@ -224,15 +225,27 @@ def engine_config(model_path: Path, tmp_path: Path) -> EngineConfig:
 def test_an_engine_through_a_worker_runs_in_a_child_and_answers_as_plain_decoding(
         engine_config: EngineConfig):
     with running_worker() as (endpoint, _), \
-            EngineProcess(replace(engine_config, workers=(endpoint,))) as engine:
-        assert engine.alive and engine.drafter_name == "lookup"
+            EngineProcess(replace(engine_config, drafter="memory",
+                                  workers=(endpoint,))) as engine:
+        assert engine.alive and engine.drafter_name == "memory"
         assert any(endpoint in note for note in engine.notes)
         assert endpoint in engine.describe()
+        engine.pin_drafting()  # what is drafted must not follow the worker's timings
         prompt = engine.chat_prompt([{"role": "user", "content": CHAT}])
         texts: list[str] = []
         drafted = engine.generate(prompt, GenerationConfig(MAX_TOKENS), on_text=texts.append)
         plain = engine.generate(prompt, GenerationConfig(MAX_TOKENS), plain=True)
         assert drafted.tokens == plain.tokens and "".join(texts) == drafted.text
+        # Asked again with sampling: memory drafts the first answer, the sampled ones part
+        # from it (drafts kept and taken back), and each equals plain decoding's.
+        steps = list(drafted.stats.steps)
+        for seed in (5, 11):
+            sampled = GenerationConfig(MAX_TOKENS, sampling=SamplingParams(0.8, seed=seed))
+            again = engine.generate(prompt, sampled)
+            assert again.tokens == engine.generate(prompt, sampled, plain=True).tokens
+            steps += again.stats.steps
+        assert sum(s.n_accepted for s in steps) > 0
+        assert sum(s.n_proposed - s.n_accepted for s in steps) > 0
         assert engine.target.n_ctx == 1024 and engine.target.tokenize("hi", special=False)
         assert engine.target.token_bytes(drafted.tokens[0])
         # Stopping crosses the process boundary as the GUI's stop button does.
