@@ -11,10 +11,11 @@ from gguf.quants import dequantize, quantize
 
 from engine.decoding.budget import VerifyCostModel
 from engine.decoding.generation import GenerationConfig, generate
+from engine.errors import NativeError
 from engine.runtime import kv_transfer
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.native import NativeContext
-from engine.runtime.prefill import F16_PREFILL_MIN_TOKENS
+from engine.runtime.prefill import F16_PREFILL_MIN_TOKENS, PromptReader
 from engine.runtime.target import Target, TargetConfig
 from tests.conftest import follow_up_with_features
 
@@ -204,6 +205,33 @@ def test_a_chats_next_turn_does_not_evaluate_the_last_answer_again(target, model
         want_answer, want_logits = second_turn(t)
     assert answer == want_answer
     np.testing.assert_array_equal(logits, want_logits)
+
+
+def test_features_that_fail_in_the_f16_context_leave_f16_prefill_on(target, long_prompts,
+                                                                    monkeypatch, caplog):
+    """The features a drafter asks of a long prompt fail in the F16 context: the prompt
+    was read as plain decoding reads it, so F16 prefill stays on (before: off for the rest
+    of that drafted session alone, whose later prompts plain decoding then read
+    otherwise) and the features come from the moved cells."""
+    prompt = long_prompts[0]
+    target.reset()
+    plain = target.prefill(prompt)
+    target.reset()
+
+    def fail(*_args, **_kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise NativeError("llama_decode", 1, "test: no memory for the features")
+
+    monkeypatch.setattr(PromptReader, "_f16_features_again", fail)
+    target.set_features(True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="engine.runtime.prefill"):
+            got = target.prefill(prompt, feature_tail=8)
+    finally:
+        target.set_features(False)
+    assert "features were not evaluated in the F16 context" in caplog.text
+    assert target.f16_prefill_off is None
+    np.testing.assert_array_equal(got.logits, plain.logits)
+    assert got.features.shape == (8, target.n_embd)
 
 
 def test_a_failed_move_falls_back_to_the_q8_0_prefill(model_path, long_prompts, monkeypatch,

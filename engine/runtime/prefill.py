@@ -520,13 +520,35 @@ class PromptReader:
                 f16.decode(t.batch)
                 self.f16_tokens.extend(chunk)
             logits = f16.logits(1)[0]  # read back before the kernels change
-        feats = (self._f16_features_again(f16, full, n_features) if n_features > 0
-                 else np.empty((0, t.feature_width), dtype=np.float32))
+        feats: np.ndarray | None = np.empty((0, t.feature_width), dtype=np.float32)
+        if n_features > 0:
+            try:
+                feats = self._f16_features_again(f16, full, n_features)
+            except (NativeError, ContextFullError) as exc:
+                # The prompt was read as plain decoding reads it; only a drafter's
+                # features failed. F16 prefill stays on: off in a drafted session alone,
+                # its later prompts would be read otherwise than plain decoding's.
+                log.warning("a prompt's features were not evaluated in the F16 context "
+                            "(%s): evaluated over the moved cells", exc)
+                feats = None
         # The cells move when the target next settles: the first token does not wait
         # for the copy and the K conversion.
         self.unmoved_from = t.n_past
         t.tokens.extend(full[t.n_past:])
+        if feats is None:
+            feats = self._features_over_moved_cells(n_features)
         return logits, feats
+
+    def _features_over_moved_cells(self, n_features: int) -> np.ndarray:
+        """The last ``n_features`` tokens' hidden states evaluated in the target's own
+        cache (its cells moved first); none when that fails too (the drafter then
+        drafts from fewer)."""
+        t = self.target
+        try:
+            return t.features_again(n_features)
+        except (NativeError, ContextFullError) as exc:
+            log.warning("a prompt's features were not evaluated: %s", exc)
+            return np.empty((0, t.feature_width), dtype=np.float32)
 
     def _f16_start(self, full: list[int]) -> int:
         """Where the F16 context's evaluation of ``full`` starts. Chunks start at
