@@ -31,7 +31,13 @@ if [ ! -x "$PY" ]; then
     "$PY" -m pip install -q --upgrade pip
 fi
 
-if [ ! -f "$WORK/llama.stamp" ]; then
+# The build is redone when the version, a patch or this script's build settings change
+# (a stamp of their hash): a bundle must never carry an older patch set than `make install`.
+LLAMA_CMAKE_ARGS="-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF \
+-DGGML_LLAMAFILE=ON -DGGML_RPC=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_MTMD=OFF"
+LLAMA_STAMP=$( (echo "$LLAMA_VERSION $LLAMA_CMAKE_ARGS"; cat "$ROOT"/packaging/llama-cpp/*.patch) \
+    | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$WORK/llama.stamp" 2>/dev/null)" != "$LLAMA_STAMP" ]; then
     echo "== llama-cpp-python $LLAMA_VERSION, portable CPU variants (about 15 min on 2 cores)"
     src=$(mktemp -d)
     trap 'rm -rf "$src"' EXIT
@@ -42,10 +48,8 @@ if [ ! -f "$WORK/llama.stamp" ]; then
     (cd "$lcp" && for p in "$ROOT"/packaging/llama-cpp/*.patch; do git apply -p1 "$p"; done)
     sed -i -E '/ggml_add_cpu_backend_variant\((ivybridge|piledriver|cannonlake|cascadelake|cooperlake|sapphirerapids) /d' \
         "$lcp/vendor/llama.cpp/ggml/src/CMakeLists.txt"
-    CMAKE_ARGS="-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF \
--DGGML_LLAMAFILE=ON -DGGML_RPC=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_MTMD=OFF" \
-        "$PY" -m pip install --no-cache-dir "$lcp"
-    touch "$WORK/llama.stamp"
+    CMAKE_ARGS="$LLAMA_CMAKE_ARGS" "$PY" -m pip install --no-cache-dir --force-reinstall "$lcp"
+    echo "$LLAMA_STAMP" > "$WORK/llama.stamp"
 fi
 # ggml installs the CPU variants (loadable modules) into site-packages/bin; the engine
 # loads them from llama-cpp-python's lib folder, beside libggml-base they link to.
