@@ -3,7 +3,7 @@
 a niced compile; and how long a start takes on a busy machine. Prints a table, writes JSON.
 
     .venv/bin/python -m app.load_bench --json load.json [--model M.gguf] [--tokens 128]
-        [--llama-bench PATH] [--repeat 3]
+        [--llama-bench PATH] [--repeat 3] [--loads quiet,niced-compile] [--no-start]
 
 With ``--llama-bench`` (llama.cpp's own, built from the same vendored source), the same
 decode by llama-bench on 1 and on 2 threads, beside each load, with Tandem's cache types.
@@ -89,8 +89,12 @@ def _median_cell(runs: list[dict]) -> dict:
     return {**ordered[(len(ordered) - 1) // 2], "runs": [r["tok_per_s"] for r in runs]}
 
 
+LOADS = ("quiet", "busy", "niced-busy", "niced-compile")
+
+
 def run(model: Path | None, tokens: int, out: Path, say: Callable[[str], None],
-        llama_bench: Path | None = None, repeat: int = 1) -> dict:
+        llama_bench: Path | None = None, repeat: int = 1, loads: tuple[str, ...] = LOADS,
+        starts: bool = True) -> dict:
     from engine.hub.model_store import default_model_path
     from engine.session import Engine, EngineConfig
 
@@ -106,7 +110,7 @@ def run(model: Path | None, tokens: int, out: Path, say: Callable[[str], None],
         try:
             prompt = next(iter(engines.values())).chat_prompt(
                 [{"role": "user", "content": PROMPT}])
-            for kind in ("quiet", "busy", "niced-busy", "niced-compile"):
+            for kind in loads:
                 row = results["decode"][kind] = {}
                 runs: dict[str, list[dict]] = {}
                 for _ in range(repeat):
@@ -131,7 +135,7 @@ def run(model: Path | None, tokens: int, out: Path, say: Callable[[str], None],
                 engine.close()
         # A first start (auto: the kernel probe and the machine's costs measured) quiet
         # and beside a busy program, each from an empty cache.
-        for kind in ("quiet", "busy"):
+        for kind in ("quiet", "busy") if starts else ():
             with _load(kind, folder):
                 t0 = time.perf_counter()
                 Engine(EngineConfig(model_path=model, drafter="auto",
@@ -176,10 +180,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--llama-bench", type=Path, default=None,
                    help="llama.cpp's llama-bench, run beside each load on 1 and 2 threads")
     p.add_argument("--repeat", type=int, default=1, help="runs per cell (the median)")
+    p.add_argument("--loads", default=",".join(LOADS),
+                   help="which loads, comma-separated (quiet is always run: the table's "
+                        "reference)")
+    p.add_argument("--no-start", action="store_true", help="leave out the first starts")
     args = p.parse_args(argv)
+    asked = [k.strip() for k in args.loads.split(",") if k.strip()]
+    unknown = sorted(set(asked) - set(LOADS))
+    if unknown:
+        p.error(f"unknown load {', '.join(unknown)}: choose from {', '.join(LOADS)}")
+    loads = tuple(k for k in LOADS if k == "quiet" or k in asked)
     results = run(args.model, args.tokens, args.json,
                   lambda line: print(line, file=sys.stderr, flush=True), args.llama_bench,
-                  max(1, args.repeat))
+                  max(1, args.repeat), loads, not args.no_start)
     print(table(results))
     return 0
 
