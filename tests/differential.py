@@ -227,6 +227,9 @@ class Sessions:
         self.n_continued += 1
         if n_reused < min(last, n_prompt) // 2:
             self.rereads[name] += 1
+            print(f"re-read at action {self.n_actions - 1} ({action.kind}, {name}): "
+                  f"{n_reused} of {n_prompt} tokens reused, the last prompt {last}",
+                  file=sys.stderr, flush=True)
 
     def _stopped_at(self, question: object, n_answer: int) -> None:
         """After a stop, every session as plain decoding leaves an answer stopped after
