@@ -247,10 +247,11 @@ def test_verification_stays_exact_over_a_4k_context(aligned_q4_k_m):
 
 
 def test_an_f16_cache_splits_one_token_attention_from_512_cells(aligned_q4_k_m):
-    """The control: with F16 keys, ggml attends a single query over 512+ cells in chunks
-    per thread (flash decoding), a batch row over all cells at once; the probe sees it."""
+    """The control: with flash attention and F16 keys, ggml attends a single query over
+    512+ cells in chunks per thread (flash decoding), a batch row over all cells at once;
+    the probe sees it. (Tandem decodes without flash attention: NativeContext says why.)"""
     config = TargetConfig(n_ctx=4096, n_threads=2, repack=False, type_k="f16",
-                          type_v="f16")
+                          type_v="f16", flash_attn=True)
     with Target(aligned_q4_k_m, config) as target:
         probe = probe_exactness(target, context=LONG_CONTEXT)
     assert not probe.exact and "after" in probe.describe()

@@ -1,8 +1,10 @@
 """Move a sequence's KV cells from an F16 cache into Tandem's Q8_0-K cache.
 
-llama.cpp's CPU flash attention prefills an F16/F16 cache with a tiled kernel that a
-Q8_0 K cache cannot use, so a long prompt's first token comes later with Q8_0 K
-(docs/benchmarks.md: figures behind the code's rules, "Reading prompts"). Decoding
+llama.cpp prefills an F16/F16 cache with faster kernels than a Q8_0 K cache gets (with
+flash attention a tiled one; without it, as targets decode now, the F16 matrix kernels: a
+739-token prompt on a 1.7B-shaped Q4_K_M, first token 1.67 s against 2.55 s), so a long
+prompt's first token comes later with Q8_0 K (docs/benchmarks.md: figures behind the
+code's rules, "Reading prompts"). Decoding
 needs Q8_0 K (one kernel for every batch size: speculative output identical to plain
 decoding). So Tandem prefills in an F16 context and moves the cells: this module
 rewrites llama.cpp's sequence-state blob (``llama_state_seq_get_data``), keeping V as it
@@ -16,9 +18,11 @@ attention, DeepSeek's, writes no V parts: its V is a view of K):
     u32 magic, i32 seq_id, then for each cache:
     u32 n_stream(=1), u32 n_cells,
     n_cells x (i32 pos, u32 n_seq_id(=1), i32 seq_id),
-    u32 v_trans(=0), u32 n_layer,
+    u32 v_trans, u32 n_layer,
     n_layer x (i32 k_type, u64 k_row_bytes, n_cells rows),
-    n_layer x (i32 v_type, u64 v_row_bytes, n_cells rows).
+    n_layer x (i32 v_type, u64 v_row_bytes, n_cells rows), or with v_trans (flash
+    attention off) n_layer x (i32 v_type, u32 v_size_el, u32 width, width rows of n_cells
+    values).
 A sliding-window model's cache is two caches (llama-kv-cache-iswa.cpp: the full-attention
 layers', then the windowed layers'), written one after the other.
 """
@@ -220,9 +224,7 @@ def _one_cache(read: _Reader, n_head_kv: int, rotate: bool, out: _Writer) -> Non
     if not (meta.view(np.int32)[:, 1] == 1).all():
         raise StateFormatError("cells with per-cell extras or several sequences")
     v_trans, n_layer = read.take("<II")
-    if v_trans:
-        raise StateFormatError("a transposed V cache (flash attention off)")
-    for part in (struct.pack("<II", 1, n_cells), meta, struct.pack("<II", 0, n_layer)):
+    for part in (struct.pack("<II", 1, n_cells), meta, struct.pack("<II", v_trans, n_layer)):
         out.put(part)
     layers = []
     for _ in range(n_layer):
@@ -238,7 +240,13 @@ def _one_cache(read: _Reader, n_head_kv: int, rotate: bool, out: _Writer) -> Non
         out.put(packed)
     if read.at == len(read.blob):
         return  # no V: latent attention keeps V as a view of K
-    for _ in range(n_layer):
-        v_type, row_bytes = read.take("<iQ")
-        out.put(struct.pack("<iQ", v_type, row_bytes))
-        out.put(read.rows(n_cells, row_bytes))
+    for _ in range(n_layer):  # V moves as it is
+        if v_trans:  # (flash attention off) per layer: its type, element size, width,
+            # then each of the width's values for every cell
+            v_type, size_el, width = read.take("<iII")
+            out.put(struct.pack("<iII", v_type, size_el, width))
+            out.put(read.rows(width, n_cells * size_el))
+        else:
+            v_type, row_bytes = read.take("<iQ")
+            out.put(struct.pack("<iQ", v_type, row_bytes))
+            out.put(read.rows(n_cells, row_bytes))

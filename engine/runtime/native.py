@@ -676,15 +676,21 @@ class NativeContext:
         # K in Q8_0, V in F16 keeps every batch size on one kernel (bit-identical
         # logits here) at about F16's decode speed; Q8_0 V would cost more
         # (docs/benchmarks.md: figures behind the code's rules, "The KV cache's types").
-        params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
-                                  else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-        params.n_rs_seq = n_rs_seq
-        params.op_offload = op_offload
-        self.op_offload = op_offload
+        # Targets decode without flash attention (TargetConfig.flash_attn), as
+        # llama-server's "auto" does with these types: one token over a long cache is
+        # faster through the matrix kernels (a 1.7B-shaped Q4_K_M after 768 tokens:
+        # llama-bench 60.8 tok/s off, 52.6 on), and the probe finds batches exact.
         if model.latent_attention:
             # Its V is a view of K: llama.cpp refuses two types. Q8_0 for both keeps the
             # exact mode's one kernel for every batch size (the probe checks it).
             type_v = type_k
+        # llama.cpp quantizes V only with flash attention.
+        self.flash_attn = flash_attn or type_v not in ("f16", "f32", "bf16")
+        params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn
+                                  else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        params.n_rs_seq = n_rs_seq
+        params.op_offload = op_offload
+        self.op_offload = op_offload
         params.type_k = _KV_TYPES[type_k]
         params.type_v = _KV_TYPES[type_v]
         # llama.cpp's K shift of a latent-attention cache in a quantized type crashes

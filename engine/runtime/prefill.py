@@ -157,7 +157,9 @@ class PromptReader:
             self.f16_ctx = NativeContext(
                 self._open_prefill_model(), n_ctx=target.n_ctx,
                 n_batch=target.config.n_batch, n_seq_max=2, n_threads=target.n_threads,
-                features=False, type_k="f16", type_v="f16")
+                features=False, type_k="f16", type_v="f16",
+                # V laid out as the target's (transposed without flash attention)
+                flash_attn=target.ctx.flash_attn)
         except ModelLoadError as exc:
             self.f16_off = f"no memory for it: {exc}"
             log.warning("F16 prefill off, prompts are prefilled in the Q8_0 cache: %s", exc)
@@ -433,8 +435,8 @@ class PromptReader:
             return t.arch.why_no_cell_move
         if c.type_k != "q8_0" or c.type_v != "f16":
             return f"the cache is {c.type_k}/{c.type_v}, not Q8_0/F16"
-        if not (c.flash_attn and c.unified_kv):
-            return "needs flash attention and one KV stream"
+        if not c.unified_kv:
+            return "needs one KV stream"
         if t.n_gpu_layers:
             return "layers run on a GPU"
         if c.workers:
