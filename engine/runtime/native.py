@@ -676,10 +676,13 @@ class NativeContext:
         # K in Q8_0, V in F16 keeps every batch size on one kernel (bit-identical
         # logits here) at about F16's decode speed; Q8_0 V would cost more
         # (docs/benchmarks.md: figures behind the code's rules, "The KV cache's types").
-        # Targets decode without flash attention (TargetConfig.flash_attn), as
-        # llama-server's "auto" does with these types: one token over a long cache is
-        # faster through the matrix kernels (a 1.7B-shaped Q4_K_M after 768 tokens:
-        # llama-bench 60.8 tok/s off, 52.6 on), and the probe finds batches exact.
+        # Without flash attention (llama-server's "auto" with these types) one token
+        # over a long cache is faster through the matrix kernels (a 1.7B-shaped Q4_K_M
+        # after 768 tokens: llama-bench 60.8 tok/s off, 52.6 on) and the probe's chains
+        # are exact, but a drafted session then parted from plain decoding (the F32 case
+        # in tests/cases: 0.149), likely because softmax and V sum over the cells in SIMD
+        # lanes, where a parked cell's hole shifts every later cell's lane. Targets keep
+        # it on (TargetConfig.flash_attn).
         if model.latent_attention:
             # Its V is a view of K: llama.cpp refuses two types. Q8_0 for both keeps the
             # exact mode's one kernel for every batch size (the probe checks it).

@@ -64,8 +64,9 @@ class TargetConfig:
     # One KV buffer for all sequences (tree verification needs it); False gives each
     # sequence its own stream, cheaper for independent sequences (training data).
     unified_kv: bool = True
-    # Off: a token over a long cache decodes faster, exact alike (NativeContext says why).
-    flash_attn: bool = False
+    # On: without it one token over a long cache decodes faster, but a drafted session
+    # parted from plain decoding (NativeContext and docs/engine.md say more).
+    flash_attn: bool = True
     # Long prompts are prefilled in a second, F16/F16 context and moved into this one
     # (engine.runtime.kv_transfer says why); off, or when it cannot apply, they are prefilled here.
     f16_prefill: bool = True
