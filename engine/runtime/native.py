@@ -676,7 +676,7 @@ class NativeContext:
         # K in Q8_0, V in F16 keeps every batch size on one kernel (bit-identical
         # logits here) at about F16's decode speed; Q8_0 V would cost more
         # (docs/benchmarks.md: figures behind the code's rules, "The KV cache's types").
-        # Without flash attention (llama-server's "auto" with these types) one token
+        # Without flash attention (llama-server's "auto" turns it on here too) one token
         # over a long cache is faster through the matrix kernels (a 1.7B-shaped Q4_K_M
         # after 768 tokens: llama-bench 60.8 tok/s off, 52.6 on) and the probe's chains
         # are exact, but a drafted session then parted from plain decoding (the F32 case
