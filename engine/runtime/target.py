@@ -396,22 +396,19 @@ class Target:
     def rollback(self, n_keep: int, for_a_prompt: bool = False) -> None:
         """Forget everything after the first ``n_keep`` committed tokens.
         ``for_a_prompt``: a new prompt parts from the cache there. Recurrent state then
-        goes back through its snapshots only as far as plain decoding's last one-token
-        decode reaches (one token), else from a recent prompt's checkpoint
-        (``_from_checkpoint``): a drafted answer's last verification holds snapshots
-        further back, from other sums than reading the conversation again, which is what
-        plain decoding does there (lfm2, the differential: 2.7e-5 apart)."""
+        goes back from a recent prompt's checkpoint (``_from_checkpoint``), never
+        through its snapshots: plain decoding keeps none, and a drafted answer's
+        snapshots hold other sums than the checkpoint and the tokens read again (lfm2:
+        2.7e-5 apart; qwen35, one token back after a prompt: 7.2e-7)."""
         self.prompts.forget_beyond(n_keep)
         self._checkpoints = [c for c in self._checkpoints if c[0] <= n_keep]
         if n_keep < len(self.tokens):
             self.settle()
-            if for_a_prompt and self.arch.has_state and n_keep < len(self.tokens) - 1:
+            if for_a_prompt and self.arch.has_state:
                 self._from_checkpoint(n_keep)
             else:
                 removed = self.ctx.kv_remove(0, n_keep, -1)
                 if not removed:  # recurrent state further back than its snapshots
-                    # (a prompt parting one token back where the last batch was the
-                    # prompt itself: plain decoding keeps no snapshots)
                     self._from_checkpoint(n_keep)
                 del self.tokens[n_keep:]
         if self.n_parked and n_keep <= self._parked_from:
