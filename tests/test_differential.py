@@ -111,17 +111,19 @@ def test_a_slice_on_every_synthetic_architecture_parts_nowhere(row: tuple, tmp_p
 
     _, kind, drafters, _ = row
     model, _ = matrix_model(kind, tmp_path / "models")
-    # The app's moves between answers first, every run: a plan switch (a hybrid's
-    # snapshots move its cells into a new context), an edit and a switch back to the
-    # branch it replaced; then random actions.
+    # First a sampled regenerate (memory drafts the first answer, the sampled one parts
+    # from it: drafts taken back), then the app's moves between answers, every run: a
+    # plan switch (a hybrid's snapshots move its cells into a new context), an edit and
+    # a switch back to the branch it replaced; then random actions.
     first = [Action("new_chat", "Name three rivers.", 16),
+             Action("regenerate", "Name three rivers.", 16, seed=5),
              Action("follow_up", "And three lakes?", 16), Action("replan", max_draft=1),
              Action("edit", "Name three mountains.", 16), Action("switch_branch"),
              Action("follow_up", "Which is the longest?", 16)]
-    result = run_for(11, 5.0, model, drafters, 1024, dev_prompts, tmp_path / "cases",
-                     tmp_path / "work", max_actions=24, first=first)
+    result = run_for(12, 5.0, model, drafters, 1024, dev_prompts, tmp_path / "cases",
+                     tmp_path / "work", max_actions=30, first=first)
     assert result["divergences"] == 0, result["cases"]
-    assert result["actions"] == 24
+    assert result["actions"] == 30
     # No follow-up or regenerate read its conversation again from the start.
     assert result["continued"] > 0 and not any(result["rereads"].values()), result["rereads"]
     for name in drafters:
