@@ -3,10 +3,9 @@
 llama.cpp prefills an F16/F16 cache with faster kernels than a Q8_0 K cache gets (with
 flash attention a tiled one; without it the F16 matrix kernels: a 739-token prompt on a
 1.7B-shaped Q4_K_M, first token 1.67 s against 2.55 s), so a long prompt's first token
-comes later with Q8_0 K (docs/benchmarks.md: figures behind the
-code's rules, "Reading prompts"). Decoding
-needs Q8_0 K (one kernel for every batch size: speculative output identical to plain
-decoding). So Tandem prefills in an F16 context and moves the cells: this module
+comes later with Q8_0 K (docs/benchmarks.md: figures behind the code's rules, "Reading
+prompts"). Decoding needs Q8_0 K (one kernel for every batch size: speculative output
+identical to plain decoding). So Tandem prefills in an F16 context and moves the cells: this module
 rewrites llama.cpp's sequence-state blob (``llama_state_seq_get_data``), keeping V as it
 is and storing K the way llama.cpp stores a quantized K itself: rotated by an orthonormal
 Walsh-Hadamard matrix over blocks of the head (llama-kv-cache.cpp, ``attn_rot_k``), then
