@@ -197,6 +197,15 @@ class _Run:
     prompt: list[int] = field(default_factory=list)
     grammar: Grammar | None = None  # its state after every token emitted so far
 
+    # Every token is the argmax of the target's raw logits: greedy, no penalty, no
+    # grammar, no log probabilities asked (set once: read every step).
+    plain_greedy: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        c = self.config
+        self.plain_greedy = (c.sampling.greedy and not c.sampling.has_penalties
+                             and self.grammar is None and c.logprobs is None)
+
     def choice_row(self, logits: np.ndarray, extra: Sequence[int] = (),
                    grammar: Grammar | None = None) -> np.ndarray:
         """The row a token is chosen from, after the answer so far plus ``extra``:
@@ -356,6 +365,8 @@ def _step(run: _Run, last: int, ahead_pool: ThreadPoolExecutor | None
     if room < 0:
         run.emitter.finish_reason = "context"
         return None
+    if run.plain_greedy and run.drafter is None:
+        return _plain_greedy_step(run, last)
     t_step = time.perf_counter()
     n_past = target.n_past
     cost = run.cost.at(n_past)
@@ -410,6 +421,24 @@ def _step(run: _Run, last: int, ahead_pool: ThreadPoolExecutor | None
                      drafter_asked=drafting)
     run.stats.steps.append(step)
     return acc.next_token, step, new_tokens, logprobs
+
+
+def _plain_greedy_step(run: _Run, last: int
+                       ) -> tuple[int, StepStats, list[int], list[TokenLogprob]]:
+    """``_step`` without a drafter, greedy, on the raw logits: the target's argmax after
+    ``last``, the token ``accept_greedy`` takes from the same row. Fewer Python steps
+    between decodes: they run on caches the decode flushed (about 0.1 ms a token here)."""
+    target = run.target
+    n_past = len(target.tokens)
+    t0 = time.perf_counter()
+    token = int(target.decode_one(last).argmax())
+    t_s = time.perf_counter() - t0
+    run.cost.observe(n_past, 1, t_s)
+    run.n_sampled += 1
+    step = StepStats(t_draft_s=0.0, t_verify_s=t_s, n_proposed=0, n_accepted=0,
+                     n_past=n_past)
+    run.stats.steps.append(step)
+    return token, step, [token], []
 
 
 def _finish(run: _Run, prompt: list[int], t0: float, remember: bool) -> GenerationResult:

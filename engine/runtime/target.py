@@ -637,6 +637,19 @@ class Target:
         self.ctx.kv_remove(seq, -1, -1)
 
     # --- verification ----------------------------------------------------------------
+    def decode_one(self, token: int) -> np.ndarray:
+        """Plain decoding's step: evaluate ``token`` after sequence 0 and keep it, as
+        ``verify`` with an empty draft and ``commit`` do, in fewer steps (each Python
+        line here runs on caches the decode just flushed). Returns the logits after it,
+        a view valid until the next decode. Raises ContextFullError (nothing changed)."""
+        self.settle()
+        if self.n_used + 1 > self.n_ctx:
+            raise ContextFullError(self.n_used + 1, self.n_ctx, what="verification batch")
+        self.batch.fill_one(token, len(self.tokens))
+        self._decode_or_trim()
+        self.tokens.append(token)
+        return self.ctx.last_logits_view(1)
+
     def verify(self, root: int, draft: DraftTree) -> Verification:
         """Decode ``[root, *draft]`` in one batch; every node is an output.
 
