@@ -16,6 +16,7 @@ import threading
 from collections import deque
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 # One summation order for every decode and verification batch size (the lossless
 # contract; engine.runtime.exactness probes it): ggml's tiled K-quant matmul takes batches
@@ -252,6 +253,17 @@ def _cxx_function(name: str, argtypes: list[object], restype: object) -> object 
     if func is not None:
         func.argtypes = argtypes
         func.restype = restype
+    return func
+
+
+@functools.cache
+def _logits_row_address() -> Any:
+    """``llama_get_logits_ith`` returning the address as an int: its own function object
+    (``_lib[name]`` is not llama-cpp-python's binding), so nothing of theirs changes and a
+    plain decoding step skips the pointer cast."""
+    func = llama_cpp.llama_cpp._lib["llama_get_logits_ith"]
+    func.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+    func.restype = ctypes.c_void_p
     return func
 
 
@@ -859,8 +871,7 @@ class NativeContext:
 
     def last_logits_view(self, n_outputs: int) -> np.ndarray:
         """No-copy view of the last output's logits; valid until the next decode."""
-        ptr = llama_cpp.llama_get_logits_ith(self.handle, n_outputs - 1)
-        address = ctypes.cast(ptr, ctypes.c_void_p).value or 0
+        address = _logits_row_address()(self.handle, n_outputs - 1)
         if not address:
             raise NativeError("llama_get_logits_ith", n_outputs - 1, "no logits for that output")
         if address != self._row_view[0]:
