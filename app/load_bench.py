@@ -6,7 +6,8 @@ a niced compile; and how long a start takes on a busy machine. Prints a table, w
         [--llama-bench PATH] [--repeat 3] [--loads quiet,niced-compile] [--no-start]
 
 With ``--llama-bench`` (llama.cpp's own, built from the same vendored source), the same
-decode by llama-bench on 1 and on 2 threads, beside each load, with Tandem's cache types.
+decode by llama-bench on 1 and on 2 threads, beside each load, with Tandem's cache types,
+after as many cached tokens as Tandem's prompt (``-d``).
 
 The loads are real processes: a Python busy loop, the same at nice 10, and gcc compiling
 a generated C file again and again at nice 10 (two jobs, as `nice make -j2`).
@@ -73,10 +74,12 @@ def _decode(engine: object, prompt: list[int], tokens: int) -> dict[str, float]:
             "threads": engine.target.n_threads}  # type: ignore[attr-defined]
 
 
-def _llama_bench(binary: Path, model: Path, tokens: int, threads: int) -> float:
-    """llama-bench's decode speed (tok/s): ``tokens`` generated, no prompt, one repeat,
-    Tandem's exact cache (Q8_0 K, F16 V, flash attention)."""
+def _llama_bench(binary: Path, model: Path, tokens: int, threads: int, depth: int) -> float:
+    """llama-bench's decode speed (tok/s): ``tokens`` generated after ``depth`` cached
+    tokens (Tandem's prompt, so both attend over as many cells; the depth is read
+    untimed), one repeat, Tandem's exact cache (Q8_0 K, F16 V, flash attention)."""
     out = subprocess.run([str(binary), "-m", str(model), "-p", "0", "-n", str(tokens),
+                          "-d", str(depth),
                           "-t", str(threads), "-r", "1", "-ctk", "q8_0", "-ctv", "f16",
                           "-fa", "1", "-o", "json"], capture_output=True, text=True,
                          check=True, timeout=600)
@@ -124,7 +127,7 @@ def run(model: Path | None, tokens: int, out: Path, say: Callable[[str], None],
                     for n in (1, 2) if llama_bench else ():
                         with _load(kind, folder):
                             speed = _llama_bench(llama_bench, model or default_model_path(),
-                                                 tokens, n)
+                                                 tokens, n, len(prompt))
                         runs.setdefault(f"llama-bench {n}", []).append(
                             {"tok_per_s": speed, "threads": n})
                         say(f"{kind:14} llama-bench {n} thr  {speed:7.1f} tok/s")
