@@ -39,6 +39,7 @@ from engine.decoding.budget import (
     MAX_MEMORY_DRAFT,
     SpeculationGovernor,
     VerifyCostModel,
+    context_bucket,
 )
 from engine.decoding.generation import GenerationConfig, GenerationResult, generate
 from engine.decoding.grammar import Grammar
@@ -528,13 +529,21 @@ class Engine:
         config = replace(config or GenerationConfig(),
                          max_draft=0 if plain else self.max_draft)
         self._follow_the_load()
+        tuner = self.threads.during_answer(self._set_threads) if self.threads else None
+
+        def step_seen(step: StepStats) -> None:
+            if tuner is not None and not step.n_proposed:  # one-token steps compare alike
+                tuner.observe(step.t_verify_s, context_bucket(step.n_past))
+            if on_step is not None:
+                on_step(step)
         try:
             result = generate(self.target, prompt, None if plain else self.drafter, config,
-                              on_text=on_text, on_step=on_step, should_stop=should_stop,
+                              on_text=on_text, on_step=step_seen, should_stop=should_stop,
                               cost=self.cost, governor=None if plain else self.governor,
                               remember=remember, on_logprobs=on_logprobs)
         finally:
             if self.threads is not None:
+                self.threads.after_answer(tuner)
                 self.threads.idle()
         if not plain and remember:
             self._save_memory()
@@ -549,7 +558,11 @@ class Engine:
         """The threads for this answer, from the machine's load in the seconds before it."""
         if self.threads is None:
             return
-        n = self.threads.next_answer().n_threads
+        self._set_threads(self.threads.next_answer().n_threads)
+
+    def _set_threads(self, n: int) -> None:
+        """Decode with ``n`` threads from the next step (between steps: the thread count
+        does not change a decode's numbers)."""
         self.target.set_threads(n)
         if self.drafter is not None:
             self.drafter.set_threads(n)

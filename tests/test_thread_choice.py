@@ -9,12 +9,14 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
 
+from engine.planning import thread_choice
 from engine.planning.machine_load import (
     LoadReading,
     RecentLoad,
@@ -22,7 +24,13 @@ from engine.planning.machine_load import (
     look_at_load,
     niced_share,
 )
-from engine.planning.thread_choice import ThreadFollower, threads_for
+from engine.planning.thread_choice import (
+    RETRY_STEPS,
+    WINDOW_STEPS,
+    AnswerThreads,
+    ThreadFollower,
+    threads_for,
+)
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.target import Target, TargetConfig
 
@@ -148,3 +156,83 @@ def test_a_conversation_decodes_alike_on_any_thread_count(model_path: Path,
             rows[switch] = got
     for a, b in zip(rows[False], rows[True], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def _steps(tuner: AnswerThreads, seconds_at: dict[int, float], n_steps: int) -> None:
+    """``n_steps`` one-token steps, each taking what the tuner's thread count takes now."""
+    for _ in range(n_steps):
+        tuner.observe(seconds_at[tuner.n], 0)
+
+
+def test_an_answer_keeps_its_threads_while_tokens_come_as_before() -> None:
+    calls: list[int] = []
+    references: dict[tuple[int, int], float] = {}
+    tuner = AnswerThreads(2, 2, references, calls.append)
+    _steps(tuner, {1: 0.008, 2: 0.005}, 20 * WINDOW_STEPS)
+    assert calls == [] and tuner.n == 2 and references[(2, 0)] == 0.005
+
+
+def test_a_program_that_takes_a_core_mid_answer_moves_it_to_fewer_threads() -> None:
+    """Tokens 3x slower on 2 threads than before: 1 thread is tried, kept while faster,
+    2 are tried again after RETRY_STEPS (and kept once the program has gone)."""
+    calls: list[int] = []
+    references = {(2, 0): 0.005}  # what 2 threads took in an earlier answer
+    tuner = AnswerThreads(2, 2, references, calls.append)
+    busy = {1: 0.008, 2: 0.015}
+    _steps(tuner, busy, WINDOW_STEPS)
+    assert calls == [1]  # tried one thread fewer
+    _steps(tuner, busy, WINDOW_STEPS)
+    assert tuner.n == 1 and "kept 1" in tuner.changes[-1]
+    _steps(tuner, busy, RETRY_STEPS)
+    assert calls == [1, 2]  # more again, after RETRY_STEPS steps
+    _steps(tuner, busy, WINDOW_STEPS)
+    assert calls == [1, 2, 1] and tuner.n == 1  # still slower: back, retried later
+    _steps(tuner, busy, RETRY_STEPS)
+    assert calls == [1, 2, 1]  # the wait doubled
+    _steps(tuner, busy, RETRY_STEPS)
+    assert calls == [1, 2, 1, 2]
+    _steps(tuner, {1: 0.008, 2: 0.005}, WINDOW_STEPS)  # the program ended
+    assert tuner.n == 2 and "kept 2" in tuner.changes[-1]
+
+
+def test_a_slowdown_fewer_threads_do_not_cure_is_tried_once() -> None:
+    """Tokens slower on 2 threads, but slower still on 1 (a longer context, a machine
+    slow alike): back to 2, and the slower time becomes 2 threads' reference."""
+    calls: list[int] = []
+    references = {(2, 0): 0.005}
+    tuner = AnswerThreads(2, 2, references, calls.append)
+    slow = {1: 0.012, 2: 0.008}
+    _steps(tuner, slow, 2 * WINDOW_STEPS)
+    assert calls == [1, 2] and tuner.n == 2
+    _steps(tuner, slow, 20 * WINDOW_STEPS)
+    assert calls == [1, 2] and references[(2, 0)] == 0.008
+
+
+def test_threads_changed_mid_answer_keep_the_answer(model_path: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine that follows the load, made to switch between 2 threads and 1 every few
+    tokens (every window counts as slow, every count is retried at once), answers as an
+    engine fixed on 2 threads does."""
+    from engine.decoding.generation import GenerationConfig
+    from engine.session import Engine, EngineConfig
+
+    if PHYSICAL < 2:
+        pytest.skip("needs 2 physical cores to switch between")
+    monkeypatch.setattr(thread_choice, "SLOWER", 0.0)
+    monkeypatch.setattr(thread_choice, "RETRY_STEPS", 0)
+    monkeypatch.setattr(thread_choice, "WINDOW_STEPS", 2)
+    base = EngineConfig(model_path=model_path, drafter="none", n_ctx=512, cache_dir=tmp_path)
+    messages = [{"role": "user", "content": "Tell me about the moon."}]
+    answers, switches = {}, []
+    for n_threads in (2, None):
+        with Engine(replace(base, n_threads=n_threads)) as engine:
+            if n_threads is None:
+                def counted(n: int, real=engine.target.set_threads) -> None:
+                    switches.append(n)
+                    real(n)
+                monkeypatch.setattr(engine.target, "set_threads", counted)
+            result = engine.generate(engine.chat_prompt(messages),
+                                     GenerationConfig(max_tokens=40))
+            answers[n_threads] = result.tokens
+    assert answers[None] == answers[2]
+    assert switches.count(1) >= 5 and switches.count(2) >= 5, switches

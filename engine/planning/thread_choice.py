@@ -11,6 +11,8 @@ beside other programs"). Niced programs give way to ours, so their cores stay ou
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
@@ -24,6 +26,12 @@ MIN_LOOK_S = 0.2
 START_LOOK_S = 0.2
 # Other programs' use, in cores, that still leaves a core ours (a browser tab, a terminal).
 NOISE_CORES = 0.25
+# Within an answer (AnswerThreads): one-token steps per measurement, the slowdown against
+# the reference that says a program took a core since the answer began, and the steps
+# before fewer threads try more again (doubled after each try that did not pay).
+WINDOW_STEPS = 8
+SLOWER = 1.3
+RETRY_STEPS = 64
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,80 @@ def threads_for(reading: LoadReading, most: int, physical: int | None = None
     return ThreadChoice(n, f"{n} thread{'s' * (n > 1)}: {why}")
 
 
+class AnswerThreads:
+    """Within one answer: the thread count, tried against the tokens as they come.
+
+    The load read before an answer cannot see what starts during it, and beside a niced
+    compile either count may be the faster (its jobs come and go). So every
+    ``WINDOW_STEPS`` one-token steps the median step time is compared with this count's
+    reference at this context (``references``, kept across answers): ``SLOWER`` times it
+    and one thread fewer is tried for a window, kept only if faster. Below ``most``, one
+    thread more is tried every ``RETRY_STEPS`` steps (twice as long after each try that
+    did not pay). A quiet machine keeps its reference and pays nothing. The thread count
+    does not change a decode's numbers (tests/test_thread_choice.py), so switching between
+    steps keeps the answer.
+    """
+
+    def __init__(self, n_threads: int, most: int, references: dict[tuple[int, int], float],
+                 set_threads: Callable[[int], None]) -> None:
+        self.n = n_threads
+        self.most = most
+        self.references = references  # (threads, context bucket) -> median step time
+        self.set_threads = set_threads
+        self._window: list[float] = []
+        self._trial: tuple[int, float] | None = None  # the count before a trial, its median
+        self._since_retry = 0
+        self._retry_every = RETRY_STEPS
+        self.changes: list[str] = []  # what changed in this answer, and why
+
+    def observe(self, step_s: float, bucket: int) -> None:
+        """A one-token step took ``step_s`` at context ``bucket``; may change the threads
+        for the next step."""
+        self._window.append(step_s)
+        if len(self._window) < WINDOW_STEPS:
+            return
+        median = statistics.median(self._window)
+        self._window = []
+        key = (self.n, bucket)
+        reference = self.references.get(key)
+        self.references[key] = median if reference is None else min(reference, median)
+        if self._trial is not None:
+            self._end_trial(median, bucket)
+        elif self.n > 1 and reference is not None and median > SLOWER * reference:
+            self._try(self.n - 1, median,
+                      f"tokens came {median / reference:.1f}x slower than on "
+                      f"{self.n} threads before")
+        elif self.n < self.most:
+            self._since_retry += WINDOW_STEPS
+            if self._since_retry >= self._retry_every:
+                self._try(self.n + 1, median, "trying more again")
+
+    def _try(self, n: int, median: float, why: str) -> None:
+        self._trial = (self.n, median)
+        self.changes.append(f"tried {n} (from {self.n}: {why})")
+        self._switch(n)
+
+    def _end_trial(self, median: float, bucket: int) -> None:
+        before, before_median = self._trial or (self.n, median)
+        self._trial = None
+        self._since_retry = 0
+        if median < before_median:
+            self.changes.append(f"kept {self.n} ({before_median / median:.2f}x faster)")
+            if self.n > before:
+                self._retry_every = RETRY_STEPS
+            return
+        if self.n > before:
+            self._retry_every *= 2
+        else:  # fewer did not pay: the slowdown is the context's or the machine's alike
+            self.references[(before, bucket)] = before_median
+        self.changes.append(f"back to {before}")
+        self._switch(before)
+
+    def _switch(self, n: int) -> None:
+        self.n = n
+        self.set_threads(n)
+
+
 class ThreadFollower:
     """Watches the machine between answers and says how many threads the next answer
     should decode with (``most`` when nothing competes), from the last seconds before it
@@ -58,6 +140,7 @@ class ThreadFollower:
         self.most = most
         self.choice = ThreadChoice(most, f"{most} threads: not looked yet")
         self._watch: RecentLoad | None = None
+        self._references: dict[tuple[int, int], float] = {}  # AnswerThreads' references
 
     def at_start(self) -> ThreadChoice:
         """The threads for opening the model, from a quick look at the machine now."""
@@ -77,6 +160,19 @@ class ThreadFollower:
             if reading.wall_s >= MIN_LOOK_S:
                 self.choice = threads_for(reading, self.most)
         return self.choice
+
+    def during_answer(self, set_threads: Callable[[int], None]) -> AnswerThreads | None:
+        """The in-answer tuner for the answer ``next_answer`` began (None with one thread
+        at most)."""
+        if self.most < 2:
+            return None
+        return AnswerThreads(self.choice.n_threads, self.most, self._references, set_threads)
+
+    def after_answer(self, tuner: AnswerThreads | None) -> None:
+        """The answer ended: its last thread count, and why, become the choice shown."""
+        if tuner is not None and tuner.changes:
+            self.choice = ThreadChoice(tuner.n, f"{self.choice.why}; during the answer: "
+                                       f"{'; '.join(tuner.changes[-3:])}")
 
     def close(self) -> None:
         """Stops watching (the engine closes)."""
