@@ -25,6 +25,7 @@ from engine.planning.machine_load import (
     niced_share,
 )
 from engine.planning.thread_choice import (
+    EARLY_STEPS,
     RETRY_STEPS,
     WINDOW_STEPS,
     AnswerThreads,
@@ -185,13 +186,13 @@ def test_a_program_that_takes_a_core_mid_answer_moves_it_to_fewer_threads() -> N
     assert tuner.n == 1 and "kept 1" in tuner.changes[-1]
     _steps(tuner, busy, RETRY_STEPS)
     assert calls == [1, 2]  # more again, after RETRY_STEPS steps
-    _steps(tuner, busy, WINDOW_STEPS)
-    assert calls == [1, 2, 1] and tuner.n == 1  # still slower: back, retried later
+    _steps(tuner, busy, EARLY_STEPS)
+    assert calls == [1, 2, 1] and tuner.n == 1  # far slower at once: back, early
     _steps(tuner, busy, RETRY_STEPS)
     assert calls == [1, 2, 1]  # the wait doubled
-    _steps(tuner, busy, RETRY_STEPS)
-    assert calls == [1, 2, 1, 2]
-    _steps(tuner, {1: 0.008, 2: 0.005}, WINDOW_STEPS)  # the program ended
+    _steps(tuner, busy, RETRY_STEPS + EARLY_STEPS)
+    assert calls == [1, 2, 1, 2, 1]
+    _steps(tuner, {1: 0.008, 2: 0.005}, 4 * RETRY_STEPS + WINDOW_STEPS)  # it ended
     assert tuner.n == 2 and "kept 2" in tuner.changes[-1]
 
 

@@ -30,8 +30,11 @@ NOISE_CORES = 0.25
 # the reference that says a program took a core since the answer began, and the steps
 # before fewer threads try more again (doubled after each try that did not pay).
 WINDOW_STEPS = 8
-SLOWER = 1.3
-RETRY_STEPS = 64
+SLOWER = 1.5
+RETRY_STEPS = 128
+# A trial ends after this many steps when even its fastest was SLOWER than before: trying
+# 2 threads again beside a busy program would otherwise cost a window at a third the speed.
+EARLY_STEPS = 2
 
 
 @dataclass(frozen=True)
@@ -66,9 +69,10 @@ class AnswerThreads:
     reference at this context (``references``, kept across answers): ``SLOWER`` times it
     and one thread fewer is tried for a window, kept only if faster. Below ``most``, one
     thread more is tried every ``RETRY_STEPS`` steps (twice as long after each try that
-    did not pay). A quiet machine keeps its reference and pays nothing. The thread count
-    does not change a decode's numbers (tests/test_thread_choice.py), so switching between
-    steps keeps the answer.
+    did not pay). A trial whose first steps are all far slower ends at once. A quiet
+    machine keeps its reference and pays nothing. The thread count does not change a
+    decode's numbers (tests/test_thread_choice.py), so switching between steps keeps the
+    answer.
     """
 
     def __init__(self, n_threads: int, most: int, references: dict[tuple[int, int], float],
@@ -87,6 +91,12 @@ class AnswerThreads:
         """A one-token step took ``step_s`` at context ``bucket``; may change the threads
         for the next step."""
         self._window.append(step_s)
+        if (self._trial is not None and len(self._window) >= EARLY_STEPS
+                and min(self._window) > SLOWER * self._trial[1]):
+            median = statistics.median(self._window)
+            self._window = []
+            self._end_trial(median, bucket)
+            return
         if len(self._window) < WINDOW_STEPS:
             return
         median = statistics.median(self._window)
