@@ -237,3 +237,21 @@ def test_threads_changed_mid_answer_keep_the_answer(model_path: Path, tmp_path: 
             answers[n_threads] = result.tokens
     assert answers[None] == answers[2]
     assert switches.count(1) >= 5 and switches.count(2) >= 5, switches
+
+
+def test_the_plan_says_what_changed_in_the_last_answer_only() -> None:
+    follower = ThreadFollower(2)
+    follower.choice = thread_choice.ThreadChoice(2, "2 threads: the machine is quiet")
+    # Two answers in a row, no look between them: a program takes a core during the
+    # first (2 threads to 1) and has gone in the second (1 to 2).
+    for seconds_at, steps, ends_on in (({1: 0.008, 2: 0.015}, 2 * WINDOW_STEPS, 1),
+                                       ({1: 0.008, 2: 0.005}, RETRY_STEPS + 2 * WINDOW_STEPS,
+                                        2)):
+        tuner = follower.during_answer(lambda n: None)
+        assert tuner is not None
+        tuner.references.setdefault((2, 0), 0.005)
+        _steps(tuner, seconds_at, steps)
+        follower.after_answer(tuner)
+        assert follower.choice.n_threads == ends_on
+        assert follower.choice.why.count("during the last answer") == 1, follower.choice.why
+    assert follower.choice.why.startswith("2 threads: the machine is quiet")

@@ -35,6 +35,7 @@ RETRY_STEPS = 128
 # A trial ends after this many steps when even its fastest was SLOWER than before: trying
 # 2 threads again beside a busy program would otherwise cost a window at a third the speed.
 EARLY_STEPS = 2
+DURING = "; during the last answer: "
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,8 @@ class ThreadFollower:
     def after_answer(self, tuner: AnswerThreads | None) -> None:
         """The answer ended: its last thread count, and why, become the choice shown."""
         if tuner is not None and tuner.changes:
-            self.choice = ThreadChoice(tuner.n, f"{self.choice.why}; during the answer: "
+            before = self.choice.why.split(DURING)[0]  # one answer's changes, not all
+            self.choice = ThreadChoice(tuner.n, f"{before}{DURING}"
                                        f"{'; '.join(tuner.changes[-3:])}")
 
     def close(self) -> None:
