@@ -429,7 +429,7 @@ def _plain_greedy_step(run: _Run, last: int
     ``last``, the token ``accept_greedy`` takes from the same row. Fewer Python steps
     between decodes: they run on caches the decode flushed (about 0.1 ms a token here)."""
     target = run.target
-    n_past = len(target.tokens)
+    n_past = target.n_past
     t0 = time.perf_counter()
     token = int(target.decode_one(last).argmax())
     t_s = time.perf_counter() - t0

@@ -297,6 +297,15 @@ class LaneTarget:
     def commit(self, ver: Verification, path: list[int], path_tokens: list[int]) -> None:
         self.n_past += len(path)
 
+    def decode_one(self, token: int) -> np.ndarray:
+        """Plain decoding's step (``Target.decode_one``): ``verify`` and ``commit`` of
+        ``token`` alone; the logits after it."""
+        if self.n_past + 1 > self.n_ctx:
+            raise ContextFullError(self.n_past + 1, self.n_ctx, what="verification batch")
+        logits = self._lanes._decode(token, self.n_past, self.seq)
+        self.n_past += 1
+        return logits
+
     def rollback(self, n_past: int) -> None:
         self.n_past = n_past  # the lane's cells go when it is released
 
