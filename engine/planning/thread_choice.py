@@ -122,7 +122,8 @@ class AnswerThreads:
         self._switch(n)
 
     def _end_trial(self, median: float, bucket: int) -> None:
-        before, before_median = self._trial or (self.n, median)
+        assert self._trial is not None
+        before, before_median = self._trial
         self._trial = None
         self._since_retry = 0
         if median < before_median:
