@@ -532,13 +532,16 @@ class Engine:
         tuner = self.threads.during_answer(self._set_threads) if self.threads else None
 
         def step_seen(step: StepStats) -> None:
-            if tuner is not None and not step.n_proposed:  # one-token steps compare alike
+            assert tuner is not None
+            if not step.n_proposed:  # one-token steps compare alike
                 tuner.observe(step.t_verify_s, context_bucket(step.n_past))
             if on_step is not None:
                 on_step(step)
         try:
             result = generate(self.target, prompt, None if plain else self.drafter, config,
-                              on_text=on_text, on_step=step_seen, should_stop=should_stop,
+                              on_text=on_text,
+                              on_step=step_seen if tuner is not None else on_step,
+                              should_stop=should_stop,
                               cost=self.cost, governor=None if plain else self.governor,
                               remember=remember, on_logprobs=on_logprobs)
         finally:
