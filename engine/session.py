@@ -529,12 +529,24 @@ class Engine:
         config = replace(config or GenerationConfig(),
                          max_draft=0 if plain else self.max_draft)
         self._follow_the_load()
-        tuner = self.threads.during_answer(self._set_threads) if self.threads else None
+        # A plain greedy run reports its tokens after it: those after a thread change the
+        # tuner made while reading them ran on the old count, and are not its to judge.
+        decoded_before_change = False
+
+        def set_threads(n: int) -> None:
+            nonlocal decoded_before_change
+            self._set_threads(n)
+            decoded_before_change = True
+
+        tuner = self.threads.during_answer(set_threads) if self.threads else None
 
         def step_seen(step: StepStats) -> None:
+            nonlocal decoded_before_change
             assert tuner is not None
-            if not step.n_proposed:  # one-token steps compare alike
+            if not step.n_proposed and not decoded_before_change:  # one-token steps alike
                 tuner.observe(step.t_verify_s, context_bucket(step.n_past))
+            if not step.reported_after_s:  # the last of its run: the next run is new
+                decoded_before_change = False
             if on_step is not None:
                 on_step(step)
         try:

@@ -16,6 +16,7 @@ import numpy as np
 import psutil
 import pytest
 
+from engine.decoding import generation
 from engine.planning import thread_choice
 from engine.planning.machine_load import (
     LoadReading,
@@ -222,6 +223,8 @@ def test_threads_changed_mid_answer_keep_the_answer(model_path: Path, tmp_path: 
     monkeypatch.setattr(thread_choice, "SLOWER", 0.0)
     monkeypatch.setattr(thread_choice, "RETRY_STEPS", 0)
     monkeypatch.setattr(thread_choice, "WINDOW_STEPS", 2)
+    # Runs of 2 plain tokens: the count changes between them (a run decodes on one count)
+    monkeypatch.setattr(generation, "PLAIN_RUN_MAX_TOKENS", 2)
     base = EngineConfig(model_path=model_path, drafter="none", n_ctx=512, cache_dir=tmp_path)
     messages = [{"role": "user", "content": "Tell me about the moon."}]
     answers, switches = {}, []

@@ -388,7 +388,7 @@ class EngineWorker(QObject):
                                  request.context_policy, request.thinking)
 
         def on_step(step: StepStats) -> None:
-            t_end = time.perf_counter()
+            t_end = time.perf_counter() - step.reported_after_s
             t_verify = t_end - step.t_verify_s
             self.step.emit(StepEvent(rid, t_verify - step.t_draft_s, t_verify, t_end, step))
 

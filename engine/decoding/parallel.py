@@ -41,7 +41,7 @@ from engine.errors import ClosedError, ContextFullError
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.native import NativeBatch, NativeContext
 from engine.runtime.prefill import Prefill
-from engine.runtime.target import Target, Verification
+from engine.runtime.target import Target, Verification, greedy_one_at_a_time
 
 # How long a batch waits for answers still choosing their next token (Python work between
 # decodes) before it goes with the rows it has.
@@ -243,6 +243,7 @@ class LaneTarget:
     max_draft = 0
     max_leaves = 0
     n_parked = 0
+    greedy_in_c = False  # its decodes are rows of the lanes' batch: a token at a time
 
     def __init__(self, lanes: ParallelLanes, seq: int) -> None:
         self._lanes, self.seq = lanes, seq
@@ -305,6 +306,10 @@ class LaneTarget:
         logits = self._lanes._decode(token, self.n_past, self.seq)
         self.n_past += 1
         return logits
+
+    def decode_greedy(self, token: int, n_max: int) -> tuple[list[int], list[float]]:
+        """``Target.decode_greedy``, through ``decode_one``."""
+        return greedy_one_at_a_time(self, token, n_max)
 
     def rollback(self, n_past: int) -> None:
         self.n_past = n_past  # the lane's cells go when it is released

@@ -17,6 +17,8 @@ class StepStats:
     drafted_ahead: bool = False  # the draft was made while the previous step verified
     n_past: int = 0  # tokens cached before the step (its batch's context)
     drafter_asked: bool = False  # the drafter was asked (not paused, not plain)
+    # Seconds from its end to its report: a plain greedy run reports its tokens together.
+    reported_after_s: float = 0.0
 
 
 @dataclass

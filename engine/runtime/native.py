@@ -267,6 +267,79 @@ def _logits_row_address() -> Any:
     return func
 
 
+# The most tokens one call of the C greedy loop chooses (its buffers' size).
+GREEDY_RUN_MAX = 64
+
+
+@functools.cache
+def _greedy_run_api() -> Any | None:
+    """Tandem's plain greedy loop and its argmax in C (packaging/llama-cpp/greedy-run.patch):
+    ``{"run": ..., "argmax": ...}``, None in a build without them."""
+    lib = llama_cpp.llama_cpp._lib
+    run = getattr(lib, "tandem_decode_greedy", None)
+    argmax = getattr(lib, "tandem_argmax", None)
+    if run is None or argmax is None:
+        return None
+    i32, p_i32 = ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)
+    run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, i32, i32, i32, p_i32, i32, p_i32,
+                    ctypes.POINTER(ctypes.c_double), p_i32]
+    run.restype = i32
+    argmax.argtypes = [ctypes.c_void_p, i32]
+    argmax.restype = i32
+    return {"run": run, "argmax": argmax}
+
+
+def native_argmax(row: np.ndarray) -> int:
+    """The C loop's argmax of a float32 row (the first maximum, a NaN the largest: as
+    numpy's). Raises RuntimeError in a build without it."""
+    api = _greedy_run_api()
+    if api is None:
+        raise RuntimeError("this llama.cpp build lacks Tandem's greedy loop")
+    row = np.ascontiguousarray(row, dtype=np.float32)
+    return int(api["argmax"](row.ctypes.data, row.size))
+
+
+class GreedyRun:
+    """The C greedy loop over one batch and stop set, its buffers made once."""
+
+    @staticmethod
+    def available() -> bool:
+        return _greedy_run_api() is not None
+
+
+    def __init__(self, batch: NativeBatch, stop: frozenset[int]) -> None:
+        api = _greedy_run_api()
+        if api is None:
+            raise RuntimeError("this llama.cpp build lacks Tandem's greedy loop")
+        self._run = api["run"]
+        self._batch = ctypes.addressof(batch.raw)
+        self.stop = stop
+        self._stop = (ctypes.c_int32 * max(1, len(stop)))(*sorted(stop))
+        self._n_stop = len(stop)
+        self._out = (ctypes.c_int32 * GREEDY_RUN_MAX)()
+        self._seconds = (ctypes.c_double * GREEDY_RUN_MAX)()
+        self._status = ctypes.c_int32()
+
+    def __call__(self, ctx: NativeContext, token: int, pos: int, n_max: int
+                 ) -> tuple[list[int], list[float], bool]:
+        """Decode ``token`` at ``pos`` in ``ctx``'s sequence 0, then each chosen token, up to
+        ``n_max`` (at most GREEDY_RUN_MAX) choices or a stop token (chosen, not decoded).
+        Returns the tokens chosen, each one's seconds (its decode and choice) and whether a
+        decode failed after the first (the run ended early; its cells past the chosen
+        tokens are the caller's to drop). Raises ContextFullError or NativeError when the
+        first decode fails."""
+        n_max = min(n_max, GREEDY_RUN_MAX)
+        with _PROMPT_KERNELS_HELD:
+            n = self._run(ctx.handle, self._batch, token, pos, n_max, self._stop, self._n_stop,
+                          self._out, self._seconds, ctypes.byref(self._status))
+        rc = self._status.value
+        if n == 0:
+            ctx.last_batch_start = pos
+            ctx._check("llama_decode", rc, 1, "batch")
+        ctx.last_batch_start = pos + n - 1
+        return self._out[:n], self._seconds[:n], rc != 0
+
+
 @functools.cache
 def _layer_input_api() -> dict[str, object] | None:
     """The functions that export a target's layer inputs (EAGLE-3 features) and read an

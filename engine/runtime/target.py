@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -36,7 +37,13 @@ from engine.runtime.chat_template import check_messages
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.hardware import default_threads
 from engine.runtime.kv_cache import TYPE_K, TYPE_V
-from engine.runtime.native import NativeBatch, NativeContext, NativeModel, prompt_kernels
+from engine.runtime.native import (
+    GreedyRun,
+    NativeBatch,
+    NativeContext,
+    NativeModel,
+    prompt_kernels,
+)
 from engine.runtime.native_rpc import cpu_overrides, device_array, worker_devices
 from engine.runtime.prefill import Prefill, PromptReader
 from engine.runtime.reasoning import for_template
@@ -124,6 +131,27 @@ class Verification:
     depths: list[int]  # depth of each node, the root 0
 
 
+class OneTokenDecoder(Protocol):
+    def decode_one(self, token: int) -> np.ndarray: ...
+
+    def is_end_of_generation(self, token: int) -> bool: ...
+
+
+def greedy_one_at_a_time(target: OneTokenDecoder, token: int, n_max: int
+                         ) -> tuple[list[int], list[float]]:
+    """``Target.decode_greedy`` through ``decode_one``, a token at a time: where the C loop
+    is missing, and for targets without it (parallel lanes)."""
+    chosen: list[int] = []
+    seconds: list[float] = []
+    for _ in range(n_max):
+        t0 = time.perf_counter()
+        token = int(target.decode_one(token).argmax())
+        seconds.append(time.perf_counter() - t0)
+        chosen.append(token)
+        if target.is_end_of_generation(token):
+            break
+    return chosen, seconds
+
 
 class Target:
     """A llama.cpp model and context with Tandem's bookkeeping of sequence 0."""
@@ -169,6 +197,9 @@ class Target:
             raise
         self.template = choose_template(self.model, self.path.name)
         self.tokens: list[int] = []
+        # Plain greedy runs in C (packaging/llama-cpp/greedy-run.patch); False: in Python.
+        self.greedy_in_c = GreedyRun.available()
+        self._greedy_run: GreedyRun | None = None
         self.park_seq = n_seq_max - 1
         self.max_leaves = self.park_seq  # a verified tree's leaves: one sequence each
         self.n_parked = 0  # cells parked (see module docstring)
@@ -649,6 +680,32 @@ class Target:
         self._decode_or_trim()
         self.tokens.append(token)
         return self.ctx.last_logits_view(1)
+
+    def decode_greedy(self, token: int, n_max: int) -> tuple[list[int], list[float]]:
+        """Plain greedy decoding of up to ``n_max`` tokens: evaluate ``token`` after
+        sequence 0 and keep it, choose the argmax of its logits, evaluate that, and so on,
+        ending after an end of generation (chosen, not evaluated). Returns the tokens chosen
+        (each but the last now kept, the last to be evaluated next) and each choice's
+        seconds. In C where the build has Tandem's loop (no Python between two decodes),
+        else ``decode_one`` at a time. Raises ContextFullError (nothing changed) when
+        ``n_max`` tokens do not fit, and what the first decode raises."""
+        self.settle()
+        if self.n_used + n_max > self.n_ctx:
+            raise ContextFullError(self.n_used + n_max, self.n_ctx, what="verification batch")
+        if not self.greedy_in_c:
+            return greedy_one_at_a_time(self, token, n_max)
+        if self._greedy_run is None or self._greedy_run.stop is not self.model.eog_ids:
+            self._greedy_run = GreedyRun(self.batch, self.model.eog_ids)
+        try:
+            chosen, seconds, failed = self._greedy_run(self.ctx, token, len(self.tokens), n_max)
+        except BaseException:
+            self._drop_uncommitted(1)
+            raise
+        self.tokens.append(token)
+        self.tokens.extend(chosen[:-1])
+        if failed:  # the next call meets the failure again, or gets past it
+            self._drop_uncommitted(1)
+        return chosen, seconds
 
     def verify(self, root: int, draft: DraftTree) -> Verification:
         """Decode ``[root, *draft]`` in one batch; every node is an output.
