@@ -75,7 +75,7 @@ def _same(target: Target, prompt: list[int], config: GenerationConfig) -> Genera
     return c
 
 
-@pytest.mark.parametrize("weights", ["q4_0", "q4_k_m", "iq4_xs"])
+@pytest.mark.parametrize("weights", ["q4_0", "q4_k_m", "q6_k"])
 def test_runs_in_c_equal_a_token_at_a_time(weights: str, model_path: Path, quantized
                                            ) -> None:
     path = model_path if weights == "q4_0" else quantized(weights)
