@@ -126,6 +126,11 @@ class VerifyCostModel:
             recent.add(t_s / self.t1_in(bucket), clock)
             self._tables.pop(bucket, None)
 
+    @property
+    def knows_t1(self) -> bool:
+        """Whether a one-token decode has been timed (else t1 is a guess)."""
+        return bool(self._t1)
+
     def t1_in(self, bucket: int) -> float:
         if bucket in self._t1:
             return self._t1[bucket].value

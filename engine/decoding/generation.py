@@ -439,10 +439,12 @@ def _plain_greedy_run(run: _Run, last: int, room: int
     n_past = target.n_past
     chosen, seconds = target.decode_greedy(last, _plain_run_length(run, room, n_past))
     steps = []
+    after = sum(seconds)
     for k, t_s in enumerate(seconds):
         run.cost.observe(n_past + k, 1, t_s)
+        after = after - t_s if k < len(seconds) - 1 else 0.0
         steps.append(StepStats(t_draft_s=0.0, t_verify_s=t_s, n_proposed=0, n_accepted=0,
-                               n_past=n_past + k, reported_after_s=sum(seconds[k + 1:])))
+                               n_past=n_past + k, reported_after_s=max(after, 0.0)))
     run.n_sampled += len(chosen)
     run.stats.steps.extend(steps)
     return chosen[-1], tuple(steps), chosen, []
@@ -455,6 +457,8 @@ def _plain_run_length(run: _Run, room: int, n_past: int) -> int:
     back to it, and where the target decodes a token at a time anyway."""
     target = run.target
     if not target.greedy_in_c or (run.config.stop and target.arch.has_state):
+        return 1
+    if not run.cost.knows_t1:  # a slow model's first run must not be long unknowingly
         return 1
     t1 = run.cost.at(n_past).t1
     n = int(PLAIN_RUN_SECONDS / t1) if t1 > 0 else 1

@@ -41,6 +41,7 @@ _DECODE_MEANINGS = {
     1: "no KV-cache slot for the batch (context full)",
     2: "aborted",
     -1: "invalid input batch",
+    -100: "the decode left no logits (Tandem's greedy loop)",
 }
 
 _KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
@@ -306,13 +307,12 @@ class GreedyRun:
     def available() -> bool:
         return _greedy_run_api() is not None
 
-
     def __init__(self, batch: NativeBatch, stop: frozenset[int]) -> None:
         api = _greedy_run_api()
         if api is None:
             raise RuntimeError("this llama.cpp build lacks Tandem's greedy loop")
         self._run = api["run"]
-        self._batch = ctypes.addressof(batch.raw)
+        self._batch = batch
         self.stop = stop
         self._stop = (ctypes.c_int32 * max(1, len(stop)))(*sorted(stop))
         self._n_stop = len(stop)
@@ -321,23 +321,26 @@ class GreedyRun:
         self._status = ctypes.c_int32()
 
     def __call__(self, ctx: NativeContext, token: int, pos: int, n_max: int
-                 ) -> tuple[list[int], list[float], bool]:
+                 ) -> tuple[list[int], list[float], int]:
         """Decode ``token`` at ``pos`` in ``ctx``'s sequence 0, then each chosen token, up to
-        ``n_max`` (at most GREEDY_RUN_MAX) choices or a stop token (chosen, not decoded).
-        Returns the tokens chosen, each one's seconds (its decode and choice) and whether a
-        decode failed after the first (the run ended early; its cells past the chosen
-        tokens are the caller's to drop). Raises ContextFullError or NativeError when the
-        first decode fails."""
-        n_max = min(n_max, GREEDY_RUN_MAX)
+        ``n_max`` (1 to GREEDY_RUN_MAX) choices or a stop token (chosen, not decoded).
+        Returns the tokens chosen, each one's seconds (its decode and choice) and the return
+        code of a decode that failed after the first (0: none did; else the run ended
+        early, and its cells past the chosen tokens are the caller's to drop). Raises
+        ContextFullError or NativeError when the first decode fails."""
+        if not 1 <= n_max <= GREEDY_RUN_MAX:
+            raise ValueError(f"a greedy run chooses 1 to {GREEDY_RUN_MAX} tokens, not {n_max}")
+        # Held for the whole run (about 50 ms): a decode on another thread waits that long.
         with _PROMPT_KERNELS_HELD:
-            n = self._run(ctx.handle, self._batch, token, pos, n_max, self._stop, self._n_stop,
-                          self._out, self._seconds, ctypes.byref(self._status))
+            n = self._run(ctx.handle, ctypes.byref(self._batch.raw), token, pos, n_max,
+                          self._stop, self._n_stop, self._out, self._seconds,
+                          ctypes.byref(self._status))
         rc = self._status.value
         if n == 0:
             ctx.last_batch_start = pos
             ctx._check("llama_decode", rc, 1, "batch")
         ctx.last_batch_start = pos + n - 1
-        return self._out[:n], self._seconds[:n], rc != 0
+        return self._out[:n], self._seconds[:n], rc
 
 
 @functools.cache

@@ -200,6 +200,8 @@ class Target:
         # Plain greedy runs in C (packaging/llama-cpp/greedy-run.patch); False: in Python.
         self.greedy_in_c = GreedyRun.available()
         self._greedy_run: GreedyRun | None = None
+        # (return code, token, position) of the decode a greedy run failed on after others
+        self._greedy_failed: tuple[int, int, int] | None = None
         self.park_seq = n_seq_max - 1
         self.max_leaves = self.park_seq  # a verified tree's leaves: one sequence each
         self.n_parked = 0  # cells parked (see module docstring)
@@ -694,17 +696,23 @@ class Target:
             raise ContextFullError(self.n_used + n_max, self.n_ctx, what="verification batch")
         if not self.greedy_in_c:
             return greedy_one_at_a_time(self, token, n_max)
+        failed, self._greedy_failed = self._greedy_failed, None
+        if failed is not None and failed[1:] == (token, len(self.tokens)):
+            # The decode a run ended on: it fails here as a token-at-a-time step would,
+            # after the tokens chosen before it were streamed.
+            self.ctx._check("llama_decode", failed[0], 1, "batch")
         if self._greedy_run is None or self._greedy_run.stop is not self.model.eog_ids:
             self._greedy_run = GreedyRun(self.batch, self.model.eog_ids)
         try:
-            chosen, seconds, failed = self._greedy_run(self.ctx, token, len(self.tokens), n_max)
+            chosen, seconds, rc = self._greedy_run(self.ctx, token, len(self.tokens), n_max)
         except BaseException:
             self._drop_uncommitted(1)
             raise
         self.tokens.append(token)
         self.tokens.extend(chosen[:-1])
-        if failed:  # the next call meets the failure again, or gets past it
+        if rc:
             self._drop_uncommitted(1)
+            self._greedy_failed = (rc, chosen[-1], len(self.tokens))
         return chosen, seconds
 
     def verify(self, root: int, draft: DraftTree) -> Verification:
