@@ -590,6 +590,7 @@ class Target:
         Raises ContextFullError (nothing changed) when the prompt cannot fit with room
         for one new token; NativeError on a failed decode (the cache is rolled back).
         """
+        self._greedy_failed = None  # a new answer tries every decode afresh
         read = self.prompts.read(prompt, feature_tail)
         self.keep_checkpoint()
         return read
