@@ -45,7 +45,10 @@ def test_live_steps_and_comparison_with_plain(qtbot, db: Path, model_path: Path)
         w.dashboard.compare_button.click()
     comparison = blocker.args[0]
     assert comparison.identical  # greedy decoding is lossless
-    assert comparison.drafter == ready.drafter and comparison.stats_plain.drafter == "none"
+    # A plan may heal after an answer (its signal crosses threads): the comparison drafts
+    # with what the engine ran when it began, the plan shown before or after.
+    assert comparison.drafter in (ready.drafter, w.engine_info.drafter)
+    assert comparison.stats_plain.drafter == "none"
     bars = w.dashboard.comparison._bars.opts["height"]
     assert list(bars) == pytest.approx([comparison.stats_dft.tok_per_s,
                                         comparison.stats_plain.tok_per_s])
