@@ -1,19 +1,157 @@
-"""The GPU check's verdict: a drafter whose answers differ from plain decoding fails the
-run (a non-zero exit), one this process cannot build does not."""
+"""The GPU check's verdicts, on this machine (no GPU): every real failure gives a non-zero
+exit, what cannot run here is skipped and said so, and "nothing could run" has its own
+exit code. The steps run for real where they can (the CPU placement, lookup drafts on the
+bundled model); the GPU-only ones are skipped."""
 
 from __future__ import annotations
 
-from tests.gpu_check import lossless_failures
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import tests.gpu_check as gpu_check
+from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
+from engine.runtime.hardware import load_profile
+from engine.runtime.model_info import ModelFacts
+from tests.conftest import PROFILES, plain_answers
+from tests.gpu_check import (
+    EXIT_FAILED,
+    EXIT_NOTHING_RAN,
+    EXIT_PASSED,
+    Checks,
+    Here,
+    Skip,
+    check_offload,
+    exactness,
+    lossless_row,
+    plan_drafts_on_gpu,
+    run_step,
+    summarize,
+)
+
+REPEATING = {"question_id": 1, "category": "extraction", "turns": [
+    "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the "
+    "mat."]}
 
 
-def test_a_difference_fails_the_gpu_check_and_a_missing_drafter_does_not() -> None:
-    ok = {"lossless": {"prompts": 13, "lookup-tree": {"identical": True, "accepted": 40},
-                       "head-chain-cuda": {"error": "ModuleNotFoundError: torch"}}}
-    assert lossless_failures(ok) == []
-    assert lossless_failures({}) == []  # the step was not asked for
-    bad = {"lossless": {"prompts": 13,
-                        "head-tree-cuda": {"identical": False, "where": "question 81"}}}
-    assert lossless_failures(bad) == ["head-tree-cuda: drafted answers differ from plain "
-                                      "decoding (question 81)"]
-    crashed = {"lossless": {"error": "RuntimeError: CUDA error", "trace": "..."}}
-    assert lossless_failures(crashed) == ["the lossless step failed: RuntimeError: CUDA error"]
+def _raises() -> dict:
+    raise RuntimeError("CUDA error: an illegal memory access")
+
+
+def _skips() -> dict:
+    raise Skip("no GPU")
+
+
+def test_a_step_that_raises_fails_the_run_and_one_that_cannot_run_does_not() -> None:
+    results: dict = {}
+    crashed = run_step(None, results, "lossless", lambda c: _raises())
+    assert crashed.failed and "RuntimeError: CUDA error" in results["lossless"]["status"]
+    assert "trace" in results["lossless"]
+    skipped = run_step(None, results, "verify", lambda c: _skips())
+    assert results["verify"]["status"] == "skipped: no GPU"
+    ran = run_step(None, results, "hardware", lambda c: {"probe": {}})
+    assert results["hardware"]["status"] == "passed"
+    assert summarize([ran, skipped])[0] == EXIT_PASSED
+    code, summary = summarize([ran, skipped, crashed])
+    assert code == EXIT_FAILED and list(summary["failed"]) == ["lossless"]
+    # Nothing ran: not "passed".
+    code, summary = summarize([skipped])
+    assert code == EXIT_NOTHING_RAN and summary["verdict"] == "nothing could run here"
+    assert summarize([])[0] == EXIT_NOTHING_RAN
+
+
+def test_a_failed_check_fails_its_step_and_skips_inside_a_passing_one_are_listed() -> None:
+    results: dict = {}
+
+    def partly(checks: Checks) -> dict:
+        checks.expect(True, "cpu exact", "")
+        checks.skip("gpu placement", "no GPU")
+        return {}
+
+    def wrong(checks: Checks) -> dict:
+        checks.expect(True, "cpu exact", "")
+        checks.expect(False, "memory", "no draft accepted")
+        return {}
+
+    part = run_step(None, results, "exactness", partly)
+    code, summary = summarize([part])
+    assert code == EXIT_PASSED and summary["verdict"] == "passed (some checks skipped)"
+    assert summary["skipped"] == {"exactness: gpu placement": "skipped: no GPU"}
+    bad = run_step(None, results, "lossless", wrong)
+    assert results["lossless"]["status"] == "failed: memory: no draft accepted"
+    assert summarize([part, bad])[0] == EXIT_FAILED
+
+
+def test_exactness_on_this_machine_runs_the_cpu_placement_and_skips_the_gpu(
+        model_path: Path) -> None:
+    here = Here()
+    results: dict = {}
+    step = run_step(None, results, "exactness", lambda c: exactness(
+        model_path, here, c, [("gpu", 99, 8), ("cpu2", 0, 2)], contexts=(0,),
+        chains=(2, 4, 9)))  # a row kernel, a repacked GEMM, the tiled matmul: seconds
+    checks = results["exactness"]["checks"]
+    assert checks["passed"] == ["cpu2 repack=True ctx=0: exact",
+                                "cpu2 repack=False ctx=0: exact"]
+    assert results["exactness"]["cpu2 repack=True ctx=0"]["differing"] == 0
+    if here.gpu_target_skip:  # this machine: no GPU
+        assert checks["skipped"] == {"gpu placement": here.gpu_target_skip}
+        code, summary = summarize([step])
+        assert code == EXIT_PASSED and "exactness: gpu placement" in summary["skipped"]
+
+
+def test_no_weights_on_a_device_fails_the_offload_check(model_path: Path) -> None:
+    """llama.cpp's own buffer lines are read: here every buffer is the CPU's, so a
+    placement that asked for GPU layers and got none fails."""
+    checks = Checks()
+    figures = check_offload(model_path, 0, checks, "target")
+    assert figures["buffers_mib"] and all(n.startswith("CPU") for n in figures["buffers_mib"])
+    assert "target: layers offloaded" in checks.failed
+    assert gpu_check.on_gpu_mib({"CPU_Mapped": 80.0, "CUDA_Host": 1.0, "CUDA0": 90.0}) == 90.0
+
+
+def test_lossless_rows_fail_on_a_difference_and_on_no_draft_accepted(
+        target, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(gpu_check, "MAX_TOKENS", 24)
+    rows = [REPEATING]
+    plain = plain_answers(target, rows, 24)
+    checks = Checks()
+    ok = lossless_row(target, lambda: PromptLookupDrafter(LookupConfig(max_branches=3)),
+                      rows, plain, checks, "lookup-tree")
+    assert ok["identical"] and ok["accepted"] > 0 and checks.passed == ["lookup-tree"]
+    # A reference that is not the target's answer: the row fails.
+    prompt, answer = plain[1]
+    wrong = {1: (prompt, answer[:-1] + [answer[-1] + 1])}
+    row = lossless_row(target, PromptLookupDrafter, rows, wrong, checks, "wrong reference")
+    assert row["identical"] is False and "question 1" in checks.failed["wrong reference"]
+    # A drafter that never drafts is lossless and proves nothing: the row fails.
+    never = lossless_row(target, lambda: PromptLookupDrafter(
+        LookupConfig(min_ngram=400, max_ngram=400)), rows, plain, checks, "never")
+    assert never["identical"] and never["accepted"] == 0
+    assert "no draft accepted" in checks.failed["never"]
+    # A drafter that cannot be built fails its row, not the rest.
+    lossless_row(target, _raises, rows, plain, checks, "broken")
+    assert "RuntimeError" in checks.failed["broken"]
+
+
+def test_the_planner_check_fails_a_plan_that_drafts_on_an_inexact_gpu() -> None:
+    hw = load_profile(PROFILES / "synthetic_large_gpu.json")
+    exact = ModelFacts(size_bytes=1_000_000_000, n_layers=24, kv_bytes=400_000_000)
+    assert plan_drafts_on_gpu(hw, replace(exact, exact_on_gpu=False)) == []
+    # The control: told the GPU is exact, the planner drafts there, which the check sees.
+    assert plan_drafts_on_gpu(hw, exact)
+
+
+def test_the_cli_exit_codes(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps(REPEATING) + "\n")
+    base = ["--out", str(tmp_path), "--prompts", str(prompts), "--shapes", ""]
+    assert gpu_check.main([*base, "--steps", ""]) == EXIT_PASSED  # the hardware probe ran
+    saved = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert saved["hardware"]["status"] == "passed" and saved["summary"]["exit_code"] == 0
+    assert gpu_check.main([*base, "--steps", "", "--no-hardware"]) == EXIT_NOTHING_RAN
+    if Here().gpu_target_skip:  # lossless on a GPU-resident target cannot run here
+        assert gpu_check.main([*base, "--steps", "lossless", "--no-hardware"]) \
+            == EXIT_NOTHING_RAN
+        saved = json.loads((tmp_path / "gpu_check.json").read_text())
+        assert saved["lossless"]["status"].startswith("skipped: ")
+
