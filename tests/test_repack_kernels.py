@@ -1,157 +1,29 @@
-"""Every x86 repacked kernel of the build multiplies a row inside a batch bit for bit as it
-multiplies that row alone (packaging/llama-cpp/batch-invariant-repack.patch).
-
-ggml's repack.cpp quantizes a batch's rows in groups of 4 (ggml_quantize_mat_*) for the
-4-row GEMM and the rest one at a time (quantize_row_*) for the one-row GEMV. This test calls
-those functions of the installed libggml-cpu directly, as forward_mul_mat_one_chunk does,
-for batches of 2 to 33 rows, and compares every row with the same row alone. Random bytes
-are valid repacked weights once their scales are finite, so no model is needed; 72 columns
-take both the 16-column AVX-512 loops and the 8-column tail, 33 rows the 16-row loops.
-"""
+"""The repacked kernels of the CPU library this process loaded (the source build's, or the
+portable build's level ggml chose) multiply a row inside a batch bit for bit as they
+multiply it alone (engine.runtime.repack_check; ``tandem check-cpu`` runs the same check on
+every level of a portable build)."""
 
 from __future__ import annotations
 
-import ctypes
 import platform
-from dataclasses import dataclass
-from pathlib import Path
 
-import llama_cpp
-import numpy as np
 import pytest
 
-LIB = Path(llama_cpp.__file__).parent / "lib" / "libggml-cpu.so"
-QK_K = 256
-N_IN = 2048  # the shared dimension: 8 K-quant super blocks, 64 Q8_0 blocks
-N_OUT = 72
-MAX_BATCH = 33  # the longest chain a memory draft verifies
-
-
-@dataclass(frozen=True)
-class RepackedKernel:
-    name: str  # ggml_gemv_<name> / ggml_gemm_<name>
-    block: int  # weights per row in one block
-    group_bytes: int  # one block of 8 interleaved rows
-    scales: tuple[tuple[int, int, str], ...]  # (offset, count, "f16" | "e8m0") in a group
-    activation: str  # "q8_0" or "q8_K"
-    needs: str = "avx2"  # the instruction set llama.cpp picks this layout on
-
-    @property
-    def row_bytes(self) -> int:  # one quantized activation block, one row
-        return 34 if self.activation == "q8_0" else 292
-
-    @property
-    def rows4_bytes(self) -> int:  # one quantized activation block, 4 rows interleaved
-        return 136 if self.activation == "q8_0" else 1168
-
-
-# What ggml_repack_get_optimal_repack_type picks on x86 (ggml-cpu/repack.cpp).
-KERNELS = (
-    RepackedKernel("q4_0_8x8_q8_0", 32, 144, ((0, 8, "f16"),), "q8_0"),
-    RepackedKernel("iq4_nl_8x8_q8_0", 32, 144, ((0, 8, "f16"),), "q8_0"),
-    RepackedKernel("mxfp4_8x8_q8_0", 32, 136, ((0, 8, "e8m0"),), "q8_0"),
-    RepackedKernel("q4_K_8x8_q8_K", QK_K, 1152, ((0, 16, "f16"),), "q8_K"),
-    RepackedKernel("q2_K_8x8_q8_K", QK_K, 672, ((0, 16, "f16"),), "q8_K", needs="avx512"),
-)
-
-
-def _library() -> ctypes.CDLL:
-    if platform.machine() not in ("x86_64", "AMD64") or not LIB.exists():
-        pytest.skip("the repacked kernels checked here are x86's")
-    lib = ctypes.CDLL(str(LIB))
-    lib.ggml_cpu_init()  # fills the FP16 tables some kernels read scales through
-    return lib
-
-
-def _cpu_has(lib: ctypes.CDLL, feature: str) -> bool:
-    return bool(getattr(lib, f"ggml_cpu_has_{feature}")())
-
-
-def _weights(kernel: RepackedKernel, rng: np.random.Generator) -> np.ndarray:
-    """Random repacked weights for N_OUT rows with finite, modest scales."""
-    groups = rng.integers(0, 256, size=(N_OUT // 8, N_IN // kernel.block, kernel.group_bytes),
-                          dtype=np.uint8)
-    for offset, count, kind in kernel.scales:
-        if kind == "f16":
-            scale = (rng.random(groups.shape[:2] + (count,)) * 0.01 + 1e-3).astype(np.float16)
-            groups[:, :, offset:offset + 2 * count] = scale.view(np.uint8)
-        else:  # E8M0: a power of two, near 2^-6
-            groups[:, :, offset:offset + count] = rng.integers(118, 124, size=groups.shape[:2]
-                                                               + (count,), dtype=np.uint8)
-    return np.ascontiguousarray(groups)
-
-
-def _activations(rng: np.random.Generator) -> np.ndarray:
-    """Hidden-state-like rows, some with a tie for the largest magnitude of opposite signs
-    (the negative first): there the 4-row Q8_K quantizer takes the other sign than
-    quantize_row_q8_K_ref, which negates the quants and the scale alike (exact)."""
-    x = (rng.standard_normal((MAX_BATCH, N_IN)) * 0.5).astype(np.float32)
-    for row in range(1, MAX_BATCH, 3):
-        block = rng.integers(0, N_IN // QK_K)
-        i, j = sorted(rng.choice(QK_K, size=2, replace=False))
-        x[row, block * QK_K + i] = -4.0
-        x[row, block * QK_K + j] = 4.0
-    return x
-
-
-class Caller:
-    """The kernel's quantizers, GEMV and GEMM, called as ggml's repack.cpp calls them."""
-
-    def __init__(self, lib: ctypes.CDLL, kernel: RepackedKernel) -> None:
-        self.k = kernel
-        self.gemv = getattr(lib, f"ggml_gemv_{kernel.name}")
-        self.gemm = getattr(lib, f"ggml_gemm_{kernel.name}")
-        self.quantize_row = getattr(lib, f"quantize_row_{kernel.activation}")
-        self.quantize_4 = getattr(lib, f"ggml_quantize_mat_{kernel.activation}_4x8")
-        for f in (self.gemv, self.gemm, self.quantize_row, self.quantize_4):
-            f.restype = None
-
-    @staticmethod
-    def _p(a: np.ndarray) -> ctypes.c_void_p:
-        return a.ctypes.data_as(ctypes.c_void_p)
-
-    def alone(self, w: np.ndarray, row: np.ndarray) -> np.ndarray:
-        q = np.zeros(N_IN // self.k.block * self.k.row_bytes, np.uint8)
-        self.quantize_row(self._p(row), self._p(q), ctypes.c_int64(N_IN))
-        out = np.zeros(N_OUT, np.float32)
-        self.gemv(ctypes.c_int(N_IN), self._p(out), ctypes.c_size_t(N_OUT), self._p(w),
-                  self._p(q), ctypes.c_int(1), ctypes.c_int(N_OUT))
-        return out
-
-    def batch(self, w: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """The batch as forward_mul_mat_one_chunk multiplies it: whole groups of 4 rows
-        through the GEMM, the rest one by one through the GEMV."""
-        n = len(rows)
-        grouped = n - n % 4
-        out = np.zeros((n, N_OUT), np.float32)
-        if grouped:
-            per_group = N_IN // self.k.block * self.k.rows4_bytes
-            q = np.zeros(grouped // 4 * per_group, np.uint8)
-            for g in range(grouped // 4):
-                src = np.ascontiguousarray(rows[4 * g:4 * g + 4])
-                self.quantize_4(self._p(src), self._p(q[g * per_group:]), ctypes.c_int64(N_IN))
-            self.gemm(ctypes.c_int(N_IN), self._p(out), ctypes.c_size_t(N_OUT), self._p(w),
-                      self._p(q), ctypes.c_int(grouped), ctypes.c_int(N_OUT))
-        for r in range(grouped, n):
-            out[r] = self.alone(w, np.ascontiguousarray(rows[r]))
-        return out
+from engine.runtime.native import ggml_cpu_library, loaded_cpu_variant
+from engine.runtime.repack_check import KERNELS, RepackedKernel, check_kernel, cpu_has
 
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.name)
 def test_a_row_in_a_batch_equals_the_row_alone(kernel: RepackedKernel) -> None:
-    lib = _library()
-    if not _cpu_has(lib, kernel.needs):
-        pytest.skip(f"llama.cpp repacks this layout with {kernel.needs} only")
-    caller = Caller(lib, kernel)
-    rng = np.random.default_rng(7)
-    w, x = _weights(kernel, rng), _activations(rng)
-    alone = np.stack([caller.alone(w, np.ascontiguousarray(r)) for r in x])
-    assert np.isfinite(alone).all() and np.abs(alone).max() > 0
-    differing = {}
-    for size in range(2, MAX_BATCH + 1):
-        got = caller.batch(w, x[:size])
-        bad = int((got.view(np.uint32) != alone[:size].view(np.uint32)).sum())
-        if bad:
-            differing[size] = bad
-    assert not differing, (f"{kernel.name}: outputs differing from the row alone, by batch "
-                           f"size: {differing}")
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the repacked kernels checked here are x86's")
+    lib = ggml_cpu_library()
+    assert lib is not None, "llama.cpp's CPU library was not found in this process"
+    lib.ggml_cpu_init()
+    if not cpu_has(lib, kernel.needs):
+        pytest.skip(f"the {loaded_cpu_variant()} CPU library has no {kernel.needs}: "
+                    f"llama.cpp does not repack this layout there")
+    check = check_kernel(lib, kernel)
+    assert check.status == "exact", (f"{kernel.name} on the {loaded_cpu_variant()} library: "
+                                     f"outputs differing from the row alone, by batch size: "
+                                     f"{check.differing}")

@@ -6,17 +6,30 @@ import argparse
 import logging
 import sys
 
-from app.cli import bench, chat, generate, models, plan, profile, serve, synth, train, worker
+from app.cli import (
+    bench,
+    chat,
+    check_cpu,
+    generate,
+    models,
+    plan,
+    profile,
+    serve,
+    synth,
+    train,
+    worker,
+)
 from engine.errors import InvalidSettingError, TandemError
 
-COMMANDS = (chat, generate, serve, plan, bench, train, models, profile, synth, worker)
+COMMANDS = (chat, generate, serve, plan, bench, train, models, profile, synth, worker,
+            check_cpu)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tandem", description="Tandem: local chat, lossless speculative decoding on "
         "llama.cpp (chat, generate, serve, plan, bench, models, profile, synth, train-draft, "
-        "worker).")
+        "worker, check-cpu).")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:

@@ -28,7 +28,12 @@ from pathlib import Path
 
 from engine.planning.calibration import CalibrationCache, file_key, measure_verify_curve
 from engine.runtime.exactness import ExactnessProbe, probe_exactness
-from engine.runtime.native import kernel_settings, llama_version
+from engine.runtime.native import (
+    cpu_build_identity,
+    kernel_settings,
+    llama_version,
+    loaded_cpu_variant,
+)
 from engine.runtime.target import Target, TargetConfig
 
 EXACT = "identical to plain decoding"
@@ -60,6 +65,8 @@ class KernelChoice:
     # Expected tokens per second of each exact setting that was timed ("repack, batches of
     # at most 3", "no repack"), at TYPICAL_ACCEPTANCE.
     rates: dict[str, float] = field(default_factory=dict)
+    # The CPU library probed: a portable build's level ("haswell", "zen4"), or "linked".
+    cpu_library: str = ""
 
     @property
     def exact(self) -> bool:
@@ -82,6 +89,8 @@ class KernelChoice:
         if len(self.rates) > 1:
             text += "; expected " + ", ".join(f"{r:.0f} tok/s {name}"
                                               for name, r in self.rates.items())
+        if self.cpu_library and self.cpu_library != "linked":
+            text += f"; llama.cpp's {self.cpu_library} CPU library"
         return text + ")"
 
     def to_json(self) -> dict:
@@ -91,7 +100,7 @@ class KernelChoice:
                           for r, p in self.tried.items()},
                 "max_batch": self.max_batch,
                 "short": self.short.to_json() if self.short is not None else None,
-                "rates": dict(self.rates)}
+                "rates": dict(self.rates), "cpu_library": self.cpu_library}
 
     @classmethod
     def from_json(cls, d: dict) -> KernelChoice:
@@ -101,7 +110,8 @@ class KernelChoice:
         max_batch = d.get("max_batch")
         return cls(bool(d["repack"]), ExactnessProbe.from_json(d["probe"]), tried,
                    int(max_batch) if max_batch is not None else None, short,
-                   {str(k): float(v) for k, v in d.get("rates", {}).items()})
+                   {str(k): float(v) for k, v in d.get("rates", {}).items()},
+                   str(d.get("cpu_library", "")))
 
 
 def _switch_state(on: object) -> str:
@@ -115,6 +125,10 @@ def exactness_key(model_path: Path, config: TargetConfig, n_threads: int,
                   n_gpu_layers: int = 0) -> str:
     settings = kernel_settings(True)
     parts = ["exactness", file_key(model_path), llama_version(),
+             # The CPU library ggml loaded and the build's bytes: a verdict holds for one
+             # instruction-set level of one build (a home shared across CPUs, the source
+             # build against the bundle's).
+             cpu_build_identity(),
              f"tiled={settings['tiled_matmul'] is True}", f"fusion={settings['fusion']}",
              config.type_k, config.type_v, str(config.flash_attn), str(n_threads),
              # Since CPU targets keep every batch on the CPU (TargetConfig.op_offload):
@@ -163,6 +177,7 @@ def choose_kernels(model_path: Path, config: TargetConfig, n_threads: int,
         choice = KernelChoice(True, tried[True], tried)
     else:
         choice = _choose_cpu_kernels(model_path, probe_config)
+    choice = replace(choice, cpu_library=loaded_cpu_variant())
     if cache is not None:
         cache.put_entry(key, choice.to_json())
     return choice

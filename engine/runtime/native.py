@@ -1,5 +1,6 @@
 """Owners of llama.cpp's native handles. With engine.runtime.native_rpc (ggml's device and
-RPC functions), the only modules of Tandem that touch ctypes.
+RPC functions) and engine.runtime.repack_check (a self-check of the CPU library's repacked
+kernels), the only modules of Tandem that touch ctypes.
 
 Above this layer everything is ``list[int]``, numpy arrays and plain Python values.
 Each owner has an idempotent ``close()`` and works as a context manager.
@@ -7,11 +8,15 @@ Each owner has an idempotent ``close()`` and works as a context manager.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import functools
+import hashlib
 import logging
 import os
+import shutil
+import tempfile
 import threading
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -48,6 +53,10 @@ _KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
 # llama.h's LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a sequence's recurrent state (or window
 # cache) alone, without the attention cells.
 PARTIAL_STATE = 1
+
+# Names one CPU library of a portable build to load instead of the best this CPU runs.
+CPU_VARIANT_ENV = "TANDEM_CPU_VARIANT"
+_CPU_VARIANT_PREFIX = "libggml-cpu-"
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -86,12 +95,26 @@ def lib_dir() -> Path:
     return Path(llama_cpp.__file__).parent / "lib"
 
 
+def cpu_variants() -> list[str]:
+    """The instruction-set levels of a portable build's CPU libraries ("haswell", "zen4"),
+    in name order; empty where the build links its CPU backend in."""
+    return sorted(p.name[len(_CPU_VARIANT_PREFIX):-len(".so")]
+                  for p in lib_dir().glob(f"{_CPU_VARIANT_PREFIX}*.so"))
+
+
 def _load_backend_libraries() -> None:
     """A portable build (GGML_BACKEND_DL: the packaged build, packaging/dist) keeps its
     backends as libraries ggml loads at run time, one CPU library per instruction-set
     level, of which it takes the best this CPU runs. ggml looks for them beside the
-    executable and in the working directory, not where llama-cpp-python keeps them."""
-    if not any(lib_dir().glob("libggml-cpu-*.so")):
+    executable and in the working directory, not where llama-cpp-python keeps them.
+    ``TANDEM_CPU_VARIANT`` names one level to load instead of the best (the variants
+    check runs each level this CPU can run in turn)."""
+    wanted = os.environ.get(CPU_VARIANT_ENV)
+    if not cpu_variants():
+        if wanted:
+            raise ModelLoadError(f"{CPU_VARIANT_ENV}={wanted}: this llama.cpp build links "
+                                 "one CPU backend in; levels are a portable build's "
+                                 "(make dist)")
         return  # the CPU backend is linked in (make install's build)
     ggml = mapped_library("ggml")
     load_all = getattr(ggml, "ggml_backend_load_all_from_path", None)
@@ -99,13 +122,29 @@ def _load_backend_libraries() -> None:
         raise ModelLoadError("this llama.cpp build keeps its CPU backend in libraries "
                              "but cannot load them (no ggml_backend_load_all_from_path)")
     load_all.argtypes, load_all.restype = [ctypes.c_char_p], None
-    load_all(str(lib_dir()).encode())
+    load_all(str(_one_variant_folder(wanted) if wanted else lib_dir()).encode())
+    if wanted and _mapped_path("ggml-cpu", variants=True) is None:
+        raise ModelLoadError(f"this CPU cannot run llama.cpp's {wanted} CPU library "
+                             f"({CPU_VARIANT_ENV}={wanted})")
 
 
-def mapped_library(stem: str, variants: bool = False) -> ctypes.CDLL | None:
-    """The copy of ``lib<stem>`` (with ``variants``, also ``lib<stem>-<level>.so``, what
-    a portable build loads) this process has already mapped: opening it by that path
-    returns the loaded copy's handle, never a second instance with its own state."""
+def _one_variant_folder(level: str) -> Path:
+    """A folder where ggml finds the backends of ``lib_dir()`` with one CPU library: ggml
+    loads the best-scoring CPU library of a folder, so this is how to pick a lower one."""
+    if level not in cpu_variants():
+        raise ModelLoadError(f"{CPU_VARIANT_ENV}={level}: this build's CPU libraries are "
+                             f"{', '.join(cpu_variants())}")
+    folder = Path(tempfile.mkdtemp(prefix=f"tandem-cpu-{level}-"))
+    atexit.register(shutil.rmtree, folder, True)
+    for lib in lib_dir().glob("libggml-*.so"):
+        is_cpu = lib.name.startswith(_CPU_VARIANT_PREFIX)
+        if lib.name == f"{_CPU_VARIANT_PREFIX}{level}.so" or (
+                not is_cpu and lib.name not in ("libggml-base.so", "libggml.so")):
+            (folder / lib.name).symlink_to(lib)
+    return folder
+
+
+def _mapped_path(stem: str, variants: bool = False) -> str | None:
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
@@ -114,8 +153,40 @@ def mapped_library(stem: str, variants: bool = False) -> ctypes.CDLL | None:
         path = line.rpartition(" ")[2]
         name = os.path.basename(path)
         if name.startswith(f"lib{stem}.so") or (variants and name.startswith(f"lib{stem}-")):
-            return ctypes.CDLL(path)
+            return path
     return None
+
+
+def mapped_library(stem: str, variants: bool = False) -> ctypes.CDLL | None:
+    """The copy of ``lib<stem>`` (with ``variants``, also ``lib<stem>-<level>.so``, what
+    a portable build loads) this process has already mapped: opening it by that path
+    returns the loaded copy's handle, never a second instance with its own state."""
+    path = _mapped_path(stem, variants)
+    return ctypes.CDLL(path) if path is not None else None
+
+
+def loaded_cpu_variant() -> str:
+    """The CPU library ggml runs in this process: a portable build's level ("haswell",
+    "zen4"), or "linked" where the build links its CPU backend in (make install's)."""
+    ensure_backend()
+    path = _mapped_path("ggml-cpu", variants=True)
+    name = os.path.basename(path) if path is not None else ""
+    if name.startswith(_CPU_VARIANT_PREFIX):
+        return name[len(_CPU_VARIANT_PREFIX):].split(".so")[0]
+    return "linked"
+
+
+@functools.cache
+def cpu_build_identity() -> str:
+    """The CPU library this process runs and a hash of it and libllama: what an
+    exactness verdict holds for. The bytes, not only the patch set: compile flags (AMX or
+    not, native or portable) and the vendored llama.cpp change the sums as much."""
+    digest = hashlib.sha256()
+    for stem, variants in (("ggml-cpu", True), ("llama", False)):
+        path = _mapped_path(stem, variants)
+        if path is not None:
+            digest.update(Path(path).read_bytes())
+    return f"{loaded_cpu_variant()}:{digest.hexdigest()[:16]}"
 
 
 def _native_errors_since(mark: int) -> str:
@@ -156,7 +227,7 @@ class GgmlRowKernels:
 
 
 @functools.cache
-def _ggml_cpu_library() -> ctypes.CDLL | None:
+def ggml_cpu_library() -> ctypes.CDLL | None:
     """llama.cpp's CPU backend library, the copy libllama loaded (the wheel holds the
     soname and its links as separate files: opening another would load a second
     instance, with its own switches); None where the build names it otherwise. A portable
@@ -178,7 +249,7 @@ def _ggml_cpu_library() -> ctypes.CDLL | None:
 @functools.cache
 def ggml_row_kernels() -> GgmlRowKernels | None:
     """The CPU backend's row kernels; None where the build names them otherwise."""
-    lib = _ggml_cpu_library()
+    lib = ggml_cpu_library()
     try:
         return GgmlRowKernels(lib) if lib is not None else None
     except AttributeError:
@@ -195,7 +266,7 @@ _prompt_kernel_depth = 0  # nested blocks (one thread: the lock's holder) turn t
 def _prompt_kernel_switch() -> ctypes._CFuncPtr | None:
     """Tandem's switch for the prompt kernels (packaging/llama-cpp/prompt-kernels.patch);
     None in a build without the patch."""
-    switch = getattr(_ggml_cpu_library(), "ggml_cpu_set_prompt_kernels", None)
+    switch = getattr(ggml_cpu_library(), "ggml_cpu_set_prompt_kernels", None)
     if switch is None:
         return None
     switch.argtypes = [ctypes.c_bool]
@@ -1153,7 +1224,7 @@ def kernel_settings(repack: bool) -> dict[str, object]:
     tiled = os.environ.get("GGML_CPU_TILED_MM", "1").strip() not in ("0", "")
     fusion = os.environ.get("GGML_CPU_DISABLE_FUSION", "0")
     prompts: object = "prompts" if prompt_kernels_available() else False
-    lib = _ggml_cpu_library()
+    lib = ggml_cpu_library()
     sgemm = lib is not None and bool(getattr(lib, "ggml_cpu_has_llamafile", lambda: 0)())
     return {"repack": repack, "tiled_matmul": tiled or prompts,
             "fusion": fusion.strip() in ("0", ""), "llamafile_sgemm": sgemm and prompts}
