@@ -28,7 +28,7 @@ from engine.decoding.budget import (
 from engine.decoding.grammar import Grammar
 from engine.decoding.logprobs import TokenLogprob, logprob_of
 from engine.decoding.sampling import PositionUniforms, SamplingParams, choose, penalised
-from engine.decoding.stats import GenerationStats, StepStats
+from engine.decoding.stats import DrafterCall, GenerationStats, StepStats
 from engine.drafters.base import Drafter
 from engine.errors import InvalidSamplingError
 from engine.runtime.draft_tree import DraftTree
@@ -146,7 +146,8 @@ def generate(
     when the prompt does not fit (the engine stays usable), NativeError on a failed
     decode. ``governor`` (optional) turns drafting off while it does not pay. A
     drafter that fails (a GPU that vanishes, out of memory) is dropped for the rest of
-    the generation, which goes on as plain decoding; ``stats.fallback`` says why.
+    the generation, which goes on as plain decoding; ``stats.fallback`` says why and
+    ``stats.drafter_failed_in`` which call raised (checks of drafting count it a failure).
     ``remember`` False keeps the answer out of a drafter's memory (a benchmark's repeat).
     """
     config = config or GenerationConfig()
@@ -243,12 +244,16 @@ class _Run:
             return self.choice_row(logits[node], path[::-1], states[node] if states else None)
         return of
 
-    def drop_drafter(self, exc: Exception) -> None:
-        """Go on without the drafter: the target alone decides every token anyway."""
+    def drop_drafter(self, exc: Exception, call: DrafterCall) -> None:
+        """Go on without the drafter: the target alone decides every token anyway (the
+        user keeps the answer; ``stats.drafter_failed_in`` names the ``call`` that
+        raised, for the checks that must not take a fallback for drafting)."""
         assert self.drafter is not None
         name = self.drafter.name
-        log.warning("drafter %s failed (%s); continuing with plain decoding", name, exc)
+        log.warning("drafter %s failed in %s (%s); continuing with plain decoding", name,
+                    call, exc)
         self.stats.fallback = f"the {name} drafter failed ({exc}); went on with plain decoding"
+        self.stats.drafter_failed_in = call
         self.drafter = None
 
 
@@ -270,7 +275,7 @@ def _prefill(run: _Run, prompt: list[int], t0: float) -> int:
         try:
             drafter.begin(prompt + [last], pre.features)
         except Exception as exc:  # noqa: BLE001 - any drafter failure
-            run.drop_drafter(exc)
+            run.drop_drafter(exc, "begin")
     return last
 
 
@@ -301,7 +306,7 @@ def _draft(run: _Run, room: int, cost: VerifyCost) -> tuple[DraftTree, bool]:
     try:
         proposed = drafter.draft(budget, cost.t1).truncated(budget)
     except Exception as exc:  # noqa: BLE001 - any drafter failure
-        run.drop_drafter(exc)
+        run.drop_drafter(exc, "draft")
         return DraftTree(), True
     if not run.target.trees or run.grammar is not None:
         proposed = proposed.best_chain()
@@ -386,7 +391,7 @@ def _step(run: _Run, last: int, ahead_pool: ThreadPoolExecutor | None
         try:
             ahead.result()  # a draft ahead slower than the verification costs here
         except Exception as exc:  # noqa: BLE001 - any drafter failure
-            run.drop_drafter(exc)
+            run.drop_drafter(exc, "draft_ahead")
     node_tokens = [last] + draft.tokens
     n_sampled = run.n_sampled
     acc = accept(draft.children(), node_tokens, run.logits_of(ver.logits, draft, states),
@@ -411,7 +416,7 @@ def _step(run: _Run, last: int, ahead_pool: ThreadPoolExecutor | None
         try:
             run.drafter.accept(new_tokens, feats)
         except Exception as exc:  # noqa: BLE001 - any drafter failure
-            run.drop_drafter(exc)
+            run.drop_drafter(exc, "accept")
     if drafting and run.governor is not None:
         run.governor.observe(len(acc.path) - 1, t_drafted - t_step, t_verified - t_drafted,
                              cost.t1, len(draft))
@@ -483,7 +488,7 @@ def _finish(run: _Run, prompt: list[int], t0: float, remember: bool) -> Generati
         try:
             run.drafter.finish(prompt + tokens)
         except Exception as exc:  # noqa: BLE001 - the answer is complete anyway
-            run.drop_drafter(exc)
+            run.drop_drafter(exc, "finish")
     run.stats.n_new = len(tokens)
     run.stats.t_total_s = time.perf_counter() - t0
     return GenerationResult(tokens, run.emitter.stream.text, reason, run.stats,

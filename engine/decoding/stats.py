@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+# The drafter call that raised mid-generation (empty: none did).
+DrafterCall = Literal["", "begin", "draft", "draft_ahead", "accept", "finish"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,10 @@ class GenerationStats:
     t_total_s: float = 0.0
     drafter: str = "none"
     fallback: str = ""  # why drafting stopped mid-generation (empty: it did not)
+    # Which drafter call raised, so that a check tells a drafter that crashed while
+    # answering (the answer went on plainly) from one that never drafted: one refused
+    # when the engine was built is in the engine's notes, never here.
+    drafter_failed_in: DrafterCall = ""
     steps: list[StepStats] = field(default_factory=list)
 
     @classmethod
