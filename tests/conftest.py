@@ -89,7 +89,8 @@ def drafted_equals_plain(target, drafter, rows: list[dict], plain: dict,  # noqa
     node is verified (the tree paths, not only what the budget keeps); else the budget
     trims as in use, by a fixed verification curve (a batch of n costs 1 + 0.35 (n - 1)
     tokens) instead of one learnt from this machine's decodes, so what is verified does not
-    follow the machine's load. ``after(prompt, result)`` runs after each row."""
+    follow the machine's load. A drafter that failed mid-answer fails the check.
+    ``after(prompt, result)`` runs after each row."""
     from engine.decoding.budget import VerifyCostModel
     from engine.decoding.generation import GenerationConfig, generate
 
@@ -100,6 +101,10 @@ def drafted_equals_plain(target, drafter, rows: list[dict], plain: dict,  # noqa
         cost = VerifyCostModel(slope=0.0 if free_verification else 0.35, learn=False)
         out = generate(target, prompt, drafter, GenerationConfig(max_tokens), cost=cost)
         assert out.tokens == ref, f"question {row['question_id']} ({row['category']})"
+        # Equal tokens prove nothing about drafting once the drafter crashed mid-answer
+        # (the rest went on plainly, as a user's answer must).
+        assert not out.stats.drafter_failed_in, (
+            f"question {row['question_id']}: {out.stats.fallback}")
         if after is not None:
             after(prompt, out)
         outs.append(out)
