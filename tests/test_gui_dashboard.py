@@ -41,10 +41,19 @@ def test_live_steps_and_comparison_with_plain(qtbot, db: Path, model_path: Path)
     # When and how the costs were measured, and what set the plan.
     assert w.dashboard.plan_measured.text().startswith("Measured ")
     assert w.dashboard.plan_changed.text() != "–"
+    # Whether the comparison drafts then follows a fixed curve, not this machine's load:
+    # a budget learnt beside another process declined every memory draft (0 accepted).
+    # The worker is idle between answers: the call is safe from this thread.
+    w.worker.current_engine().pin_drafting()
     with qtbot.waitSignal(w.controller.comparison_finished, timeout=ANSWER_TIMEOUT_MS) as blocker:
         w.dashboard.compare_button.click()
     comparison = blocker.args[0]
     assert comparison.identical  # greedy decoding is lossless
+    # ... and it proved something: drafts were verified and kept. Every plan drafts from
+    # memory (beside a head or alone), and the memory holds this question's answer from
+    # the chat above, so the comparison's answer is drafted.
+    assert "memory" in comparison.drafter
+    assert sum(s.n_accepted for s in comparison.stats_dft.steps) > 0
     # A plan may heal after an answer (its signal crosses threads): the comparison drafts
     # with what the engine ran when it began, the plan shown before or after.
     assert comparison.drafter in (ready.drafter, w.engine_info.drafter)
