@@ -18,9 +18,15 @@ replaced, a stop after a few tokens, a long (RAG) prompt or a short one, seeded 
 small token limit, and a chat that outgrows the context (its oldest turns dropped and the
 cache shifted); and the app's between answers: a plan switch (a new draft budget) and, with
 ``auto``, measuring the machine again. After each action every session's answer must be
-the plain session's token for token, and the first-token logits of a fixed next question
-must be bit for bit the same (the caches alike). A divergence is written as a replayable
-case (seed, model, drafter, the actions) and shrunk to the fewest actions that still part.
+the plain session's token for token, with the same finish reason and the same text (as
+streamed and as returned), no drafter may have failed while answering (the answer goes on
+plainly for a user, but nothing was drafted after), and the first-token logits of a fixed
+next question must be the same bytes (the caches alike; -0 is not +0). An error every
+session raises is reported, and parts unless it is a refusal plain decoding gives on its own
+(a prompt that does not fit, a bad setting); the caches are probed after it either way. A
+divergence is written as a replayable case (seed, model, drafter, the actions) and shrunk
+to the fewest actions that still part, each replay in a folder of its own as ``--replay``
+runs one (a memory an earlier replay wrote would draft otherwise).
 ``tests/test_differential.py`` runs a fixed-seed slice in CI.
 """
 
@@ -29,17 +35,30 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.errors import TandemError
+from engine.errors import ContextFullError, InvalidPromptError, InvalidSettingError, TandemError
+
+if TYPE_CHECKING:
+    from engine.conversation import AnswerService, Question
 
 PROBE = "In one sentence, what did we just talk about?"
+# A probe on the conversation the last probe saw (after a re-measure, a plan switch, an
+# answer every session refused) asks the other question: the prompt reader would answer the
+# same prompt again from its remembered logits, without reading a cell (a re-measure puts
+# them back with the cells, so a bad restore went unseen).
+PROBE_OTHER = "Which word of our chat mattered most?"
+# Errors plain decoding raises on its own, whatever drafts: every session raising one is
+# the same outcome (reported). Any other error every session raises parts (a failed decode).
+REFUSALS = (ContextFullError, InvalidPromptError, InvalidSettingError)
 KINDS = ("new_chat", "follow_up", "regenerate", "edit", "stop", "long", "sampled",
          "short_limit", "replan", "switch_branch")
 # Measuring the machine again between answers: only a planned session (``auto``) does.
@@ -62,6 +81,22 @@ class Divergence:
     action: int  # index of the action whose answer or probe parted
     drafter: str
     what: str
+
+
+@dataclass
+class Outcome:
+    """One session's answer: its tokens, why it ended, its text as streamed and as
+    returned, the drafter call that raised while answering ("" if none), or the error
+    raised instead ("Type: message"; the rest then empty)."""
+
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str = ""
+    streamed: str = ""
+    text: str = ""
+    drafter_failed_in: str = ""
+    fallback: str = ""
+    error: str = ""
+    refused: bool = False  # the error is one of REFUSALS
 
 
 @dataclass
@@ -133,6 +168,10 @@ class Sessions:
         self.rereads = dict.fromkeys(self.names, 0)
         self.n_continued = 0  # such actions, every session together
         self._last_prompt: dict[str, int] = {}
+        # Errors every session raised alike ("action I (kind): Type: message").
+        self.errors: list[str] = []
+        # The conversation and question the last probe asked about.
+        self._last_probe: tuple[list[dict[str, str]], str] = ([], "")
 
     def close(self) -> None:
         for service in self.services.values():
@@ -160,51 +199,82 @@ class Sessions:
                     if action.seed is not None else SamplingParams())
         question = Question.chat(messages, GenerationConfig(action.max_tokens,
                                                             sampling=sampling))
-        answers: dict[str, list[int] | str] = {}
-        for name, service in self.services.items():
-            pieces: list[str] = []
-
-            def stop(pieces: list[str] = pieces) -> bool:
-                return bool(action.stop_after) and len(pieces) >= action.stop_after
-
-            target = service.engine.target
-            read_again = target.n_read_again
-            try:
-                answer = service.answer(question, on_text=pieces.append, should_stop=stop)
-                result = answer.result
-                answers[name] = result.tokens
-                # Cached tokens read again inside the target (recurrent state that could
-                # not go back) were not reused.
-                reused = result.stats.n_prompt_reused - (target.n_read_again - read_again)
-                if not answer.n_dropped:  # (oldest turns dropped: mostly new text to read)
-                    self._count_rereads(name, action, answer.n_prompt, reused)
-                steps = result.stats.steps
-                self.accepted[name] += sum(s.n_accepted for s in steps)
-                self.rejected[name] += sum(s.n_proposed - s.n_accepted for s in steps)
-            except TandemError as exc:  # the same refusal everywhere is the same outcome
-                answers[name] = type(exc).__name__
-        plain = answers["none"]
-        if isinstance(plain, str):
-            odd = [n for n in self.names[1:] if answers[n] != plain]
-            return Divergence(index, odd[0], f"{answers[odd[0]]} where plain raised "
-                              f"{plain}") if odd else None
-        if action.kind == "stop":  # a drafted step stops at its end: compare the prefix
-            plain = plain[:min(len(a) for a in answers.values())]
-            self._stopped_at(question, len(plain))
-        self.n_tokens += len(plain) * len(self.names)
+        outcomes = {name: self._answer(name, service, action, question)
+                    for name, service in self.services.items()}
+        plain = outcomes["none"]
+        if plain.error:
+            odd = [n for n in self.names[1:] if outcomes[n].error != plain.error]
+            if odd:
+                got = outcomes[odd[0]]
+                return Divergence(index, odd[0], f"{got.error or 'an answer'} where plain "
+                                  f"raised {plain.error}")
+            return self._raised_alike(index, action, plain) or self._probe(index)
         for name in self.names[1:]:
-            got = answers[name]
-            if isinstance(got, str) or got[:len(plain)] != plain or (
-                    action.kind != "stop" and got != plain):
-                return Divergence(index, name, f"answer {got if isinstance(got, str) else ''}"
-                                  f" parts from plain's")
-        text = self.services["none"].engine.target.detokenize(plain)
+            got = outcomes[name]
+            if got.error:
+                return Divergence(index, name, f"{got.error} where plain answered")
+            # The user still got the answer (plainly after the failure), but a crash the
+            # drafter was not refused for at build time is a fault the check must show.
+            if got.drafter_failed_in:
+                return Divergence(index, name, f"the drafter failed in "
+                                  f"{got.drafter_failed_in} while answering: {got.fallback}")
+        n_answer = len(plain.tokens)
+        if action.kind == "stop":  # a drafted step stops at its end: compare the prefix
+            n_answer = min(len(o.tokens) for o in outcomes.values())
+            self._stopped_at(question, n_answer)
+        self.n_tokens += n_answer * len(self.names)
+        for name in self.names[1:]:
+            why = _parts(action, plain, outcomes[name])
+            if why:
+                return Divergence(index, name, why)
+        text = self.services["none"].engine.target.detokenize(plain.tokens[:n_answer])
         if action.kind == "edit":
             self.other_branch = self.messages
         elif action.kind == "new_chat":
             self.other_branch = None
         self.messages = messages + [{"role": "assistant", "content": text}]
         return self._probe(index)
+
+    def _answer(self, name: str, service: AnswerService, action: Action, question: Question
+                ) -> Outcome:
+        """``service``'s answer to ``question`` (stopped as ``action`` says), counted."""
+        pieces: list[str] = []
+
+        def stop() -> bool:
+            return bool(action.stop_after) and len(pieces) >= action.stop_after
+
+        target = service.engine.target
+        read_again = target.n_read_again
+        try:
+            answer = service.answer(question, on_text=pieces.append, should_stop=stop)
+        except TandemError as exc:  # the same refusal everywhere is the same outcome
+            return Outcome(error=f"{type(exc).__name__}: {exc}",
+                           refused=isinstance(exc, REFUSALS))
+        result = answer.result
+        # Cached tokens read again inside the target (recurrent state that could not go
+        # back) were not reused.
+        reused = result.stats.n_prompt_reused - (target.n_read_again - read_again)
+        if not answer.n_dropped:  # (oldest turns dropped: mostly new text to read)
+            self._count_rereads(name, action, answer.n_prompt, reused)
+        steps = result.stats.steps
+        self.accepted[name] += sum(s.n_accepted for s in steps)
+        self.rejected[name] += sum(s.n_proposed - s.n_accepted for s in steps)
+        return Outcome(result.tokens, result.finish_reason, "".join(pieces), result.text,
+                       result.stats.drafter_failed_in, result.stats.fallback)
+
+    def _raised_alike(self, index: int, action: Action | None, plain: Outcome
+                      ) -> Divergence | None:
+        """Every session raised ``plain.error``: reported, and a divergence unless it is a
+        refusal plain decoding gives on its own (a decode that fails everywhere is a fault,
+        not agreement)."""
+        what = "the probe" if action is None else f"{action.kind}"
+        self.errors.append(f"action {index} ({what}): {plain.error}")
+        print(f"every session raised at action {index} ({what}): {plain.error}",
+              file=sys.stderr, flush=True)
+        if plain.refused:
+            return None
+        # A drafted session's name, so that the case replays with one beside plain.
+        return Divergence(index, self.names[1], f"every session raised {plain.error}")
 
     def _between_answers(self, action: Action) -> None:
         """What the app does between answers: a plan switch (every drafted session's
@@ -266,11 +336,19 @@ class Sessions:
 
     def _probe(self, index: int) -> Divergence | None:
         """The first-token logits of a fixed next question, as the next answer's prefill
-        reads them (with the features its drafter asks for)."""
-        logits = {}
+        reads them (with the features its drafter asks for): PROBE, or PROBE_OTHER where
+        the last probe asked PROBE on the same conversation, so that the prefill reads the
+        cached cells rather than remembered logits."""
+        last_messages, last_question = self._last_probe
+        question = PROBE
+        if last_messages == self.messages and last_question == PROBE:
+            question = PROBE_OTHER
+        self._last_probe = (list(self.messages), question)
+        logits: dict[str, np.ndarray] = {}
+        errors: dict[str, Outcome] = {}
         for name, service in self.services.items():
             engine = service.engine
-            prompt = engine.fit_chat(self.messages + [{"role": "user", "content": PROBE}],
+            prompt = engine.fit_chat(self.messages + [{"role": "user", "content": question}],
                                      8).tokens
             drafter = engine.drafter
             tail = drafter.prompt_features if drafter is not None else None
@@ -279,18 +357,46 @@ class Sessions:
             try:
                 logits[name] = engine.target.prefill(prompt, tail).logits.copy()
             except TandemError as exc:  # raised by one session and not another: parted
-                logits[name] = type(exc).__name__
+                errors[name] = Outcome(error=f"{type(exc).__name__}: {exc}",
+                                       refused=isinstance(exc, REFUSALS))
+        if errors:
+            plain = errors.get("none", Outcome())
+            odd = [n for n in self.names[1:] if errors.get(n, Outcome()).error != plain.error]
+            if odd:
+                return Divergence(index, odd[0], f"next prefill: "
+                                  f"{errors.get(odd[0], Outcome()).error or 'logits':.60} "
+                                  f"against plain's {plain.error or 'logits':.60}")
+            return self._raised_alike(index, None, plain)
         for name in self.names[1:]:
-            if isinstance(logits[name], str) or isinstance(logits["none"], str):
-                if logits[name] != logits["none"] if isinstance(logits[name], str) \
-                        and isinstance(logits["none"], str) else True:
-                    return Divergence(index, name, f"next prefill: {logits[name]!s:.40} "
-                                      f"against plain's {logits['none']!s:.40}")
-                continue
-            if not np.array_equal(logits[name], logits["none"]):
+            if not same_bytes(logits[name], logits["none"]):
                 diff = float(np.max(np.abs(logits[name] - logits["none"])))
-                return Divergence(index, name, f"next first-token logits {diff:.3g} apart")
+                return Divergence(index, name, f"next first-token logits {diff:.3g} apart"
+                                  + (" (other bits: -0 and +0, or NaNs)" if diff == 0 else ""))
         return None
+
+
+def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit for bit: ``np.array_equal`` takes -0 for +0 (and a NaN for no NaN)."""
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def _parts(action: Action, plain: Outcome, got: Outcome) -> str:
+    """How a drafted session's answer parts from plain's ("" where it does not)."""
+    if action.kind == "stop" and "cancelled" in (plain.finish_reason, got.finish_reason):
+        # Each stops at the end of a step (or a plain run): only the common prefix is
+        # comparable, its text included only as tokens.
+        n = min(len(plain.tokens), len(got.tokens))
+        return "" if got.tokens[:n] == plain.tokens[:n] else \
+            f"answer {got.tokens} parts from plain's {plain.tokens}"
+    if got.tokens != plain.tokens:
+        return f"answer {got.tokens} parts from plain's {plain.tokens}"
+    if got.finish_reason != plain.finish_reason:
+        return f"finished for {got.finish_reason!r} where plain did for {plain.finish_reason!r}"
+    if got.streamed != plain.streamed:
+        return f"streamed {got.streamed!r:.80} where plain streamed {plain.streamed!r:.80}"
+    if got.text != plain.text:
+        return f"text {got.text!r:.80} where plain's is {plain.text!r:.80}"
+    return ""
 
 
 def play(case: Case, work: Path) -> tuple[Divergence | None, int]:
@@ -308,10 +414,23 @@ def play(case: Case, work: Path) -> tuple[Divergence | None, int]:
 
 
 def shrink(case: Case, work: Path) -> Case:
-    """The fewest actions (keeping order) that still part (``fewest_that_part``)."""
+    """The fewest actions (keeping order) that still part (``fewest_that_part``), each
+    replay in a new, empty folder under ``work`` (as ``--replay`` starts): in the run's
+    folder it would draft from the memory the run and earlier replays wrote, and a case
+    shrunk so might not part again."""
+    n_replays = 0
+
     def parts(trial: list[Action]) -> bool:
-        return play(Case(case.seed, case.model, case.drafters, case.n_ctx, trial,
-                         case.draft_model), work)[0] is not None
+        nonlocal n_replays
+        folder = work / f"replay-{n_replays}"
+        n_replays += 1
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        try:
+            return play(Case(case.seed, case.model, case.drafters, case.n_ctx, trial,
+                             case.draft_model), folder)[0] is not None
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     return Case(case.seed, case.model, case.drafters, case.n_ctx,
                 fewest_that_part(case.actions, parts), case.draft_model)
@@ -350,7 +469,7 @@ def run_for(seed: int, minutes: float, model: Path, drafters: list[str], n_ctx: 
     done: list[Action] = []
     planned = list(first or [])
     result = {"seed": seed, "model": str(model), "drafters": drafters, "actions": 0,
-              "tokens": 0, "divergences": 0, "cases": [], "wall_s": 0.0}
+              "tokens": 0, "divergences": 0, "cases": [], "wall_s": 0.0, "errors": []}
     t0 = time.monotonic()
     try:
         while time.monotonic() < deadline and (max_actions is None
@@ -364,6 +483,7 @@ def run_for(seed: int, minutes: float, model: Path, drafters: list[str], n_ctx: 
             result["wall_s"] = round(time.monotonic() - t0, 1)
             result["accepted"], result["rejected"] = sessions.accepted, sessions.rejected
             result["rereads"], result["continued"] = sessions.rereads, sessions.n_continued
+            result["errors"] = sessions.errors
             print(f"{len(done)} {action.kind}: {'parted' if found else 'same'}",
                   file=sys.stderr, flush=True)
             if found is not None:
