@@ -9,6 +9,21 @@ M=$D/model.gguf
 cat $D/model.1 $D/model.2 .dev/model.3 > $M
 [ -f .dev/conversations.jsonl.gz ] && gunzip -c .dev/conversations.jsonl.gz > $D/conversations.jsonl
 [ "$(sha256sum $M | cut -d' ' -f1)" = "$(cat $D/model.sha256)" ] || echo "MODEL CORRUPT"
+step() { local cap=$1; shift; echo "=== $* ($(date +%T))"; timeout "$cap" "$@"; local rc=$?; echo "=== rc=$rc"; return $rc; }
+# BUDGET_S: the seconds this call may take (what the session's device time allows); the
+# training at the end takes what the checks before it leave.
+END=$(( $(date +%s) + ${BUDGET_S:-540} ))
+export PYTHONUNBUFFERED=1
+# The packaged build's CPU libraries on this CPU, while CUDA builds: llama-cpp-python's
+# Python files from the sdist with the bundle's libraries (prepare.sh).
+if [ -f .dev/variants.tar.gz ]; then
+    V=$D/variants
+    mkdir -p $V && cp -r $D/llama_cpp_python-*/llama_cpp $V/ && mkdir -p $V/llama_cpp/lib
+    tar -xzf .dev/variants.tar.gz -C $V/llama_cpp/lib
+    PYTHONPATH=$V:$D/site:$PWD step 330 python3 -m app.cli check-cpu --model $M --threads 4 \
+        --work-dir /tmp/check-cpu --json $OUT/check_cpu.json
+    echo "check-cpu rc=$?" >> $OUT/verdicts.txt
+fi
 for _ in $(seq 1 400); do [ -f $D/build.rc ] && break; sleep 1; done
 echo "build rc=$(cat $D/build.rc 2>/dev/null) in $(( $(cat $D/build.end) - $(cat $D/build.start) )) s"
 grep -E "^\[[0-9]+/[0-9]+\]" $D/build.log | tail -1
@@ -16,7 +31,7 @@ grep -E "^\[[0-9]+/[0-9]+\]" $D/build.log | tail -1
 ls -la $D/site/llama_cpp/lib | grep -v "\.so\.0"
 readelf -d $D/site/llama_cpp/lib/libllama.so | grep -q "libstdc++" ||
     echo "WARNING: libllama links libstdc++ statically: torch and llama.cpp will crash together"
-export PYTHONPATH=$D/site:$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$D/site:$PWD
 # Both libraries in one process, both orders (the head on the GPU needs it).
 python3 -c "import llama_cpp, torch; llama_cpp.llama_backend_init(); print('llama+torch ok')"
 python3 -c "import torch, llama_cpp; llama_cpp.llama_backend_init(); print('torch+llama ok')"
@@ -24,21 +39,17 @@ python3 -c "import torch, llama_cpp; llama_cpp.llama_backend_init(); print('torc
 printf '#!/bin/sh\nexec python3 -c "import sys, llama_cpp; from app.cli import main; sys.exit(main())" "$@"\n' > $D/tandem
 chmod +x $D/tandem
 export PATH=$D:$PATH
-step() { local cap=$1; shift; echo "=== $* ($(date +%T))"; timeout "$cap" "$@"; echo "=== rc=$?"; }
-# BUDGET_S: the seconds this call may take (what the session's device time allows); the
-# training at the end takes what the checks before it leave.
-END=$(( $(date +%s) + ${BUDGET_S:-540} ))
-step 120 python3 -m tests.gpu_check --out $OUT --model $M --prompts $D/prompts.jsonl \
+# Exactness on both placements (the CPU one must be exact, the GPU one may not: then
+# the planner keeps drafts off it), layers offloaded, lossless with the head on CUDA and
+# the target on the CPU (Dovetail). Its exit code is the verdict (0, 1 failed, 3 nothing ran).
+step 200 python3 -m tests.gpu_check --out $OUT --model $M --prompts $D/prompts.jsonl \
     --steps exactness,lossless --gpu-layers 0 --shapes ""
+echo "gpu_check rc=$?" >> $OUT/verdicts.txt
 step 40 tandem plan --model $M --threads 16
-for threads in 16 4; do
-    step 120 tandem bench --model $M --threads $threads --prompts $D/prompts.jsonl \
-        --per-category 1 --max-tokens 64 --drafters none,auto,lookup,head,head+memory \
-        --head-device cuda --json $OUT/bench_${threads}t.json
-done
-# The same head on the CPU, beside the target's 4 threads: what the GPU buys a laptop.
-step 60 tandem bench --model $M --threads 4 --prompts $D/prompts.jsonl --per-category 1 \
-    --max-tokens 64 --drafters none,head --head-device cpu --json $OUT/bench_4t_headcpu.json
+# What auto plans and runs with a CUDA build (the target may go to the GPU, plain there),
+# beside plain decoding on the CPU (docs/gpu.md has the head's own layouts, 2026-11-27).
+step 150 tandem bench --model $M --threads 16 --prompts $D/prompts.jsonl --per-category 1 \
+    --max-tokens 64 --drafters none,auto,lookup --json $OUT/bench_16t.json
 if [ -f $D/conversations.jsonl ] && [ $(( END - $(date +%s) )) -gt 150 ]; then
     LEFT=$(( END - $(date +%s) - 40 ))
     # Feature building overshoots its minutes by up to a shard: leave it a third.

@@ -9,7 +9,8 @@
 #          cpu: llama.cpp without CUDA, about a minute instead of six, for the head on the GPU
 #          with the target on the CPU, which is all Dovetail needs);
 #   call 2 carries .dev/model.2 and runs packaging/device/stash.sh;
-#   call 3 carries .dev/model.3 .dev/conversations.jsonl.gz and runs
+#   call 3 carries .dev/model.3 .dev/variants.tar.gz (the bundle's CPU libraries, when
+#          make dist has built them) [.dev/conversations.jsonl.gz] and runs
 #          BUDGET_S=<seconds> packaging/device/checks.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -52,6 +53,14 @@ with open(path) as f, open(".dev/conversations.jsonl", "w") as out:
         out.write(json.dumps(record) + "\n")
 PYEOF
 gzip -f .dev/conversations.jsonl
+# The packaged build's llama.cpp libraries (one CPU library per level, `make dist`), for
+# `tandem check-cpu` on the GPU machine's CPU: another vendor and level than this one's.
+DIST_LIB=$(ls -d build/dist/venv/lib/python3*/site-packages/llama_cpp/lib 2>/dev/null | head -1)
+if [ -n "$DIST_LIB" ] && ls "$DIST_LIB"/libggml-cpu-*.so > /dev/null 2>&1; then
+    tar -C "$DIST_LIB" -czf .dev/variants.tar.gz --exclude='*.so.0.*' .
+else
+    echo "no build/dist/venv with CPU variants (make dist): the variants check is left out"
+fi
 MODEL=$($PY -c 'from engine.hub.model_store import default_model_path; print(default_model_path())')
 dd if="$MODEL" of=.dev/model.1 bs=1M count=28 status=none
 dd if="$MODEL" of=.dev/model.2 bs=1M skip=28 count=36 status=none
