@@ -399,18 +399,31 @@ def _parts(action: Action, plain: Outcome, got: Outcome) -> str:
     return ""
 
 
-def play(case: Case, work: Path) -> tuple[Divergence | None, int]:
-    """Run ``case``; the divergence (None if none) and the tokens generated."""
+@dataclass
+class Replay:
+    """What a case's replay gave: the divergence (None if none), the tokens generated,
+    and each drafter's drafts accepted and rejected (a replay that drafted nothing proves
+    nothing about drafting)."""
+
+    found: Divergence | None
+    tokens: int
+    accepted: dict[str, int]
+    rejected: dict[str, int]
+
+
+def play(case: Case, work: Path) -> Replay:
+    """Run ``case`` until it parts or ends."""
     sessions = Sessions(Path(case.model), case.drafters, case.n_ctx, work,
                         Path(case.draft_model) if case.draft_model else None)
+    found = None
     try:
         for action in case.actions:
             found = sessions.run(action)
             if found is not None:
-                return found, sessions.n_tokens
+                break
     finally:
         sessions.close()
-    return None, sessions.n_tokens
+    return Replay(found, sessions.n_tokens, dict(sessions.accepted), dict(sessions.rejected))
 
 
 def shrink(case: Case, work: Path) -> Case:
@@ -428,7 +441,7 @@ def shrink(case: Case, work: Path) -> Case:
         folder.mkdir(parents=True)
         try:
             return play(Case(case.seed, case.model, case.drafters, case.n_ctx, trial,
-                             case.draft_model), folder)[0] is not None
+                             case.draft_model), folder).found is not None
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -609,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.model is not None:  # a case file names the model it was found on
                 case = Case(case.seed, str(args.model), case.drafters, case.n_ctx,
                             case.actions, case.draft_model)
-            found, _ = play(case, Path(tmp))
+            found = play(case, Path(tmp)).found
             print(json.dumps(asdict(found) if found else "no divergence"))
             return 1 if found else 0
         prompts = [json.loads(line) for line in args.prompts.read_text().splitlines()

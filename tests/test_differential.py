@@ -12,6 +12,7 @@ from tests.differential import (
     MATRIX,
     Action,
     Case,
+    Replay,
     fewest_that_part,
     play,
     random_actions,
@@ -39,6 +40,17 @@ def test_a_fixed_slice_of_random_actions_parts_nowhere(model_path: Path,
             name, result["accepted"], result["rejected"])
 
 
+def _assert_drafted(replay: Replay, rejected: bool = True) -> None:
+    """Every drafter of a replay had drafts accepted (and, where the actions give it
+    cause, rejected): a replay that drafted nothing compares plain decoding with itself."""
+    drafted = {name: n for name, n in replay.accepted.items() if name != "none"}
+    assert drafted, replay.accepted
+    for name, n in drafted.items():
+        assert n > 0, (name, replay.accepted, replay.rejected)
+        if rejected:
+            assert replay.rejected[name] > 0, (name, replay.accepted, replay.rejected)
+
+
 def test_the_actions_of_a_seed_are_the_same_every_time(dev_prompts: list[dict]) -> None:
     import random
 
@@ -50,11 +62,15 @@ def test_the_actions_of_a_seed_are_the_same_every_time(dev_prompts: list[dict]) 
 @pytest.mark.parametrize("kind", ["edit", "regenerate"])
 def test_a_case_replays(model_path: Path, tmp_path: Path, kind: str) -> None:
     """A case file's actions run again (what a shrunk divergence is replayed with)."""
+    # The first question asked again with sampling: memory drafts the first answer and
+    # the sampled one parts from it (drafts accepted, then rejected).
     actions = [Action("new_chat", "Name three rivers.", 12),
+               Action("regenerate", "Name three rivers.", 12, seed=5),
                Action("follow_up", "And three mountains?", 12),
                Action(kind, "Name three lakes.", 12)]
-    found, tokens = play(Case(1, str(model_path), ["memory"], 1024, actions), tmp_path)
-    assert found is None and tokens > 0
+    replay = play(Case(1, str(model_path), ["memory"], 1024, actions), tmp_path)
+    assert replay.found is None and replay.tokens > 0
+    _assert_drafted(replay)
 
 
 def test_a_long_follow_up_after_drafted_answers_reads_as_plain_on_f32(f32_model_path: Path,
@@ -67,9 +83,10 @@ def test_a_long_follow_up_after_drafted_answers_reads_as_plain_on_f32(f32_model_
 
     case = load_case(Path(__file__).parent / "cases" / "f32-seed21-long-follow-up.json")
     case = Case(case.seed, str(f32_model_path), case.drafters, case.n_ctx, case.actions)
-    found, tokens = play(case, tmp_path)
-    assert found is None, found
-    assert tokens > 0
+    replay = play(case, tmp_path)
+    assert replay.found is None, replay.found
+    assert replay.tokens > 0
+    _assert_drafted(replay)
 
 
 # Cases the matrix found on tiny synthetic files (tests/cases), each failing before its fix:
@@ -96,10 +113,11 @@ def test_cases_found_on_synthetic_architectures_replay_alike(name: str, tmp_path
 
     case = load_case(Path(__file__).parent / "cases" / name)
     model, _ = matrix_model(case.model.removeprefix("synthetic:"), tmp_path / "models")
-    found, tokens = play(Case(case.seed, str(model), case.drafters, case.n_ctx, case.actions),
-                         tmp_path / "work")
-    assert found is None, found
-    assert tokens > 0
+    replay = play(Case(case.seed, str(model), case.drafters, case.n_ctx, case.actions),
+                  tmp_path / "work")
+    assert replay.found is None, replay.found
+    assert replay.tokens > 0
+    _assert_drafted(replay, rejected=False)
 
 
 @pytest.mark.parametrize("row", [r for r in MATRIX if r[1] not in ("bundled", "q4_k_m", "f32")],

@@ -232,11 +232,12 @@ def test_every_replay_of_a_shrink_starts_from_an_empty_folder(
     (work / "mem-memory" / "memory.bin").write_bytes(b"the run's memory")
     found_there: list[list[str]] = []
 
-    def play(case: Case, folder: Path) -> tuple[object, int]:
+    def play(case: Case, folder: Path) -> differential.Replay:
         found_there.append(sorted(p.name for p in folder.rglob("*")))
         (folder / "mem-memory").mkdir(parents=True, exist_ok=True)
         (folder / "mem-memory" / "memory.bin").write_bytes(b"this replay's memory")
-        return (object() if "b" in {a.text for a in case.actions} else None), 0
+        found = object() if "b" in {a.text for a in case.actions} else None
+        return differential.Replay(found, 0, {}, {})  # type: ignore[arg-type]
 
     monkeypatch.setattr(differential, "play", play)
     actions = [Action("new_chat", "a"), Action("follow_up", "b"), Action("follow_up", "c")]
