@@ -93,7 +93,8 @@ def test_a_long_follow_up_after_drafted_answers_reads_as_plain_on_f32(f32_model_
 # - gemma3 (sliding window), memory: writing the cache back after parked drafts left out
 #   the window cache's cells that had left the window (0.33 apart), and then started its
 #   next cells at cell 0, where the window cache took cells still needed (0.0084 apart;
-#   packaging/llama-cpp/kv-restore-head.patch);
+#   packaging/llama-cpp/kv-restore-head.patch: with libllama built without it, this case
+#   parts again, 0.00844 apart, checked 2026-11-28);
 # - deepseek2, MTP: the next-token rows stayed on while a prompt was read without
 #   features, so the last layer summed every row in a batch (7e-7 apart);
 # - qwen35 and lfm2 (hybrids), after a stop: the harness took one session's recurrent
