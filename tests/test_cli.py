@@ -53,6 +53,7 @@ def test_bad_input_gives_a_clear_error(tandem_home, model_path, args, message):
     assert message in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_bench_writes_results_and_resumes(tandem_home, model_path, tmp_path):
     prompts = tmp_path / "p.jsonl"
     rows = [json.loads(x) for x in DEV_PROMPTS.read_text().splitlines()]

@@ -73,6 +73,7 @@ def test_a_case_replays(model_path: Path, tmp_path: Path, kind: str) -> None:
     _assert_drafted(replay)
 
 
+@pytest.mark.slow
 def test_a_long_follow_up_after_drafted_answers_reads_as_plain_on_f32(f32_model_path: Path,
                                                                        tmp_path: Path) -> None:
     """A case the differential found (tests/cases): after 18 actions with memory drafts, a
@@ -123,6 +124,7 @@ def test_cases_found_on_synthetic_architectures_replay_alike(name: str, tmp_path
 
 @pytest.mark.parametrize("row", [r for r in MATRIX if r[1] not in ("bundled", "q4_k_m", "f32")],
                          ids=lambda r: r[1])
+@pytest.mark.slow
 def test_a_slice_on_every_synthetic_architecture_parts_nowhere(row: tuple, tmp_path: Path,
                                                                dev_prompts: list[dict]
                                                                ) -> None:

@@ -112,6 +112,7 @@ def test_a_second_turn_reuses_the_draft_cache(f32_target, model_path, prompts_an
         drafter.close()
 
 
+@pytest.mark.slow
 def test_sampling_with_a_draft_model_keeps_the_target_distribution(f32_target, model_path):
     from engine.decoding.sampling import SamplingParams
 
@@ -180,6 +181,7 @@ def test_the_engine_drafts_with_a_draft_model(f32_model_path, model_path, tmp_pa
         assert accepted >= 0.7 * proposed, (accepted, proposed)  # Q4_0 of the target itself
 
 
+@pytest.mark.slow
 def test_auto_prices_the_draft_model_and_drafts_with_it_when_it_pays(
         f32_model_path, model_path, tmp_path, prompts_and_plain):
     """auto measures the draft model, weighs it against the head and plain decoding, and

@@ -155,6 +155,7 @@ def test_the_bundled_trained_head_drafts_losslessly_and_is_accepted(target, rows
     assert sum(s.n_proposed for s in steps) > accepted  # every node verified: some wrong
 
 
+@pytest.mark.slow
 def test_sampling_with_the_head_keeps_the_target_distribution(fresh_target):
     from engine.drafters import make_drafter
     from tests.conftest import second_token_counts

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import pytest  # noqa: E402
 from PySide6.QtGui import QTextDocument, QTextFormat  # noqa: E402
 
 from app.gui import theme  # noqa: E402
@@ -146,6 +147,7 @@ def test_added_gguf_is_offered_and_loaded(qtbot, db: Path, model_path: Path,
     assert w2.engine_panel.choice().model_path == user_model
 
 
+@pytest.mark.slow
 def test_provisional_costs_are_measured_again_when_the_app_is_idle(qtbot, db: Path,
                                                                    model_path: Path,
                                                                    monkeypatch) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from pathlib import Path  # noqa: E402
@@ -17,6 +19,7 @@ from tests.gui_helpers import ANSWER_TIMEOUT_MS, open_window, type_and_send  # n
 from tests.test_workers import running_worker  # noqa: E402
 
 
+@pytest.mark.slow
 def test_a_lost_worker_ends_the_answer_and_the_app_reopens_the_model_here(
         qtbot, tmp_path: Path, model_path: Path) -> None:  # noqa: ANN001
     w = open_window(qtbot, tmp_path / "chat.sqlite3", model_path, max_tokens=400)

@@ -71,6 +71,7 @@ def test_head_multi_turn_reuses_its_cache_and_stays_lossless(target, prompts_and
     assert 0 < accepted < sum(s.n_proposed for s in warm.stats.steps)
 
 
+@pytest.mark.slow
 def test_head_sampling_keeps_the_target_distribution(fresh_target):
     t = fresh_target
     prompt = t.chat_prompt([{"role": "user", "content": "Name a colour and say why you like it."}])
@@ -82,6 +83,7 @@ def test_head_sampling_keeps_the_target_distribution(fresh_target):
     assert two_sample_z(plain, spec) < 4.0
 
 
+@pytest.mark.slow
 def test_drafts_made_ahead_keep_the_target_distribution(fresh_target):
     """DuoDecoding's overlap: the chain drafted during verification is used only when
     the target took the whole previous chain; sequences still follow the target."""
@@ -158,6 +160,7 @@ def test_saved_and_reloaded_head_drafts_the_same(target, tmp_path):
         save_head(make_drafter("head", target=target).head, tmp_path / "int8")
 
 
+@pytest.mark.slow
 def test_short_training_run_on_real_data_lowers_the_loss(model_path, tmp_path):
     import torch
 

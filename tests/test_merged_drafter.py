@@ -67,6 +67,7 @@ def test_head_with_memory_greedy_equals_plain_across_conversations(f32_target,
     assert drafter.memory.memory.n_sequences == 2 * len(rows)
 
 
+@pytest.mark.slow
 def test_head_with_memory_sampling_keeps_the_target_distribution(fresh_target):
     t = fresh_target
     prompt = t.chat_prompt([{"role": "user", "content": "Name a colour and say why you like it."}])

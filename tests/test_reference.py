@@ -44,7 +44,8 @@ def _one_token_at_a_time(llm: llama_cpp.Llama, prompt: list[int], eog: frozenset
     return out
 
 
-@pytest.mark.parametrize("weights", ["q4_0", "q4_k_m", "f32"])
+@pytest.mark.parametrize("weights", ["q4_0", pytest.param("q4_k_m", marks=pytest.mark.slow),
+                                     pytest.param("f32", marks=pytest.mark.slow)])
 def test_plain_decoding_is_llama_cpp_decoding_one_token_at_a_time(weights, model_path,
                                                                   f32_model_path, quantized,
                                                                   dev_prompts):

@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from engine.gguf.eagle3 import shape_for_target
@@ -21,6 +22,7 @@ TEXTS = [("Name three primary colours.", "Red, yellow and blue are the three pri
          ("What is the capital of France?", "The capital of France is Paris, on the Seine.")]
 
 
+@pytest.mark.slow
 def test_an_eagle3_head_trains_resumes_and_exports(model_path: Path, tmp_path: Path):
     layers = (2, 15, 27)
     extractor = FeatureExtractor(model_path, BuildConfig(

@@ -265,6 +265,7 @@ def test_an_engine_through_a_worker_runs_in_a_child_and_answers_as_plain_decodin
             == plain.tokens
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_answer_ends_the_answer_and_the_model_reopens_here(
         engine_config: EngineConfig):
     with running_worker() as (endpoint, worker_process):
