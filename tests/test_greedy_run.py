@@ -144,3 +144,47 @@ def test_a_hybrid_with_a_stop_string_decodes_a_token_at_a_time(model_path: Path,
                         GenerationConfig(max_tokens=24, stop=(free.text[middle:middle + 2],)))
         assert stopped.finish_reason == "stop"
         assert all(s.reported_after_s == 0 for s in stopped.stats.steps)
+
+
+def test_a_decode_failing_mid_run_keeps_the_tokens_before_it_then_fails(target: Target
+                                                                         ) -> None:
+    """A real failure inside a run: llama.cpp's abort callback stops the graph of the run's
+    fourth decode, and llama_decode returns 2 (aborted). The three tokens chosen before it
+    come back; the next call raises that failure as a token-at-a-time step would, without
+    decoding again; and the next prompt's answer is plain decoding's."""
+    import llama_cpp
+
+    from engine.errors import NativeError
+
+    prompt = target.chat_prompt([{"role": "user", "content": PROMPTS[1]}])
+    plain, _ = _answer(target, prompt, True, GenerationConfig(max_tokens=12))
+    calls, limit = [0], [None]
+
+    @llama_cpp.ggml_abort_callback
+    def abort(_data: object) -> bool:  # called between graph nodes, on one thread
+        calls[0] += 1
+        return limit[0] is not None and calls[0] > limit[0]
+
+    llama_cpp.llama_set_abort_callback(target.ctx.handle, abort, None)
+    try:
+        target.reset(cold=True)
+        target.prefill(prompt)
+        calls[0] = 0
+        assert target.decode_greedy(plain.tokens[0], 1)[0] == plain.tokens[1:2]
+        per_decode = calls[0]
+        assert per_decode > 0
+        target.reset(cold=True)
+        target.prefill(prompt)
+        calls[0], limit[0] = 0, 3 * per_decode + per_decode // 2
+        chosen, _ = target.decode_greedy(plain.tokens[0], 8)
+        assert chosen == plain.tokens[1:4]  # the fourth decode was aborted
+        assert target.tokens[-3:] == plain.tokens[:3]
+        limit[0], seen = None, calls[0]
+        with pytest.raises(NativeError) as failed:
+            target.decode_greedy(chosen[-1], 8)
+        assert failed.value.code == 2 and calls[0] == seen  # raised, not decoded again
+    finally:
+        llama_cpp.llama_set_abort_callback(target.ctx.handle,
+                                           llama_cpp.ggml_abort_callback(), None)
+    again, _ = _answer(target, prompt, True, GenerationConfig(max_tokens=12))
+    assert again.tokens == plain.tokens
