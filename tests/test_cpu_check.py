@@ -75,3 +75,18 @@ def test_an_exactness_verdict_is_keyed_by_the_cpu_library_and_the_build(
     here = kernels.exactness_key(model_path, config, 2)
     monkeypatch.setattr(kernels, "cpu_build_identity", lambda: "haswell:0123456789abcdef")
     assert kernels.exactness_key(model_path, config, 2) != here
+
+
+def test_the_plan_names_the_cpu_library_its_kernels_were_probed_on(model_path: Path) -> None:
+    """Where a level keeps repacking off or short verifications, the plan's kernel line
+    says so and on which library (KernelChoice.describe, `tandem plan`'s Output line)."""
+    from engine.runtime.exactness import ExactnessProbe
+
+    inexact = ExactnessProbe(80, 12, 0.5, 1)
+    exact = ExactnessProbe(80, 0, 0.0, 0)
+    choice = kernels.KernelChoice(False, exact, {True: inexact, False: exact},
+                                  cpu_library="haswell")
+    assert "haswell CPU library" in choice.describe() and "repack" in choice.describe()
+    assert kernels.KernelChoice.from_json(choice.to_json()).cpu_library == "haswell"
+    probed = kernels.choose_kernels(model_path, TargetConfig(n_ctx=256, n_threads=2), 2, None)
+    assert probed.cpu_library == loaded_cpu_variant()
