@@ -149,6 +149,10 @@ class PromptReader:
         # The first position whose cells are still in the F16 context, None when all are
         # in the target's cache.
         self.unmoved_from: int | None = None
+        # Positions [a, b) of sequence 0 that a sliding-window model's window cache lacks:
+        # a move from the F16 context brings only the last window of the moved cells, so
+        # cells kept from before the move and the moved window have a hole between them.
+        self.window_gap: tuple[int, int] | None = None
         self.move_buffer: np.ndarray | None = None
         self.f16_off = self._why_no_f16_prefill()
         if self.f16_off:
@@ -189,13 +193,18 @@ class PromptReader:
             self._move_cells()
 
     def drop_unmoved(self) -> None:
-        """The target's cache is being emptied: cells never moved need no clearing."""
+        """The target's cache is being emptied: cells never moved need no clearing, and
+        the window cache has no hole."""
         self.unmoved_from = None
+        self.window_gap = None
 
     def forget_beyond(self, n_keep: int) -> None:
         """The target keeps its first ``n_keep`` tokens: a prompt longer than that loses
-        cells, so its remembered logits are stale."""
+        cells, so its remembered logits are stale (and a window cache's hole above them
+        is gone)."""
         self.remembered = [e for e in self.remembered if len(e[0]) <= n_keep]
+        if self.window_gap is not None and n_keep <= self.window_gap[0]:
+            self.window_gap = None
 
     def forget_all(self, cold: bool = False) -> None:
         """No remembered prefill holds; ``cold`` empties the F16 context too."""
@@ -351,8 +360,15 @@ class PromptReader:
         # The first token read (at least the prompt's last, where remembered logits do
         # not serve) attends back to position first - n_swa + 1 in the window's layers.
         first = min(n_same, n_prompt - 1)
+        needed_from = max(0, first - t.arch.n_swa + 1)
         lowest = t.ctx.kv_pos_min(0)  # the window cache's (llama-kv-cache-iswa.cpp)
-        return n_same if 0 <= lowest <= max(0, first - t.arch.n_swa + 1) else 0
+        gap = self.window_gap
+        # A window that reaches into the hole a move left (a prompt going on from inside
+        # the moved span: an edit after a long prompt; gemma3, the differential: llama.cpp
+        # refused the batch, the window cache ending 120 positions before it).
+        if gap is not None and first > gap[0] and needed_from < gap[1]:
+            return 0
+        return n_same if 0 <= lowest <= needed_from else 0
 
     def _unpark(self) -> None:
         """Before a prompt: free the cells a drafted answer parked, and write the sequence
@@ -422,6 +438,11 @@ class PromptReader:
             ctx.set_features(features)
         t.tokens = kept
         self.remembered = []  # the kept cells moved: no prompt's logits hold
+        if self.window_gap is not None:  # the hole moved with the cells, or was cut out
+            def shifted(p: int) -> int:
+                return p if p <= n_same else max(n_same, p - n_cut)
+            a, b = shifted(self.window_gap[0]), shifted(self.window_gap[1])
+            self.window_gap = (a, b) if a < min(b, len(kept)) else None
         log.info("context shift: %d tokens cut after %d, %d kept", n_cut, n_same, n_kept)
         return n_same + n_kept
 
@@ -604,6 +625,8 @@ class PromptReader:
             self._keep_move_buffer(blob)
             moved = f16_to_q8_0_keys(blob, t.model.n_head_kv, llama_rotates_quantized_k())
             t.ctx.state_seq_set(1, moved)
+            if t.arch.n_swa:
+                self._note_window_gap(start, t.ctx.kv_pos_min(1))
             t.ctx.kv_copy(1, 0, -1, -1)
             t.ctx.kv_remove(1, -1, -1)
         except (NativeError, StateFormatError) as exc:
@@ -613,6 +636,16 @@ class PromptReader:
             redo = t.tokens[start:]
             del t.tokens[start:]
             t.evaluate_cells_only(redo)
+
+    def _note_window_gap(self, start: int, window_start: int) -> None:
+        """The window cache got the moved cells from ``window_start`` on (the moved
+        window), not from ``start``: the positions between are a hole, merged with one
+        left by an earlier move."""
+        if window_start <= start:
+            return
+        gap = self.window_gap
+        self.window_gap = (start, window_start) if gap is None else (
+            min(gap[0], start), max(gap[1], window_start))
 
     def _prefault_move_buffer(self) -> None:
         """The move's buffer for a prompt of up to ``MOVE_PREFAULT_TOKENS`` tokens, its
