@@ -31,9 +31,8 @@ def cmd_check_cpu(args: argparse.Namespace) -> int:
         levels = asked
     work = Path(args.work_dir) if args.work_dir else default_model_path().parent / "check-cpu"
     models = prepare_models(Path(args.model) if args.model else default_model_path(), work,
-                            args.threads, lambda what: print(f"  {what}", flush=True))
-    types = args.types.split(",")
-    models = {t: models[t] for t in types}
+                            args.threads, tuple(args.types.split(",")),
+                            lambda what: print(f"  {what}", flush=True))
     results = []
     bar = tqdm(levels, desc="CPU libraries", unit="level")
     for level in bar:

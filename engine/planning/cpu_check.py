@@ -79,15 +79,20 @@ class LevelCheck:
 
 
 def prepare_models(source: Path, folder: Path, n_threads: int,
+                   types: tuple[str, ...] = WEIGHT_TYPES,
                    say: Callable[[str], None] = lambda _: None) -> dict[str, Path]:
-    """The bundled weights (Q4_0) as each of WEIGHT_TYPES, requantized from an F32 copy
-    (made once in ``folder``)."""
+    """The bundled weights (Q4_0) as each of ``types``, requantized from an F32 copy
+    (made once in ``folder``, and only when a type asks for it)."""
     from engine.hub.convert import convert, quantize_as
 
+    unknown = sorted(set(types) - set(WEIGHT_TYPES))
+    if unknown:
+        raise ValueError(f"no check for {', '.join(unknown)}: the types checked are "
+                         f"{', '.join(WEIGHT_TYPES)}")
     folder.mkdir(parents=True, exist_ok=True)
-    made = {"q4_0": source}
+    made = {"q4_0": source} if "q4_0" in types else {}
     f32 = folder / "weights.F32.gguf"
-    for weight_type in WEIGHT_TYPES[1:]:
+    for weight_type in (t for t in types if t != "q4_0"):
         path = folder / f"weights.{weight_type.upper()}.gguf"
         if not path.is_file():
             if not f32.is_file():
