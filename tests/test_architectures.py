@@ -24,6 +24,7 @@ from engine.gguf.architectures import (
     TinyShape,
     write_architecture_gguf,
 )
+from engine.planning.cpu_check import perturbed
 from engine.runtime.target import Target, TargetConfig
 
 # What each architecture's table must say: memory kind, trees, draft limit, layer inputs.
@@ -53,8 +54,9 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> d
 
 
 def _perturbed(tokens: list[int], every: int, shift: int) -> list[int]:
-    """``tokens`` with every ``every``-th one changed: a memory that is right in runs."""
-    return [t if (i + 1) % every else (t + shift) % 49152 for i, t in enumerate(tokens)]
+    """``tokens`` with every ``every``-th one changed (the tiny files share the bundled
+    model's 49,152-token vocabulary): a memory that is right in runs."""
+    return perturbed(tokens, every, shift, 49152)
 
 
 def test_the_tables_match_llama_cpp(tiny_models: dict[str, Path]) -> None:

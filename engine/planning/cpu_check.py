@@ -104,7 +104,7 @@ def prepare_models(source: Path, folder: Path, n_threads: int,
     return made
 
 
-def _perturbed(tokens: list[int], every: int, shift: int, n_vocab: int) -> list[int]:
+def perturbed(tokens: list[int], every: int, shift: int, n_vocab: int) -> list[int]:
     """``tokens`` with every ``every``-th one changed: a memory that is right in runs."""
     return [t if (i + 1) % every else (t + shift) % n_vocab for i, t in enumerate(tokens)]
 
@@ -132,8 +132,8 @@ def check_model(weight_type: str, path: Path, n_threads: int) -> ModelCheck:
         prompt = target.chat_prompt([{"role": "user", "content": PROMPT}])
         plain = generate(target, prompt, None, GenerationConfig(N_ANSWER)).tokens
         memory = SuffixIndex()
-        memory.insert(prompt + _perturbed(plain, 7, 1, target.n_vocab))
-        memory.insert(prompt + _perturbed(plain, 5, 2, target.n_vocab))
+        memory.insert(prompt + perturbed(plain, 7, 1, target.n_vocab))
+        memory.insert(prompt + perturbed(plain, 5, 2, target.n_vocab))
         target.reset()
         # Every drafted node verified: the batch sizes do not follow this machine's load.
         free = VerifyCostModel(slope=0.0, learn=False)
