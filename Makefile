@@ -66,7 +66,7 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
 bench: $(STAMP)
-	$(VENV)/bin/tandem bench --prompts ../shared/data/spec_bench_dev.jsonl --per-category 5 \
+	$(VENV)/bin/tandem bench --prompts training/data/spec_bench_dev.jsonl --per-category 5 \
 		--drafters none,lookup --max-tokens 128 --json bench.json
 
 # Native crashes under load (issue 19): the GUI and engine tests, again and again, beside

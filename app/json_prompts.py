@@ -3,7 +3,7 @@ dev prompts' extraction questions and rag passages, each asked for as JSON match
 schema (the rows' ``json_schema``). Strings have no maximum length: llama-cpp-python's
 converter spells one out as that many nested optionals, slow for the grammar sampler.
 
-    python -m app.json_prompts --out json.jsonl [--dev ../shared/data/spec_bench_dev.jsonl]
+    python -m app.json_prompts --out json.jsonl [--dev training/data/spec_bench_dev.jsonl]
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+from training.spec_bench import DEV_PROMPTS
 
 EXTRACTION_SCHEMA = {
     "type": "object",
@@ -27,8 +29,6 @@ RAG_SCHEMA = {
                                 "items": {"type": "string", "minLength": 1}},
                    "confidence": {"enum": ["low", "medium", "high"]}},
     "required": ["answer", "evidence", "confidence"]}
-DEFAULT_DEV = Path(__file__).resolve().parents[1].parent / "shared/data/spec_bench_dev.jsonl"
-
 
 def json_prompts(dev: Path, n_extraction: int = 5, n_rag: int = 15) -> list[dict]:
     """The first ``n_extraction`` extraction and ``n_rag`` rag prompts of ``dev``, asked
@@ -52,7 +52,7 @@ def json_prompts(dev: Path, n_extraction: int = 5, n_rag: int = 15) -> list[dict
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--dev", type=Path, default=DEFAULT_DEV)
+    p.add_argument("--dev", type=Path, default=DEV_PROMPTS)
     args = p.parse_args()
     rows = json_prompts(args.dev)
     args.out.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")

@@ -2,7 +2,7 @@
 (``tandem serve --parallel N``), and llama.cpp's llama-server with ``-np 1`` and ``-np N``,
 on the same chat requests from the same clients. Prints a table, writes JSON.
 
-    .venv/bin/python -m app.parallel_bench --prompts ../shared/data/spec_bench_dev.jsonl \\
+    .venv/bin/python -m app.parallel_bench --prompts training/data/spec_bench_dev.jsonl \\
         --json parallel.json [--parallel 4] [--requests 8] [--max-tokens 64] \\
         [--llama-server PATH]
 

@@ -9,12 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from training.spec_bench import DEV_PROMPTS
+
 # Qt offscreen unless a display is asked for: a test file run alone creates its
 # QApplication (pytest-qt) before any GUI helper is imported.
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 REPO = Path(__file__).resolve().parents[1]
-DEV_PROMPTS = REPO.parent / "shared" / "data" / "spec_bench_dev.jsonl"
 # Recorded machines and cost curves; the ones named synthetic_* are invented, not measured.
 PROFILES = Path(__file__).resolve().parent / "profiles"
 

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.errors import ContextFullError, InvalidPromptError, InvalidSettingError, TandemError
+from training.spec_bench import DEV_PROMPTS
 
 if TYPE_CHECKING:
     from engine.conversation import AnswerService, Question
@@ -606,9 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", type=Path, default=None, help="GGUF (default: bundled)")
     p.add_argument("--drafters", default="memory,lookup,head,eagle3")
     p.add_argument("--ctx", type=int, default=1024, help="small: long chats shift")
-    p.add_argument("--prompts", type=Path,
-                   default=Path(__file__).resolve().parents[2] / "shared" / "data"
-                   / "spec_bench_dev.jsonl")
+    p.add_argument("--prompts", type=Path, default=DEV_PROMPTS)
     p.add_argument("--out", type=Path, default=Path("differential-cases"))
     p.add_argument("--replay", type=Path, default=None, help="a case file to run again")
     p.add_argument("--draft-model", type=Path, default=None,

@@ -36,6 +36,7 @@ import torch
 from engine.decoding.generation import GenerationConfig, generate
 from engine.drafters.head import HeadDrafter, HeadDrafterConfig
 from engine.runtime.target import Target, TargetConfig
+from training.spec_bench import DEV_PROMPTS
 
 # The bundled head's data: samples from the first 1408 usable ShareGPT exchanges (its
 # report), the last 96 held out for its eval. Built 8 at a time in order of completion, so
@@ -206,9 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head", type=Path,
                    default=Path(__file__).resolve().parents[1] / "assets"
                    / "draft-head-smollm2-135m")
-    p.add_argument("--prompts", type=Path,
-                   default=Path(__file__).resolve().parents[2] / "shared" / "data"
-                   / "spec_bench_dev.jsonl")
+    p.add_argument("--prompts", type=Path, default=DEV_PROMPTS)
     p.add_argument("--per-category", type=int, default=2)
     p.add_argument("--sharegpt", type=int, default=24)
     p.add_argument("--sharegpt-split", choices=("eval", "unseen"), default="unseen",

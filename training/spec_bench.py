@@ -1,5 +1,5 @@
 """Benchmark prompts in Spec-Bench's JSONL layout, as the bench and the training tools read
-them."""
+them, and where the development set lives."""
 
 from __future__ import annotations
 
@@ -7,6 +7,11 @@ import json
 import os
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
+
+# Spec-Bench's development half (240 prompts, Apache-2.0; training/data/README.md), in the
+# repository and in the wheel: every reader of the dev set takes its path from here.
+DEV_PROMPTS = Path(__file__).resolve().parent / "data" / "spec_bench_dev.jsonl"
 
 
 @dataclass(frozen=True)

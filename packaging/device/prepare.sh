@@ -38,7 +38,7 @@ rm -rf "$SRC"/{.git,docs,examples,tests,docker}
 # gzip: the GPU image has no zstd.
 tar -C "$(dirname "$SRC")" -czf .dev/lcp.tar.gz "$(basename "$SRC")"
 rm -rf "$WORK"
-cp ../shared/data/spec_bench_dev.jsonl .dev/prompts.jsonl
+cp training/data/spec_bench_dev.jsonl .dev/prompts.jsonl
 # Conversations the shipped head has not seen (it trained on the file's first ~1,400), their
 # first exchange only, for continued training there (runbook step 3; call 3 carries it).
 $PY - <<'PYEOF'
