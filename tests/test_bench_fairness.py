@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from app.bench import run_bench
+from app.benchmarks.bench import run_bench
 from engine.drafters.suffix_index import open_memory
 from tests.conftest import DEV_PROMPTS
 from tests.test_cli import _tandem
@@ -56,7 +56,7 @@ def test_all_turns_continue_each_runners_conversation_with_the_turns_before_cach
     the conversation so far in the cache, and stays plain decoding's answer."""
     from dataclasses import replace
 
-    from app.bench import engine_runner
+    from app.benchmarks.bench import engine_runner
     from engine.session import Engine, EngineConfig
 
     prompts = [BenchPrompt(81, "writing", ["Write one sentence about rain.",

@@ -49,9 +49,9 @@ def test_a_lost_worker_ends_the_answer_and_the_app_reopens_the_model_here(
 
 
 def test_the_lend_switch_serves_this_computer_on_loopback(qtbot, tmp_path: Path) -> None:  # noqa: ANN001
+    from app.benchmarks.loopback_worker import free_port
     from app.conversation_store import ConversationStore
     from app.gui.worker_switch import WorkerSwitch
-    from app.loopback_worker import free_port
     from engine.workers.handshake import probe_worker
 
     with ConversationStore(tmp_path / "chat.sqlite3") as store:

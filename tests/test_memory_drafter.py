@@ -320,7 +320,7 @@ def test_a_repeated_bench_run_never_drafts_from_its_own_answer(model_path, tmp_p
     """With --repeat, a prompt's answer enters the memory once, after its last run, so
     every run drafts from what the earlier prompts left (a repeat that found its own
     answer copied it whole and made the figures meaningless)."""
-    from app.bench import engine_runner, run_bench
+    from app.benchmarks.bench import engine_runner, run_bench
     from engine.session import Engine, EngineConfig
     from training.spec_bench import BenchPrompt
 

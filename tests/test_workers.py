@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from app.loopback_worker import free_port, loopback_worker
+from app.benchmarks.loopback_worker import free_port, loopback_worker
 from engine.conversation import LOCAL_AGAIN, AnswerService, Question
 from engine.decoding.budget import VerifyCostModel
 from engine.decoding.generation import GenerationConfig, generate

@@ -19,7 +19,7 @@ from engine.session import ENGINE_DRAFTERS, Engine
 def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from app.bench import (
+    from app.benchmarks.bench import (
         engine_runner,
         format_table,
         parse_drafter_list,
@@ -29,7 +29,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         sweep_specs,
         warm_memories,
     )
-    from app.bench_baselines import (
+    from app.benchmarks.bench_baselines import (
         BASELINE_NAMES,
         SERVER_NAMES,
         baseline_runner,
@@ -133,7 +133,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _heal(args: argparse.Namespace) -> int:
     """``--heal N``: a plan made under load, then N answers on the quiet machine."""
-    from app.heal_bench import format_heal, run_heal_bench
+    from app.benchmarks.heal_bench import format_heal, run_heal_bench
     from training.spec_bench import load_prompts
 
     base = engine_config(args, drafter="auto")
@@ -154,8 +154,9 @@ def _heal(args: argparse.Namespace) -> int:
 
 
 def _workers_trend(args: argparse.Namespace) -> int:
-    """``--workers-trend``: plain and auto, here and through a worker (app.worker_bench)."""
-    from app.worker_bench import format_worker_table, run_worker_bench
+    """``--workers-trend``: plain and auto, here and through a worker
+    (app.benchmarks.worker_bench)."""
+    from app.benchmarks.worker_bench import format_worker_table, run_worker_bench
     from engine.workers.endpoints import parse_workers
     from training.spec_bench import load_prompts
 

@@ -2,7 +2,8 @@
 (``tandem serve --parallel N``), and llama.cpp's llama-server with ``-np 1`` and ``-np N``,
 on the same chat requests from the same clients. Prints a table, writes JSON.
 
-    .venv/bin/python -m app.parallel_bench --prompts training/data/spec_bench_dev.jsonl \\
+    .venv/bin/python -m app.benchmarks.parallel_bench \\
+        --prompts training/data/spec_bench_dev.jsonl \\
         --json parallel.json [--parallel 4] [--requests 8] [--max-tokens 64] \\
         [--llama-server PATH]
 
@@ -40,7 +41,7 @@ def _tandem(model: Path | None, parallel: int, threads: int, ctx: int) -> Iterat
     if model is not None:
         cmd += ["--model", str(model)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=Path(__file__).resolve().parents[1])
+                            cwd=Path(__file__).resolve().parents[2])
     try:
         url = None
         for line in proc.stdout or []:
@@ -59,7 +60,7 @@ def _tandem(model: Path | None, parallel: int, threads: int, ctx: int) -> Iterat
 @contextmanager
 def _llama_server(binary: str, model: Path, parallel: int, threads: int, ctx: int
                   ) -> Iterator[str]:
-    from app.bench_baselines import LlamaServer
+    from app.benchmarks.bench_baselines import LlamaServer
 
     # Tandem's exact cache types; a context per slot as large as Tandem's.
     server = LlamaServer(binary, str(model), ctx * parallel, threads, ["-fa", "on"],
@@ -203,7 +204,7 @@ def table(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m app.parallel_bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m app.benchmarks.parallel_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", type=Path, required=True)
     p.add_argument("--json", type=Path, required=True)

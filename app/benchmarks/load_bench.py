@@ -2,7 +2,7 @@
 (Tandem's default), quiet and beside a busy program at normal priority, a niced one and
 a niced compile; and how long a start takes on a busy machine. Prints a table, writes JSON.
 
-    .venv/bin/python -m app.load_bench --json load.json [--model M.gguf] [--tokens 128]
+    .venv/bin/python -m app.benchmarks.load_bench --json load.json [--model M.gguf] [--tokens 128]
         [--llama-bench PATH] [--repeat 3] [--loads quiet,niced-compile] [--no-start]
 
 With ``--llama-bench`` (llama.cpp's own, built from the same vendored source), the same
@@ -176,7 +176,7 @@ def table(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m app.load_bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m app.benchmarks.load_bench", description=__doc__)
     p.add_argument("--json", type=Path, required=True, help="where the results go")
     p.add_argument("--model", type=Path, default=None, help="GGUF (default: bundled)")
     p.add_argument("--tokens", type=int, default=128)

@@ -9,8 +9,8 @@ with the target on this machine and with its layers on a worker, side by side.
    use the same engine, each from a cold cache and each placement from an empty memory
    of answers, so the ratio is the plan's gain there; the tokens must be equal.
 3. Placements: this machine; the worker; the worker behind a relay that adds 1 ms and
-   5 ms of round trip (``app.latency_proxy``; ``tc netem`` where the kernel has it would do
-   the same), the trend a real network gives.
+   5 ms of round trip (``app.benchmarks.latency_proxy``; ``tc netem`` where the kernel has
+   it would do the same), the trend a real network gives.
 
 On a machine with few cores the loopback worker shares them with the client: while the
 worker computes, the client only waits on the socket (drafting from memory costs
@@ -30,8 +30,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from app.latency_proxy import LatencyProxy
-from app.loopback_worker import loopback_worker
+from app.benchmarks.latency_proxy import LatencyProxy
+from app.benchmarks.loopback_worker import loopback_worker
 from engine.decoding.generation import GenerationConfig
 from engine.session import EngineConfig
 from engine.session_process import open_engine

@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from app.bench import Runner
+from app.benchmarks.bench import Runner
 from engine.runtime.native import TILED_MM_SET_BY_USER
 from engine.runtime.target import Target
 

@@ -2,7 +2,7 @@
 second model, a build or an indexer runs beside Tandem. The healing benchmark
 (``tandem bench --heal``) calibrates under it.
 
-    python -m app.background_load MODEL.gguf --threads 2   # decodes until killed
+    python -m app.benchmarks.background_load MODEL.gguf --threads 2   # decodes until killed
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class BackgroundDecode:
 
     def __enter__(self) -> BackgroundDecode:
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "app.background_load", str(self.model),
+            [sys.executable, "-m", "app.benchmarks.background_load", str(self.model),
              "--threads", str(self.n_threads)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         assert self._proc.stdout is not None

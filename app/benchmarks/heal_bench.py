@@ -2,7 +2,7 @@
 answers on the quiet one.
 
 1. The engine starts (``auto``, costs measured now) while another llama.cpp process
-   decodes on the same cores (``app.background_load``): its costs are provisional.
+   decodes on the same cores (``app.benchmarks.background_load``): its costs are provisional.
 2. The load stops; the same engine answers the prompts. Each answer's drafter, speed and
    tokens per verification are recorded, with the plan in force after it.
 3. A quiet start with its own fresh cache gives the quiet plan, and answers the same
@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from app.background_load import BackgroundDecode
+from app.benchmarks.background_load import BackgroundDecode
 from engine.decoding.generation import GenerationConfig
 from engine.hub.model_store import default_model_path
 from engine.planning.calibration import CostProfile

@@ -15,7 +15,7 @@ from pathlib import Path
 from engine.errors import WorkerError
 from engine.workers.handshake import probe_worker
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 START_WAIT_S = 30.0
 
 

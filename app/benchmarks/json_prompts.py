@@ -3,7 +3,8 @@ dev prompts' extraction questions and rag passages, each asked for as JSON match
 schema (the rows' ``json_schema``). Strings have no maximum length: llama-cpp-python's
 converter spells one out as that many nested optionals, slow for the grammar sampler.
 
-    python -m app.json_prompts --out json.jsonl [--dev training/data/spec_bench_dev.jsonl]
+    python -m app.benchmarks.json_prompts --out json.jsonl \\
+        [--dev training/data/spec_bench_dev.jsonl]
 """
 
 from __future__ import annotations
