@@ -12,8 +12,9 @@ STAMP  := $(VENV)/.installed
 # differed from plain decoding's (by ~0.15 in the bundled model as F32) and greedy output
 # drifted where two tokens nearly tie. It is also what makes llama.cpp's prompts fast on
 # those types (a 1152-wide Q4_K_M falls back to Q5_0: 9.4 s against 15 s for 630 tokens).
-# So it is built in, and packaging/llama-cpp/prefill-sgemm.patch makes it a switch, off
-# by default: Tandem turns it on for a prompt's prefill only, never for a verification.
+# So it is built in, and packaging/llama-cpp/prompt-kernels.patch makes it a switch
+# (ggml_cpu_set_prompt_kernels, together with the tiled K-quant matmul), off by default:
+# Tandem turns it on for a prompt's prefill only, never for a verification.
 #
 # With ggml's RPC backend (libggml-rpc): `tandem worker` serves this machine's devices and
 # `--workers` places a target's layers on other machines (docs/workers.md).
