@@ -30,7 +30,7 @@ def _answers_together(target, prompts, configs):  # noqa: ANN001, ANN202
     def answer(i: int) -> None:
         lane = lanes.lane()
         try:
-            results[i] = generate(lane, prompts[i], None, configs[i])  # type: ignore[arg-type]
+            results[i] = generate(lane, prompts[i], None, configs[i])
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
         finally:

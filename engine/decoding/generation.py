@@ -29,10 +29,10 @@ from engine.decoding.grammar import Grammar
 from engine.decoding.logprobs import TokenLogprob, logprob_of
 from engine.decoding.sampling import PositionUniforms, SamplingParams, choose, penalised
 from engine.decoding.stats import DrafterCall, GenerationStats, StepStats
+from engine.decoding.target_contract import DecodingTarget
 from engine.drafters.base import Drafter
 from engine.errors import InvalidSamplingError
 from engine.runtime.draft_tree import DraftTree
-from engine.runtime.target import Target
 from engine.runtime.text_stream import TextStream
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class GenerationResult:
 class _Emitter:
     """Applies end conditions token by token and streams text."""
 
-    def __init__(self, target: Target, config: GenerationConfig,
+    def __init__(self, target: DecodingTarget, config: GenerationConfig,
                  on_text: Callable[[str], None] | None,
                  on_logprobs: Callable[[list[TokenLogprob]], None] | None = None) -> None:
         self.target = target
@@ -123,7 +123,7 @@ class _Emitter:
 
 
 def generate(
-    target: Target,
+    target: DecodingTarget,
     prompt: list[int],
     drafter: Drafter | None = None,
     config: GenerationConfig | None = None,
@@ -136,6 +136,8 @@ def generate(
     on_logprobs: Callable[[list[TokenLogprob]], None] | None = None,
 ) -> GenerationResult:
     """Generate after ``prompt``; output equals plain decoding whatever the drafter.
+    ``target`` is anything that answers ``DecodingTarget`` (engine.decoding.target_contract):
+    the engine's ``Target``, or a parallel lane's ``LaneTarget``.
 
     ``on_logprobs`` (where ``config.logprobs`` asks for them) receives the log
     probabilities of the tokens whose text ``on_text`` is about to receive, just before it.
@@ -187,7 +189,7 @@ def generate(
 class _Run:
     """What one generation carries from phase to phase."""
 
-    target: Target
+    target: DecodingTarget
     config: GenerationConfig
     cost: VerifyCostModel
     governor: SpeculationGovernor | None

@@ -34,12 +34,14 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
 from engine.errors import ClosedError, ContextFullError
+from engine.runtime.architecture import ArchitectureFacts
 from engine.runtime.draft_tree import DraftTree
-from engine.runtime.native import NativeBatch, NativeContext
+from engine.runtime.native import NativeBatch, NativeContext, NativeModel
 from engine.runtime.prefill import Prefill
 from engine.runtime.target import Target, Verification, greedy_one_at_a_time
 
@@ -51,6 +53,7 @@ QUIET_S = 0.05
 
 
 _TIMEOUT = object()  # no work came while a batch waited for more rows
+T = TypeVar("T")
 
 
 @dataclass
@@ -63,8 +66,8 @@ class _Decode:
 
 @dataclass
 class _Call:
-    fn: Callable[[], object]
-    done: Future
+    fn: Callable[[], Any]
+    done: Future[Any]
 
 
 def one_stream_of(blob: np.ndarray, n_streams: int) -> np.ndarray:
@@ -112,9 +115,9 @@ class ParallelLanes:
         seq = self._free.get(timeout=timeout)
         return LaneTarget(self, seq)
 
-    def run(self, fn: Callable[[], object]) -> object:
+    def run(self, fn: Callable[[], T]) -> T:
         """``fn()`` on the native thread, between batches; its result or exception."""
-        done: Future = Future()
+        done: Future[T] = Future()
         self._put(_Call(fn, done))
         return done.result()
 
@@ -159,6 +162,7 @@ class ParallelLanes:
 
     def _serve(self, quiet_s: float | None) -> bool:
         pending: list[_Decode] = []
+        item: object  # a _Decode, a _Call, None (close) or _TIMEOUT
         while True:
             try:
                 item = self._work.get(timeout=GATHER_S if pending else quiet_s)
@@ -235,43 +239,86 @@ class ParallelLanes:
 
 
 class LaneTarget:
-    """What ``generate`` asks of a target, for one lane: the prompt read by the engine's
-    target and moved into this lane's sequence, then one token at a time as a row of the
-    lanes' batch. No drafts (``trees`` False, nothing to verify but the root)."""
-
-    trees = False
-    max_draft = 0
-    max_leaves = 0
-    n_parked = 0
-    greedy_in_c = False  # its decodes are rows of the lanes' batch: a token at a time
+    """One lane as a ``DecodingTarget`` (engine.decoding.target_contract) for ``generate``:
+    the prompt read by the engine's target and moved into this lane's sequence, then one
+    token at a time as a row of the lanes' batch. It verifies the root alone: no drafter
+    runs in lanes (drafts and other answers would compete for the same rows of the same
+    cores), so its answers to "what can you verify" are those of a target without
+    drafts, each with its reason."""
 
     def __init__(self, lanes: ParallelLanes, seq: int) -> None:
         self._lanes, self.seq = lanes, seq
         self._target = lanes.target
-        self.model = self._target.model
-        self.n_ctx = self._target.n_ctx
         self.n_past = 0
 
-    # generate's reads of the model
-    def is_end_of_generation(self, token: int) -> bool:
-        return self._target.is_end_of_generation(token)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self._target.token_bytes(token)
-
-    def tokenize(self, text: str, special: bool = False) -> list[int]:
-        return self._target.tokenize(text, special=special)
+    # --- the model: the engine's target's ------------------------------------------------
+    @property
+    def model(self) -> NativeModel:
+        """The engine's target's model: the lanes' context decodes its weights."""
+        return self._target.model
 
     @property
-    def n_used(self) -> int:
-        return self.n_past
+    def arch(self) -> ArchitectureFacts:
+        """The engine's target's architecture: the same model in another context."""
+        return self._target.arch
 
-    def set_features(self, on: bool) -> None:
+    def is_end_of_generation(self, token: int, /) -> bool:
+        return self._target.is_end_of_generation(token)
+
+    def token_bytes(self, token: int, /) -> bytes:
+        return self._target.token_bytes(token)
+
+    def tokenize(self, text: str, /, special: bool = False) -> list[int]:
+        return self._target.tokenize(text, special=special)
+
+    # --- what a lane verifies: the root alone --------------------------------------------
+    @property
+    def trees(self) -> bool:
+        """False: a lane verifies no draft, so no tree either."""
+        return False
+
+    @property
+    def max_draft(self) -> int:
+        """0: a lane verifies the root alone (no drafter runs in lanes)."""
+        return 0
+
+    @property
+    def max_leaves(self) -> int:
+        """0: with no draft there is no tree to give leaves a sequence each."""
+        return 0
+
+    @property
+    def n_parked(self) -> int:
+        """0: cells are parked for a tree's rejected tokens, and a lane verifies none."""
+        return 0
+
+    def compact(self) -> None:
+        """Nothing to do: nothing is parked in a lane."""
+
+    @property
+    def greedy_in_c(self) -> bool:
+        """False: a lane's decodes are rows of the lanes' shared batch, a token at a time
+        (``decode_greedy`` goes through ``decode_one``)."""
+        return False
+
+    def set_features(self, on: bool, /) -> None:
+        """Off only: a lane decodes without features (no drafter reads them)."""
         if on:
             raise ValueError("lanes decode without features (no drafter)")
 
-    # the prompt
-    def prefill(self, prompt: list[int], feature_tail: int | None = None) -> Prefill:
+    # --- the lane's sequence: its prompt, then a token at a time -------------------------
+    @property
+    def n_ctx(self) -> int:
+        """The target's context: the lanes' context gives each sequence as many cells
+        (``Target.lane_context``)."""
+        return self._target.n_ctx
+
+    @property
+    def n_used(self) -> int:
+        """``n_past``: nothing is parked in a lane."""
+        return self.n_past
+
+    def prefill(self, prompt: list[int], feature_tail: int | None = None, /) -> Prefill:
         """Read ``prompt`` as an answer alone reads it, and move its cells here."""
         def read() -> Prefill:
             self._target.set_features(False)  # as plain decoding reads a prompt
@@ -281,13 +328,11 @@ class LaneTarget:
             return Prefill(pre.logits.copy(), None, pre.n_reused)
 
         pre = self._lanes.run(read)
-        assert isinstance(pre, Prefill)
         self.n_past = len(prompt)
         self._lanes._set_decoding(self.seq, True)
         return pre
 
-    # one token at a time
-    def verify(self, root: int, draft: DraftTree) -> Verification:
+    def verify(self, root: int, draft: DraftTree, /) -> Verification:
         if len(draft):
             raise ValueError("a lane verifies no drafts")
         if self.n_past + 1 > self.n_ctx:
@@ -295,7 +340,8 @@ class LaneTarget:
         logits = self._lanes._decode(root, self.n_past, self.seq)
         return Verification(logits[None, :], None, {0: 0}, [(0,)], [0])
 
-    def commit(self, ver: Verification, path: list[int], path_tokens: list[int]) -> None:
+    def commit(self, verification: Verification, path: list[int], path_tokens: list[int],
+               /) -> None:
         self.n_past += len(path)
 
     def decode_one(self, token: int) -> np.ndarray:
@@ -307,15 +353,12 @@ class LaneTarget:
         self.n_past += 1
         return logits
 
-    def decode_greedy(self, token: int, n_max: int) -> tuple[list[int], list[float]]:
+    def decode_greedy(self, token: int, n_max: int, /) -> tuple[list[int], list[float]]:
         """``Target.decode_greedy``, through ``decode_one``."""
         return greedy_one_at_a_time(self, token, n_max)
 
-    def rollback(self, n_past: int) -> None:
-        self.n_past = n_past  # the lane's cells go when it is released
-
-    def compact(self) -> None:
-        """Nothing parked in a lane."""
+    def rollback(self, n_keep: int, /) -> None:
+        self.n_past = n_keep  # the lane's cells go when it is released
 
     def release(self) -> None:
         """Give the lane back (its cells dropped); once, after ``generate`` returned."""
