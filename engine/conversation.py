@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from engine.decoding.generation import GenerationConfig, GenerationResult
 from engine.decoding.logprobs import TokenLogprob
@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
 LOCAL_AGAIN = "the worker was lost: the model now runs on this machine"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,40 @@ def failure_of(exc: BaseException) -> Failure:
         return Failure("engine", str(exc))
     log.error("answering failed", exc_info=exc)
     return Failure("internal", f"{type(exc).__name__}: {exc}")
+
+
+class Generates(Protocol):
+    """What decodes an answer after its prompt: ``Engine.generate``'s call."""
+
+    def __call__(self, prompt: list[int], config: GenerationConfig | None = None, *,
+                 on_text: Callable[[str], None] | None = None,
+                 on_step: Callable[[StepStats], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None,
+                 plain: bool = False,
+                 on_logprobs: Callable[[list[TokenLogprob]], None] | None = None
+                 ) -> GenerationResult: ...
+
+
+class RunsThere(Protocol):
+    """Runs ``fn`` where the engine's llama.cpp calls must run, and waits: its result or
+    its exception."""
+
+    def __call__(self, fn: Callable[[], T], /) -> T: ...
+
+
+def _here(fn: Callable[[], T]) -> T:
+    return fn()
+
+
+@dataclass(frozen=True)
+class Elsewhere:
+    """Where an answer is decoded other than by the engine's own ``generate`` on this
+    thread: a parallel lane (app.server.parallel_lane). ``run`` runs the engine's own
+    work (the prompt, the grammar's check) on the engine's thread; ``generate`` decodes
+    the answer."""
+
+    run: RunsThere
+    generate: Generates
 
 
 class AnswerService:
@@ -167,22 +202,28 @@ class AnswerService:
                on_step: Callable[[StepStats], None] | None = None,
                should_stop: Callable[[], bool] | None = None,
                plain: bool = False,
-               on_logprobs: Callable[[list[TokenLogprob]], None] | None = None) -> Answer:
+               on_logprobs: Callable[[list[TokenLogprob]], None] | None = None,
+               elsewhere: Elsewhere | None = None) -> Answer:
         """Answer ``question``. ``on_start(prompt tokens, dropped messages)`` comes once
         the prompt fits, before any text. Raises ContextFullError (nothing generated),
         WorkerLostError (the next call runs here where the model fits), and what
-        ``Engine.generate`` raises."""
+        ``Engine.generate`` raises. ``elsewhere``: decoded there (a parallel lane) after
+        the same prompt and checks."""
         engine = self._engine()
-        prompt, n_dropped = self.prompt_of(question)
+        run: RunsThere = _here
+        generate: Generates = engine.generate
+        if elsewhere is not None:
+            run, generate = elsewhere.run, elsewhere.generate
+        prompt, n_dropped = run(lambda: self.prompt_of(question))
         if len(prompt) + 1 > engine.target.n_ctx:  # before a client sees a first byte
             raise ContextFullError(len(prompt) + 1, engine.target.n_ctx)
-        if question.generation.grammar:  # so is a grammar llama.cpp cannot parse
-            engine.check_grammar(question.generation.grammar)
+        grammar = question.generation.grammar
+        if grammar:  # so is a grammar llama.cpp cannot parse
+            run(lambda: engine.check_grammar(grammar))
         if on_start is not None:
             on_start(len(prompt), n_dropped)
-        result = engine.generate(prompt, question.generation, on_text=on_text,
-                                 on_step=on_step, should_stop=should_stop, plain=plain,
-                                 on_logprobs=on_logprobs)
+        result = generate(prompt, question.generation, on_text=on_text, on_step=on_step,
+                          should_stop=should_stop, plain=plain, on_logprobs=on_logprobs)
         return Answer(result, len(prompt), n_dropped)
 
     def _engine(self) -> Engine | EngineProcess:

@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from app.server.schema import ApiError, CompletionRequest
-from engine.conversation import AnswerService, Question, failure_of
+from engine.conversation import AnswerService, Elsewhere, Question, failure_of
 from engine.decoding.generation import GenerationConfig, GenerationResult
 from engine.decoding.logprobs import TokenLogprob
 
@@ -151,17 +151,24 @@ class EngineLane(JobQueue):
             service = self._service_of()
             if service is None or service.current() is None:
                 raise ApiError(503, "no model is loaded", kind="server_error")
-            question = question_of(job)
-            batcher = _TextBatcher(job.emit) if job.request.stream else None
-            answer = service.answer(question,
-                                    on_start=lambda n_prompt, _dropped: job.emit("start",
-                                                                                 n_prompt),
-                                    on_text=batcher.add if batcher else None,
-                                    should_stop=job.cancelled.is_set,
-                                    on_logprobs=batcher.logprobs_hook(job) if batcher else None)
-            if batcher is not None:
-                batcher.flush()
-            return answer.result
+            return answer_job(service, job)
+
+
+def answer_job(service: AnswerService, job: Job, elsewhere: Elsewhere | None = None
+               ) -> GenerationResult:
+    """``job`` answered through ``service`` (decoded ``elsewhere`` where given: a parallel
+    lane), its events emitted: "start" once the prompt fits, then its text (batched when
+    it streams)."""
+    batcher = _TextBatcher(job.emit) if job.request.stream else None
+    answer = service.answer(question_of(job),
+                            on_start=lambda n_prompt, _dropped: job.emit("start", n_prompt),
+                            on_text=batcher.add if batcher else None,
+                            should_stop=job.cancelled.is_set,
+                            on_logprobs=batcher.logprobs_hook(job) if batcher else None,
+                            elsewhere=elsewhere)
+    if batcher is not None:
+        batcher.flush()
+    return answer.result
 
 
 class _TextBatcher:

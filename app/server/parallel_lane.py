@@ -16,12 +16,13 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
-from app.server.lane import Job, JobQueue, _api_error, _TextBatcher, question_of
+from app.server.lane import Job, JobQueue, _api_error, answer_job
 from app.server.schema import ApiError
-from engine.conversation import AnswerService
-from engine.decoding.generation import GenerationResult, generate
+from engine.conversation import AnswerService, Elsewhere, Generates
+from engine.decoding.generation import GenerationConfig, GenerationResult, generate
+from engine.decoding.logprobs import TokenLogprob
 from engine.decoding.parallel import LaneTarget, ParallelLanes
-from engine.errors import ContextFullError
+from engine.decoding.stats import StepStats
 from engine.session import Engine
 
 log = logging.getLogger(__name__)
@@ -65,13 +66,16 @@ class ParallelEngineLane(JobQueue):
         held around each burst of the lanes' work there."""
         service = service_of()
         engine = service.current() if service is not None else None
-        if engine is None:
+        if service is None or engine is None:
             raise ValueError("no model is loaded")
+        if not isinstance(engine, Engine):  # lanes_allowed gives it one answer at a time
+            raise ValueError("lanes decode on a model in this process only")
         super().__init__(max_waiting)
         self._service = service
         self._execute = execute
         self._lock = lock or nullcontext()
-        make = lambda: ParallelLanes(engine.target, n_lanes)  # noqa: E731
+        target = engine.target
+        make = lambda: ParallelLanes(target, n_lanes)  # noqa: E731
         self.lanes: ParallelLanes = make() if execute is None else execute(make)  # type: ignore[assignment]
         self._counts_lock = threading.Lock()
         self._running: dict[int, Job] = {}  # by id: jobs are not hashable
@@ -154,20 +158,21 @@ class ParallelEngineLane(JobQueue):
                 self._running.pop(id(job), None)
 
     def _run(self, job: Job, lane: LaneTarget) -> GenerationResult:
-        question = question_of(job)
-        config = question.generation
-        engine = self._service.current()
-        prompt, _ = self.lanes.run(lambda: self._service.prompt_of(question))  # type: ignore[misc]
-        if len(prompt) + 1 > lane.n_ctx:
-            raise ContextFullError(len(prompt) + 1, lane.n_ctx)
-        if config.grammar:
-            self.lanes.run(lambda: engine.check_grammar(config.grammar))  # type: ignore[union-attr]
-        job.emit("start", len(prompt))
-        batcher = _TextBatcher(job.emit) if job.request.stream else None
-        result = generate(lane, prompt, None, config,  # type: ignore[arg-type]
-                          on_text=batcher.add if batcher else None,
-                          should_stop=job.cancelled.is_set,
-                          on_logprobs=batcher.logprobs_hook(job) if batcher else None)
-        if batcher is not None:
-            batcher.flush()
-        return result
+        """``job`` through the one answer path (``AnswerService.answer``: the prompt and
+        its checks on the engine's thread), decoded in ``lane``."""
+        return answer_job(self._service, job, Elsewhere(self.lanes.run, _generate_in(lane)))
+
+
+def _generate_in(lane: LaneTarget) -> Generates:
+    """``Engine.generate``'s call, decoded in ``lane``: without a drafter (none runs in
+    lanes), so every answer there is plain decoding whatever ``plain`` says."""
+    def generate_in_lane(prompt: list[int], config: GenerationConfig | None = None, *,
+                         on_text: Callable[[str], None] | None = None,
+                         on_step: Callable[[StepStats], None] | None = None,
+                         should_stop: Callable[[], bool] | None = None,
+                         plain: bool = False,
+                         on_logprobs: Callable[[list[TokenLogprob]], None] | None = None
+                         ) -> GenerationResult:
+        return generate(lane, prompt, None, config, on_text=on_text, on_step=on_step,
+                        should_stop=should_stop, on_logprobs=on_logprobs)
+    return generate_in_lane
