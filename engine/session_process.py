@@ -15,6 +15,7 @@ Everything crossing the pipe is pickled: results are plain dataclasses and numpy
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import re
 import signal
@@ -25,6 +26,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,17 +50,71 @@ if TYPE_CHECKING:  # the child imports them; the parent only names them
     from engine.session import Engine, EngineConfig
     from engine.workers.handshake import WorkerInfo
 
-# Engine attributes read here without a round trip, refreshed after every call (a plan
-# may change with the answers).
-_SNAPSHOT = ("notes", "plan", "costs", "hardware", "model", "kernels", "n_threads",
-             "max_draft", "calibrated_now", "remeasure_wanted", "config", "plan_events",
-             "drafter_name", "guarantee", "architecture", "kv_cache_text", "workers",
-             "threads_text")
-_TARGET_SNAPSHOT = ("path", "n_ctx", "n_threads", "n_vocab", "template", "arch",
-                    "n_gpu_layers", "f16_prefill_off")
 POLL_S = 0.05  # how often a waiting call looks at should_stop and the child's health
 SETTLE_S = 30.0  # how long an interrupted call may take to stop
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])  # where `-m engine...` imports from
+
+
+# --- what the parent reads without a round trip ---------------------------------------------
+@dataclass(frozen=True)
+class EngineFacts:
+    """The ``Engine``'s members ``EngineProcess`` gives without a round trip: each field
+    is the member of that name, read in the child after the engine opens and after every
+    call of the engine's own (a plan may change with the answers). A member the engine
+    lacks is an AttributeError at once (``read_facts``), never a None."""
+
+    notes: list[str]
+    plan: Plan | None
+    costs: CostProfile | None
+    hardware: HardwareProfile
+    model: ModelInfo
+    kernels: KernelChoice | None
+    n_threads: int
+    max_draft: int
+    calibrated_now: bool
+    remeasure_wanted: bool
+    plan_events: list[PlanEvent]
+    drafter_name: str
+    guarantee: str
+    architecture: dict[str, object]
+    kv_cache_text: str
+    workers: tuple[WorkerInfo, ...]
+    threads_text: str
+
+
+@dataclass(frozen=True)
+class TargetFacts:
+    """The ``Target``'s fixed facts ``EngineProcess.target`` gives without a round trip
+    (its methods go through the pipe): each field is the member of that name."""
+
+    path: Path
+    n_ctx: int
+    n_threads: int
+    n_vocab: int
+    template: ChatTemplate
+    arch: ArchitectureFacts
+    n_gpu_layers: int
+    f16_prefill_off: str | None
+
+
+@dataclass(frozen=True)
+class _Facts:
+    engine: EngineFacts
+    target: TargetFacts
+
+
+def read_facts(facts: type[EngineFacts] | type[TargetFacts], owner: object, what: str
+               ) -> dict[str, Any]:
+    """Each field of ``facts`` read from ``owner`` (``what``, in the message): raises
+    AttributeError naming the first member ``owner`` lacks."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(facts):
+        try:
+            values[f.name] = getattr(owner, f.name)
+        except AttributeError as exc:
+            raise AttributeError(f"{what} has no {f.name!r}, which {facts.__name__} "
+                                 f"(engine.session_process) gives the parent: {exc}") from exc
+    return values
 
 
 # --- the child ---------------------------------------------------------------------------
@@ -76,10 +132,11 @@ def _picklable(value: object) -> bool:
     return True
 
 
-def _snapshot(engine: Any) -> dict[str, Any]:
-    values = {name: getattr(engine, name, None) for name in _SNAPSHOT}
-    values["target"] = {name: getattr(engine.target, name, None) for name in _TARGET_SNAPSHOT}
-    return values
+def _snapshot(engine: Any) -> dict[str, dict[str, Any]]:
+    """The engine's and its target's facts, as plain values (the dataclasses are built on
+    the parent's side: this module runs as ``__main__`` here)."""
+    return {"engine": read_facts(EngineFacts, engine, "the engine"),
+            "target": read_facts(TargetFacts, engine.target, "the engine's target")}
 
 
 def _child_main(conn: Connection) -> None:
@@ -97,7 +154,13 @@ def _child_main(conn: Connection) -> None:
     except BaseException as exc:  # noqa: BLE001 - every failure goes back as it was
         conn.send(("err", _pack_error(exc), traceback.format_exc()))
         return
-    conn.send(("ok", None, _snapshot(engine)))
+    try:
+        facts = _snapshot(engine)
+    except AttributeError as exc:  # a fact the engine lacks: the parent raises it
+        conn.send(("err", _pack_error(exc), traceback.format_exc()))
+        engine.close()
+        return
+    conn.send(("ok", None, facts))
     try:
         while True:
             try:
@@ -150,20 +213,21 @@ def _serve_call(conn: Connection, stop: _StopFlag, engine: Any, where: str, name
             if stoppable:
                 kwargs["should_stop"] = stop.is_set
             result = ("value", attr(*args, **kwargs))
+        # Only the engine's own methods change what the snapshot holds (a plan that
+        # switched after an answer, costs measured again); reads and the target's calls
+        # send none.
+        facts = _snapshot(engine) if where == "engine" and args is not None else None
     except BaseException as exc:  # noqa: BLE001
         conn.send(("err", _pack_error(exc), traceback.format_exc()))
         return
-    # Only the engine's own methods change what the snapshot holds (a plan that switched
-    # after an answer, costs measured again); reads and the target's calls send none.
-    changed = where == "engine" and args is not None
-    conn.send(("ok", result, _snapshot(engine) if changed else None))
+    conn.send(("ok", result, facts))
 
 
 # --- the parent --------------------------------------------------------------------------
 def _unpack_error(packed: tuple[str, str, tuple, dict, str]) -> BaseException:
     module, qualname, args, state, text = packed
     try:
-        cls = importlib.import_module(module)
+        cls: Any = importlib.import_module(module)
         for part in qualname.split("."):
             cls = getattr(cls, part)
         exc = cls.__new__(cls)
@@ -175,47 +239,49 @@ def _unpack_error(packed: tuple[str, str, tuple, dict, str]) -> BaseException:
 
 
 class _TargetProxy:
-    """The child's target: its fixed facts from the snapshot, its methods through the
-    pipe; token bytes are cached (the GUI asks for every token of an answer)."""
+    """The child's target: its fixed facts (``TargetFacts``) from the snapshot, its
+    methods through the pipe; token bytes are cached (the GUI asks for every token of an
+    answer)."""
 
     def __init__(self, process: EngineProcess) -> None:
         self._process = process
         self._bytes: dict[int, bytes] = {}
 
-    def _fact(self, name: str) -> Any:
-        return self._process._state.get("target", {}).get(name)
+    @property
+    def facts(self) -> TargetFacts:
+        return self._process._known().target
 
     @property
     def path(self) -> Path:
-        return self._fact("path")
+        return self.facts.path
 
     @property
     def n_ctx(self) -> int:
-        return self._fact("n_ctx")
+        return self.facts.n_ctx
 
     @property
     def n_threads(self) -> int:
-        return self._fact("n_threads")
+        return self.facts.n_threads
 
     @property
     def n_vocab(self) -> int:
-        return self._fact("n_vocab")
+        return self.facts.n_vocab
 
     @property
     def template(self) -> ChatTemplate:
-        return self._fact("template")
+        return self.facts.template
 
     @property
     def arch(self) -> ArchitectureFacts:
-        return self._fact("arch")
+        return self.facts.arch
 
     @property
     def n_gpu_layers(self) -> int:
-        return self._fact("n_gpu_layers")
+        return self.facts.n_gpu_layers
 
     @property
     def f16_prefill_off(self) -> str | None:
-        return self._fact("f16_prefill_off")
+        return self.facts.f16_prefill_off
 
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         return self._process._call("target", name, args, kwargs)[1]
@@ -267,7 +333,7 @@ class EngineProcess:
             stderr=self._log, cwd=_PROJECT_ROOT)
         theirs.close()
         self._conn = Connection(ours.detach())
-        self._state: dict[str, Any] = {}
+        self._facts: _Facts | None = None
         self._lost: WorkerLostError | None = None
         self._stop_sent = False
         self._replied = True
@@ -280,73 +346,84 @@ class EngineProcess:
             raise
 
     # the engine's facts (the snapshot) ----------------------------------------------
+    def _known(self) -> _Facts:
+        if self._facts is None:
+            raise RuntimeError("the engine's facts: the child has not sent them yet")
+        return self._facts
+
+    @property
+    def facts(self) -> EngineFacts:
+        """The engine's facts as the child sent them after its last call that may have
+        changed them."""
+        return self._known().engine
+
     @property
     def notes(self) -> list[str]:
-        return self._state.get("notes") or []
+        return self.facts.notes
 
     @property
     def plan(self) -> Plan | None:
-        return self._state.get("plan")
+        return self.facts.plan
 
     @property
     def costs(self) -> CostProfile | None:
-        return self._state.get("costs")
+        return self.facts.costs
 
     @property
     def hardware(self) -> HardwareProfile:
-        return self._state["hardware"]
+        return self.facts.hardware
 
     @property
     def model(self) -> ModelInfo:
-        return self._state["model"]
+        return self.facts.model
 
     @property
     def kernels(self) -> KernelChoice | None:
-        return self._state.get("kernels")
+        return self.facts.kernels
 
     @property
     def n_threads(self) -> int:
-        return self._state["n_threads"]
+        return self.facts.n_threads
 
     @property
     def max_draft(self) -> int:
-        return self._state["max_draft"]
+        return self.facts.max_draft
 
     @property
     def calibrated_now(self) -> bool:
-        return bool(self._state.get("calibrated_now"))
+        return self.facts.calibrated_now
 
     @property
     def remeasure_wanted(self) -> bool:
-        return bool(self._state.get("remeasure_wanted"))
+        return self.facts.remeasure_wanted
 
     @property
     def plan_events(self) -> list[PlanEvent]:
-        return self._state.get("plan_events") or []
+        return self.facts.plan_events
 
     @property
     def drafter_name(self) -> str:
-        return self._state.get("drafter_name") or "none"
+        return self.facts.drafter_name
 
     @property
     def guarantee(self) -> str:
-        return self._state.get("guarantee") or ""
+        return self.facts.guarantee
 
     @property
     def architecture(self) -> dict[str, object]:
-        return self._state.get("architecture") or {}
+        return self.facts.architecture
 
     @property
     def kv_cache_text(self) -> str:
-        return self._state.get("kv_cache_text") or ""
+        return self.facts.kv_cache_text
 
     @property
     def workers(self) -> tuple[WorkerInfo, ...]:
-        return self._state.get("workers") or ()
+        return self.facts.workers
 
     @property
     def threads_text(self) -> str:
-        return self._state.get("threads_text") or ""
+        return self.facts.threads_text
 
     # the engine's methods (through the pipe) ----------------------------------------
     def _engine_call(self, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -474,7 +551,8 @@ class EngineProcess:
                     callback(*message[2])
             elif kind == "ok":
                 if message[2] is not None:
-                    self._state = message[2]
+                    self._facts = _Facts(EngineFacts(**message[2]["engine"]),
+                                         TargetFacts(**message[2]["target"]))
                 return message[1]
             else:
                 raise _unpack_error(message[1])
