@@ -168,7 +168,7 @@ def batch_costs(model: Path, questions: list[str], n: int, max_tokens: int,
         def answer(i: int) -> None:
             lane = lanes.lane()
             try:
-                counts[i] = len(generate(lane, prompts[i], None, config).tokens)  # type: ignore[arg-type]
+                counts[i] = len(generate(lane, prompts[i], None, config).tokens)
             finally:
                 lane.release()
 
