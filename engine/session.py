@@ -4,12 +4,13 @@ governor and the plan.
 Built in a fixed order:
 
 1. probe the hardware;
-2. read the model's facts from its GGUF header (no weights loaded), and choose the CPU
-   kernels that make verified batches exact (engine.planning.kernels: probed once per
-   model file, cached);
-3. decide what to run (a ``Setup``): plain decoding where speculation cannot be exact,
-   the drafter asked for by name, or (``auto``) the plan priced from this machine's
-   measured costs (engine.planning.plan_maker);
+2. read the model's facts from its GGUF header (no weights loaded), and set the target
+   up (engine.planning.target_setup), with the CPU kernels that make verified batches
+   exact (engine.planning.kernels: probed once per model file, cached);
+3. decide what to run (a ``Setup``, engine.planning.first_setup): plain decoding where
+   speculation cannot be exact, the drafter asked for by name (a ``DrafterKind``,
+   engine.drafters.kinds), or (``auto``) the plan priced from this machine's measured
+   costs (engine.planning.plan_maker);
 4. open the target once, where the setup puts it (the CPU, with a note, if the GPU
    refuses), and check its first forward pass;
 5. ``apply``: the one method that makes the engine run a setup, at start and at every
@@ -23,7 +24,6 @@ through.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -34,9 +34,7 @@ from typing import Any
 import numpy as np
 
 from engine.decoding.budget import (
-    MAX_DRAFT,
     MAX_DRAFT_LIMIT,
-    MAX_MEMORY_DRAFT,
     SpeculationGovernor,
     VerifyCostModel,
     context_bucket,
@@ -45,25 +43,22 @@ from engine.decoding.generation import GenerationConfig, GenerationResult, gener
 from engine.decoding.grammar import Grammar
 from engine.decoding.logprobs import TokenLogprob
 from engine.decoding.stats import StepStats
-from engine.drafters import DRAFTER_NAMES, DrafterSpec, open_drafter
+from engine.drafters import memory_file, open_drafter
 from engine.drafters.base import Drafter
-from engine.drafters.draft_model import DraftModelDrafter
-from engine.drafters.eagle3 import Eagle3Drafter
-from engine.drafters.memory import MemoryDrafter
-from engine.drafters.merged import MergedDrafter
-from engine.drafters.mtp import MtpDrafter
-from engine.drafters.suffix_index import SuffixIndex, open_memory
+from engine.drafters.kinds import CHOICES, DrafterKind, Need
+from engine.drafters.memory_file import MemoryFile
+from engine.drafters.suffix_index import SuffixIndex
 from engine.errors import InvalidSettingError, ModelLoadError, TandemError
 from engine.hub.model_store import data_dir, default_model_path, default_model_ready
-from engine.planning.calibration import SPOT_SIZES, CalibrationCache, CostProfile, spot_check
-from engine.planning.draft_record import DraftRecord, mtp_key, pair_key
-from engine.planning.drafter_options import usable_eagle3_head
-from engine.planning.kernels import KernelChoice, choose_kernels
-from engine.planning.machine_load import count_as_own
-from engine.planning.plan_check import PlanChange, PlanCheck, same_choice
+from engine.planning.calibration import CostProfile
+from engine.planning.draft_record import DraftRecord
+from engine.planning.drafter_follow import governor_for, record_key
+from engine.planning.first_setup import first_setup
+from engine.planning.plan_check import PlanCheck, same_choice
 from engine.planning.plan_log import PlanEvent
 from engine.planning.plan_maker import PlanMaker, Setup
 from engine.planning.planner import Overrides, Plan
+from engine.planning.target_setup import target_settings
 from engine.planning.thread_choice import ThreadFollower
 from engine.runtime.architecture import RS_ROLLBACK_TOKENS
 from engine.runtime.chat_template import OWN_TEMPLATE
@@ -72,14 +67,13 @@ from engine.runtime.hardware import HardwareProfile, check_device, default_threa
 from engine.runtime.kv_cache import KV_MODES, KV_TRADE_OFF
 from engine.runtime.model_info import ModelInfo, read_model_info
 from engine.runtime.native import prompt_kernels_available
-from engine.runtime.target import Target, TargetConfig
-from engine.workers.endpoints import listener_pid, parse_endpoint
+from engine.runtime.target import Target
+from engine.workers.endpoints import parse_endpoint
 from engine.workers.handshake import WorkerInfo, probe_worker
-from engine.workers.placement import placement_text, worker_layers
 
 log = logging.getLogger(__name__)
 
-ENGINE_DRAFTERS = ("auto", *DRAFTER_NAMES)
+ENGINE_DRAFTERS = CHOICES  # "auto" and every drafter's name (engine.drafters.kinds)
 # Room for a chat prompt and an answer, and for the largest verification batch.
 MIN_CTX = 64
 DEFAULT_CTX = 4096
@@ -91,7 +85,7 @@ class EngineConfig:
     ``head_dir`` None: the head shipped for the bundled model (used when it fits)."""
 
     model_path: Path | None = None
-    drafter: str = "auto"  # "auto" (the planner decides) or a name in DRAFTER_NAMES
+    drafter: DrafterKind = DrafterKind.AUTO  # AUTO (the planner decides), a kind or its name
     head_dir: Path | None = None
     head_device: str = "cpu"  # where a head asked for by name runs
     overrides: Overrides = field(default_factory=Overrides)
@@ -101,7 +95,7 @@ class EngineConfig:
     cache_dir: Path | None = None  # calibration cache; None: the data directory's
     memory_dir: Path | None = None  # drafts' memory per model; None: the data directory's
     kv_cache: str = "exact"  # "exact" or "fast" (engine.runtime.kv_cache.KV_TRADE_OFF says how)
-    draft_model: Path | None = None  # the GGUF the "draft" drafter runs
+    draft_model: Path | None = None  # the GGUF a draft model drafter runs
     # Workers (HOST:PORT, `tandem worker`) for the target's layers and KV cache; open such
     # an engine with engine.session_process.open_engine (a child process).
     workers: tuple[str, ...] = ()
@@ -110,12 +104,14 @@ class EngineConfig:
     def __post_init__(self) -> None:
         """Every setting checked before anything loads; the message names the value and
         the range."""
-        if self.drafter not in ENGINE_DRAFTERS:
+        kind = DrafterKind.of(self.drafter)
+        if kind is None:
             raise InvalidSettingError("drafter", f"must be one of {', '.join(ENGINE_DRAFTERS)}",
                                       self.drafter)
+        object.__setattr__(self, "drafter", kind)
         check_device(self.head_device)
-        if self.drafter == "draft" and self.draft_model is None:
-            raise InvalidSettingError("draft_model", "must name a GGUF for the draft drafter",
+        if Need.DRAFT_GGUF in kind.needs and self.draft_model is None:
+            raise InvalidSettingError("draft_model", f"must name a GGUF for the {kind} drafter",
                                       None)
         if self.kv_cache not in KV_MODES:
             raise InvalidSettingError("kv_cache", f"must be one of {', '.join(KV_MODES)}",
@@ -164,8 +160,9 @@ class Engine:
         self.workers: tuple[WorkerInfo, ...] = tuple(probe_worker(w) for w in config.workers)
         self.plans = PlanMaker(self.model, self.hardware, self.n_threads, config.overrides,
                                self._cache_dir(), self.notes)
-        self.kernels: KernelChoice | None = None
-        self._target_config = self._make_target_config(say)
+        self._target_config, self.kernels = target_settings(
+            config, self.model, context_length(config, self.model), self.n_threads,
+            self.workers, self._cache_dir(), say, self.notes)
         # What runs; ``apply`` sets them all, in its one order.
         self.setup = Setup.plain()
         self.plan: Plan | None = None
@@ -174,14 +171,15 @@ class Engine:
         self.governor: SpeculationGovernor | None = None
         self.pinned = False  # drafting decisions no longer follow timings (pin_drafting)
         self._draft_pair: str | None = None  # the record a draft model's steps correct
-        self.memory: SuffixIndex | None = None
-        self._memory_path: Path | None = None
-        setup, opened, why = self._first_setup(say)
+        self.memory: SuffixIndex | None = None  # opened for the first drafter that reads it
+        self._memory_file: MemoryFile | None = None
+        setup, opened, why = first_setup(config, self.model, self.kernels, self.plans,
+                                         self._target_config, say, self.notes)
         self.target = self._place_target(setup.gpu_layers, opened)
         self._placed_for = setup.gpu_layers  # asked of the target (the GPU may refuse)
         try:
             check_first_forward(self.target)
-            self._note_what_the_target_is(self.target)
+            self.notes += target_notes(self.model.path.name, self.target)
             self.apply(setup, why)
         except BaseException:
             self.close()
@@ -196,90 +194,6 @@ class Engine:
             self.threads.idle()
 
     # --- building, in order ------------------------------------------------------------
-    def _make_target_config(self, say: Callable[[str], None]) -> TargetConfig:
-        """The target's settings: the context, the cache types, the workers' share, and
-        the kernels that keep verified batches exact."""
-        config = self.config
-        type_k, type_v = KV_MODES[config.kv_cache]
-        target_config = TargetConfig(n_ctx=context_length(config, self.model),
-                                     n_threads=self.n_threads, type_k=type_k, type_v=type_v,
-                                     # No drafts to take back: no state snapshots to pay.
-                                     state_snapshots=config.drafter != "none")
-        for endpoint in config.workers:  # a worker on these cores computes for us
-            pid = listener_pid(endpoint)
-            if pid is not None:
-                count_as_own(pid)
-        if self.workers:
-            target_config = replace(
-                target_config, workers=config.workers,
-                worker_layers=worker_layers(self.model, self.workers, target_config,
-                                            config.worker_layers),
-                # An EAGLE-3 head uses the target's LM head.
-                output_here=config.drafter == "eagle3")
-            self.notes.append(placement_text(self.model, self.workers, target_config))
-        # Plain decoding runs on the kernels speculation would use, so an answer does not
-        # depend on the drafter (docs/benchmarks.md: exact kernels).
-        if self.model.why_plain is None:
-            self.kernels = choose_kernels(self.model.path, target_config, self.n_threads,
-                                          CalibrationCache(self._cache_dir()), say)
-            target_config = replace(target_config, repack=self.kernels.repack,
-                                    max_batch=self.kernels.max_batch)
-        return target_config
-
-    def _first_setup(self, say: Callable[[str], None]
-                     ) -> tuple[Setup, Target | None, str | None]:
-        """What to run first, the target already opened for it (auto may have opened one
-        to measure), and why (for the plan's log)."""
-        config, name = self.config, self.model.path.name
-        if self.model.why_plain is not None:  # known before any probe or measurement
-            if config.drafter != "none":
-                self.notes.append(f"{name} decodes plainly: {self.model.why_plain}")
-            return Setup.plain(), None, None
-        if config.drafter == "auto" and self.kernels is not None and not self.kernels.exact:
-            self.notes.append(f"auto does not speculate on {name}: "
-                              f"{self.kernels.describe()}. Choose a drafter by name to "
-                              "speculate anyway")
-            return Setup.plain(), None, None
-        if config.drafter == "auto":
-            self.plans.gather_options(config.head_dir, config.draft_model,
-                                      self._target_config)
-            plan, opened = self.plans.plan_at_start(self._target_config, config.recalibrate,
-                                                    say)
-            return (self.plans.setup_for(plan, config.overrides.max_draft), opened,
-                    self.plans.start_why)
-        return self._asked_setup(), None, None
-
-    def _asked_setup(self) -> Setup:
-        """The drafter asked for by name, on the CPU, with the budget asked (or the
-        drafter's default)."""
-        config = self.config
-        options: dict[str, object] = {}
-        if config.overrides.depth:
-            options["depth"] = config.overrides.depth
-        head_dir = config.head_dir
-        if config.drafter == "eagle3" and head_dir is None:
-            # An imported head that fits this model, else the bundled model's.
-            head_dir = usable_eagle3_head(self.model)
-        spec = DrafterSpec(config.drafter, head_dir, config.head_device, options,
-                           config.draft_model)
-        cap = MAX_MEMORY_DRAFT if config.drafter in ("memory", "head+memory") else MAX_DRAFT
-        asked = config.overrides.max_draft
-        return Setup(0, spec, cap if asked is None else asked)
-
-    def _note_what_the_target_is(self, target: Target) -> None:
-        name = self.model.path.name
-        if not prompt_kernels_available():
-            self.notes.append("this llama.cpp build lacks Tandem's prompt-kernel switch "
-                              "(packaging/llama-cpp/prompt-kernels.patch, applied by make "
-                              "install): prompts are read with the exact kernels, slower")
-        if target.template.completion:
-            # origin: "a base model, as its name or tags say base"
-            self.notes.append(f"{name} is {target.template.origin}: it continues "
-                              "your text rather than answering it")
-        elif target.template.origin != OWN_TEMPLATE:
-            self.notes.append(f"{name} has no chat template: chat format "
-                              f"{target.template.origin}")
-
     def _place_target(self, gpu_layers: int, opened: Target | None) -> Target:
         """The target with ``gpu_layers`` offloaded: ``opened`` when it already is, else
         a new one (and the CPU with a note when the GPU refuses)."""
@@ -318,9 +232,9 @@ class Engine:
         spec = setup.spec
         most = RS_ROLLBACK_TOKENS if target.arch.rs_rollback else 0
         budget = _capped(setup.max_draft, target.max_draft_with(most))
-        target.set_state_snapshots(0 if spec.name == "none" else budget)
+        target.set_state_snapshots(budget if spec.kind.drafts else 0)
         self.max_draft = _capped(budget, target.max_draft)
-        if spec.name not in ("none", "lookup") and self.memory is None:
+        if spec.kind.opens_memory and self.memory is None:
             self.memory = self._open_memory()
         self.drafter, notes = open_drafter(spec, target, self.model.fingerprint, self.memory)
         self.notes += notes
@@ -335,26 +249,17 @@ class Engine:
         self.apply(self.plans.setup_for(plan, self.config.overrides.max_draft), why)
 
     def _follow_drafter(self) -> None:
-        """The pair record and the governor for the drafter now in use."""
-        config, drafter = self.config, self.drafter
-        # A draft model's steps correct the acceptance the next plan assumes for the pair.
-        self._draft_pair = (pair_key(self.model.path, config.draft_model)
-                            if isinstance(drafter, DraftModelDrafter)
-                            and config.draft_model is not None else
-                            mtp_key(self.model.path) if isinstance(drafter, MtpDrafter)
-                            else pair_key(self.model.path, drafter.path)
-                            if isinstance(drafter, Eagle3Drafter) else None)
-        # With auto every drafter is governed: a head or draft model whose drafts cost
-        # time and are not accepted is paused and probed again. Drafts from memory cost
-        # microseconds and their hits come in bursts: they are let off 5% of a token and
-        # paused 32 steps at most, so a repeat is not missed for long. A drafter asked
-        # for by name runs as asked.
+        """The record and the governor for the drafter now in use."""
+        drafter = self.drafter
+        # A llama.cpp drafter's steps correct the acceptance the next plan assumes for it.
+        self._draft_pair = record_key(self.model.path, drafter)
+        # With auto every drafter is governed (engine.planning.drafter_follow); a
+        # drafter asked for by name runs as asked.
         self.governor = None
-        if self.pinned:
-            self._pin_drafter()
-        elif config.drafter == "auto" and drafter is not None:
-            self.governor = (SpeculationGovernor() if drafter.is_draft_model else
-                             SpeculationGovernor(tolerance=0.05, max_pause=32))
+        if self.pinned and drafter is not None:
+            drafter.pin()
+        elif self.config.drafter is DrafterKind.AUTO and drafter is not None:
+            self.governor = governor_for(drafter)
 
     def pin_drafting(self, slope: float = 0.35) -> None:
         """Pin the drafting decisions that follow this machine's timings, so the same
@@ -363,13 +268,8 @@ class Engine:
         in a head; held through plan switches. What is answered never depends on them."""
         self.cost = VerifyCostModel(slope=slope, learn=False)
         self.pinned, self.governor = True, None
-        self._pin_drafter()
-
-    def _pin_drafter(self) -> None:
-        drafter = self.drafter
-        config = getattr(drafter, "config", None)
-        if dataclasses.is_dataclass(config) and getattr(config, "dynamic_depth", False):
-            drafter.config = dataclasses.replace(config, dynamic_depth=False)  # type: ignore[union-attr]
+        if self.drafter is not None:
+            self.drafter.pin()
 
     def _detach_drafter(self) -> None:
         old, self.drafter = self.drafter, None
@@ -380,25 +280,19 @@ class Engine:
         return Path(self.config.cache_dir or data_dir() / "cache")
 
     def _open_memory(self) -> SuffixIndex:
-        """This model's memory of what it wrote before (a missing or unusable file means
-        an empty memory, and a note when the file was unusable)."""
-        fp = self.model.fingerprint
-        directory = Path(self.config.memory_dir or data_dir() / "memory")
-        self._memory_path = directory / f"{self.model.path.stem}-{fp.tokenizer_sha256[:12]}.idx"
-        memory, note = open_memory(self._memory_path, tag=fp.tokenizer_sha256)
-        if note:
-            self.notes.append(note)
+        """This model's memory of what it wrote before (engine.drafters.memory_file)."""
+        self._memory_file = MemoryFile.of_model(
+            Path(self.config.memory_dir or data_dir() / memory_file.FOLDER), self.model.path,
+            self.model.fingerprint.tokenizer_sha256)
+        memory, note = self._memory_file.open()
+        self.notes += [note] if note else []
         return memory
 
     def _save_memory(self) -> None:
-        if self.memory is None or self._memory_path is None or not isinstance(
-                self.drafter, MemoryDrafter | MergedDrafter):
-            return
-        try:
-            self._memory_path.parent.mkdir(parents=True, exist_ok=True)
-            self.memory.save(self._memory_path)
-        except OSError as exc:  # a full or read-only disk must not stop the chat
-            log.warning("could not save the draft memory to %s: %s", self._memory_path, exc)
+        kind = self.drafter.kind if self.drafter is not None else None
+        if self.memory is not None and self._memory_file is not None and (
+                kind is not None and kind.uses_memory):
+            self._memory_file.save(self.memory)
 
     # --- plans that stay right ----------------------------------------------------------
     @property
@@ -431,18 +325,7 @@ class Engine:
         self.plans.check = check
 
     def _check_plan(self, result: GenerationResult) -> None:
-        check = self.plans.check
-        if check is None:
-            return
-        target, tokens = self.target, result.tokens
-
-        def spot() -> dict[int, float]:
-            # The answer's last token is not cached yet: it is the root of the checks.
-            if not tokens or target.n_ctx - target.n_used <= max(SPOT_SIZES) + 1:
-                return {}
-            return spot_check(target, tokens[-1], tokens[-max(SPOT_SIZES):])
-
-        change: PlanChange | None = check.observe(result.stats.steps, spot)
+        change = self.plans.check_answer(self.target, result.tokens, result.stats.steps)
         if change is not None:
             self.apply_plan(change.new, change.why)
             self.plans.remeasure_wanted = True  # settle it with a real measurement when idle
@@ -493,8 +376,8 @@ class Engine:
     # --- use ---------------------------------------------------------------------------
     @property
     def drafter_name(self) -> str:
-        """The drafter in use: "head", "lookup" or "none"."""
-        return self.drafter.name if self.drafter is not None else "none"
+        """The drafter in use, by its kind's name (``none``: plain decoding)."""
+        return self.drafter.name if self.drafter is not None else DrafterKind.NONE
 
     def chat_prompt(self, messages: list[dict[str, Any]],
                     enable_thinking: bool | None = None,
@@ -638,6 +521,23 @@ def context_length(config: EngineConfig, model: ModelInfo) -> int:
         raise InvalidSettingError("n_ctx", f"must be at most {trained} tokens (what "
                                   f"{model.path.name} was trained for)", asked)
     return asked
+
+
+def target_notes(name: str, target: Target) -> list[str]:
+    """What the user should know about the opened target ``name``: prompts read on the
+    slower kernels, a base model, a chat format Tandem supplied."""
+    notes = []
+    if not prompt_kernels_available():
+        notes.append("this llama.cpp build lacks Tandem's prompt-kernel switch "
+                     "(packaging/llama-cpp/prompt-kernels.patch, applied by make "
+                     "install): prompts are read with the exact kernels, slower")
+    if target.template.completion:
+        # origin: "a base model, as its name or tags say base"
+        notes.append(f"{name} is {target.template.origin}: it continues "
+                     "your text rather than answering it")
+    elif target.template.origin != OWN_TEMPLATE:
+        notes.append(f"{name} has no chat template: chat format {target.template.origin}")
+    return notes
 
 
 def _capped(budget: int, limit: int | None) -> int:

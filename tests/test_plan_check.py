@@ -251,10 +251,10 @@ def test_a_switched_plan_runs_its_drafter_and_output_stays_the_targets(
     however cheap its steps (a 0.5 ms level still plans memory, above), so the plan
     switches to drafts from memory. Every answer is the target's; the head's drafts were
     rejected, and once the memory holds the answer its drafts are accepted."""
-    import engine.session as session
+    import engine.planning.plan_maker as plan_maker
 
     quiet_curve = {n: 13.4 * r * MS for n, r in QUIET_RATIOS.items()}
-    monkeypatch.setattr(session, "spot_check", lambda *_args, **_kw: dict(quiet_curve))
+    monkeypatch.setattr(plan_maker, "spot_check", lambda *_args, **_kw: dict(quiet_curve))
     _seed(tmp_path, _busy(), model_path, monkeypatch, busy_now=True)
     # Extraction: the answer copies the prompt, so the head and memory have text to draft.
     prompt = target.chat_prompt([{"role": "user", "content": EXTRACTION}])

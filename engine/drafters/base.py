@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
+from engine.drafters.kinds import DrafterKind
 from engine.runtime.draft_tree import DraftTree
 
 
@@ -18,6 +21,13 @@ class Drafter(ABC):
     """
 
     name: str = "drafter"
+    # Its entry in the registry (engine.drafters.kinds); None: a drafter from elsewhere
+    # (a test's): it keeps no acceptance record and the engine saves no memory for it.
+    kind: DrafterKind | None = None
+    # The file it drafts with beside the target (a draft model's or head's GGUF): the
+    # pair whose acceptance record its answers correct.
+    path: Path | None = None
+    load_notes: Sequence[str] = ()  # what the user should know about what was loaded
     needs_features: bool = False  # whether accept() wants the target's hidden states
     prompt_features: int | None = None  # features wanted for the last N prompt tokens
     drafts_ahead: bool = False  # whether the engine should call draft_ahead (overlap)
@@ -51,6 +61,10 @@ class Drafter(ABC):
     def finish(self, tokens: list[int]) -> None:  # noqa: B027
         """The generation ended; ``tokens`` are its prompt and answer (a drafter with
         memory keeps them for later generations)."""
+
+    def pin(self) -> None:  # noqa: B027
+        """Stop following this machine's timings (a head's dynamic depth), so the same
+        context drafts the same tokens on any run (a replayed test case)."""
 
     def stats(self) -> dict[str, float]:
         """Drafter-specific counters for the dashboard."""

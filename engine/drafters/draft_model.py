@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.drafters.base import Drafter
+from engine.drafters.kinds import DrafterKind
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.native import NativeBatch, NativeContext, NativeModel, prompt_kernels
 from engine.runtime.sequences import common_prefix_length
@@ -65,7 +66,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 
 class DraftModelDrafter(Drafter):
-    name = "draft"
+    name = kind = DrafterKind.DRAFT
     is_draft_model = True
 
     def __init__(self, path: Path, n_ctx: int, n_threads: int,

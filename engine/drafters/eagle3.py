@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine.drafters.kinds import DrafterKind
 from engine.drafters.native_head import HEAD_BATCH, HeadChainConfig, NativeHeadDrafter
 from engine.errors import DrafterUnavailableError, IncompatibleDraftError
 from engine.gguf.draft_compat import mismatches
@@ -76,7 +77,7 @@ def draft_vocabulary_ids(path: Path) -> np.ndarray | None:
 
 
 class Eagle3Drafter(NativeHeadDrafter):
-    name = "eagle3"
+    name = kind = DrafterKind.EAGLE3
     _handles = ("batch", "ctx", "model")
 
     def __init__(self, path: Path, target: Target, config: HeadChainConfig | None = None,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,7 @@ import torch
 
 from engine.drafters.base import Drafter
 from engine.drafters.head_fit import EAGLE1_UNCHECKED, check_head_fits
+from engine.drafters.kinds import DrafterKind
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.sequences import common_prefix_length
 from models.draft_head import DraftHead, KVBuffer
@@ -120,7 +121,7 @@ class DepthCalibration:
 
 
 class HeadDrafter(Drafter):
-    name = "head"
+    name = kind = DrafterKind.HEAD
     needs_features = True
     is_draft_model = True
 
@@ -461,6 +462,10 @@ class HeadDrafter(Drafter):
             node_ids.append(i)
         self._last_draft, self._raw_scores, self._served_nodes = tree, raw, node_ids
         return tree
+
+    def pin(self) -> None:
+        if self.config.dynamic_depth:
+            self.config = replace(self.config, dynamic_depth=False)
 
     def stats(self) -> dict[str, float]:
         calls = max(1, self._n_head_calls)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.drafters.base import Drafter
+from engine.drafters.kinds import DrafterKind
 from engine.runtime.draft_tree import DraftTree
 
 NodeKey = tuple[int, int, bool]  # (n-gram length, depth, first branch)
@@ -81,7 +82,7 @@ class LocalCalibration:
 
 
 class PromptLookupDrafter(Drafter):
-    name = "lookup"
+    name = kind = DrafterKind.LOOKUP
 
     def __init__(self, config: LookupConfig | None = None) -> None:
         self.config = config or LookupConfig()

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.drafters.base import Drafter
+from engine.drafters.kinds import DrafterKind
 from engine.drafters.lookup import AcceptanceRates, LocalCalibration
 from engine.drafters.suffix_index import IndexConfig, Speculation, SuffixIndex
 from engine.runtime.draft_tree import DraftTree
@@ -117,7 +118,7 @@ class MemoryDrafter(Drafter):
     save). ``draft`` depends only on the tokens seen (this generation's and the ones in
     memory), siblings carry distinct tokens and scores never grow along a path."""
 
-    name = "memory"
+    name = kind = DrafterKind.MEMORY
 
     def __init__(self, memory: SuffixIndex | None = None,
                  config: MemoryConfig | None = None) -> None:

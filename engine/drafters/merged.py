@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.drafters.base import Drafter
+from engine.drafters.kinds import DrafterKind
 from engine.runtime.draft_tree import DraftTree
 
 
@@ -42,6 +43,7 @@ def merge_trees(trees: list[DraftTree], max_tokens: int) -> DraftTree:
 class MergedDrafter(Drafter):
     """``head`` (a drafter that reads features) and ``memory`` drafting together."""
 
+    kind = DrafterKind.HEAD_MEMORY
     is_draft_model = True
     drafts_ahead = False  # a draft ahead would be the head's alone
 
@@ -50,7 +52,7 @@ class MergedDrafter(Drafter):
         self.name = f"{head.name}+{memory.name}"
         self.needs_features = head.needs_features
         self.prompt_features = head.prompt_features
-        self.load_notes = list(getattr(head, "load_notes", []))
+        self.load_notes = list(head.load_notes)
 
     def begin(self, context: list[int], features: np.ndarray | None) -> None:
         self.head.begin(context, features)

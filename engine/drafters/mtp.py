@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine.drafters.kinds import DrafterKind
 from engine.drafters.native_head import HEAD_BATCH, HeadChainConfig, NativeHeadDrafter
 from engine.errors import DrafterUnavailableError
 from engine.runtime.native import NativeContext, NativeExtBatch
@@ -54,7 +55,7 @@ def why_no_mtp(model: NativeModel, arch: str) -> str | None:
 
 
 class MtpDrafter(NativeHeadDrafter):
-    name = "mtp"
+    name = kind = DrafterKind.MTP
     last_entry_alone = True
 
     def __init__(self, target: Target, config: HeadChainConfig | None = None) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import time
 from abc import abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -167,6 +167,10 @@ class NativeHeadDrafter(Drafter):
         self._t_draft_s += time.perf_counter() - t0
         self._n_draft_calls += 1
         return tree
+
+    def pin(self) -> None:
+        if self.config.dynamic_depth:
+            self.config = replace(self.config, dynamic_depth=False)
 
     def stats(self) -> dict[str, float]:
         calls = max(1, self._n_draft_calls)

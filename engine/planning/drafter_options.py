@@ -11,10 +11,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.drafters import DEFAULT_EAGLE3_HEAD, DEFAULT_HEAD_DIR, DRAFTER_LABELS
 from engine.drafters.eagle3 import check_eagle3_head
 from engine.drafters.head_fit import NO_TORCH, check_head_fits, torch_available
+from engine.drafters.kinds import DrafterKind
 from engine.drafters.mtp import why_no_mtp_block
+from engine.drafters.spec import DEFAULT_EAGLE3_HEAD, DEFAULT_HEAD_DIR
 from engine.errors import IncompatibleDraftError, ModelLoadError, TandemError
 from engine.gguf.eagle3 import EAGLE3_ARCHITECTURE
 from engine.gguf.header import GGUFFacts, read_file_facts
@@ -25,11 +26,14 @@ from engine.runtime.native import NativeModel
 
 # Families with public EAGLE-3 heads (llama.cpp's docs/speculative.md lists them).
 PUBLIC_EAGLE3_FAMILIES = "Llama 3.1/3.3, Qwen3, gpt-oss and Gemma 4"
+# The drafters a model is asked about, in the order they are listed.
+LISTED = (DrafterKind.MEMORY, DrafterKind.LOOKUP, DrafterKind.DRAFT, DrafterKind.HEAD,
+          DrafterKind.EAGLE3, DrafterKind.MTP)
 
 
 @dataclass(frozen=True)
 class DrafterOption:
-    drafter: str  # the engine's drafter name ("memory", "draft", "eagle3", "mtp"...)
+    drafter: DrafterKind
     label: str
     available: bool
     detail: str  # what it would draft with, or why it is not offered
@@ -47,12 +51,12 @@ def drafter_options(info: ModelInfo, draft_candidates: Iterable[tuple[str, Path]
     ``eagle3_heads``: head GGUFs to try besides the bundled one; ``head_dir``: a torch
     head besides the bundled one."""
     if info.why_plain is not None:
-        return [DrafterOption(name, DRAFTER_LABELS[name], False, info.why_plain)
-                for name in ("memory", "lookup", "draft", "head", "eagle3", "mtp")]
+        return [DrafterOption(kind, kind.label, False, info.why_plain) for kind in LISTED]
+    memory, lookup = DrafterKind.MEMORY, DrafterKind.LOOKUP
     return [
-        DrafterOption("memory", DRAFTER_LABELS["memory"], True,
+        DrafterOption(memory, memory.label, True,
                       "earlier answers and the conversation, no extra weights"),
-        DrafterOption("lookup", DRAFTER_LABELS["lookup"], True, "n-grams of the prompt"),
+        DrafterOption(lookup, lookup.label, True, "n-grams of the prompt"),
         _draft_model_option(info, draft_candidates),
         _torch_head_option(info, head_dir),
         _eagle3_option(info, eagle3_heads),
@@ -62,22 +66,22 @@ def drafter_options(info: ModelInfo, draft_candidates: Iterable[tuple[str, Path]
 
 def _draft_model_option(info: ModelInfo, candidates: Iterable[tuple[str, Path]]
                         ) -> DrafterOption:
-    label = DRAFTER_LABELS["draft"]
+    kind = DrafterKind.DRAFT
     try:
         drafts = compatible_local_drafts(info.path, candidates)
     except (TandemError, ValueError, OSError) as exc:
-        return DrafterOption("draft", label, False, f"its header cannot be read ({exc})")
+        return DrafterOption(kind, kind.label, False, f"its header cannot be read ({exc})")
     if not drafts:
-        return DrafterOption("draft", label, False,
+        return DrafterOption(kind, kind.label, False,
                              "no local model of its family is small enough and shares its "
                              "vocabulary (tandem models search finds one)")
-    return DrafterOption("draft", label, True, ", ".join(d.name for d in drafts))
+    return DrafterOption(kind, kind.label, True, ", ".join(d.name for d in drafts))
 
 
 def _torch_head_option(info: ModelInfo, head_dir: Path | None) -> DrafterOption:
-    label = DRAFTER_LABELS["head"]
+    kind = DrafterKind.HEAD
     if not torch_available():
-        return DrafterOption("head", label, False, NO_TORCH)
+        return DrafterOption(kind, kind.label, False, NO_TORCH)
     reasons = []
     for folder in ([head_dir] if head_dir else []) + [DEFAULT_HEAD_DIR]:
         try:
@@ -85,8 +89,8 @@ def _torch_head_option(info: ModelInfo, head_dir: Path | None) -> DrafterOption:
         except (FileNotFoundError, TandemError, ValueError) as exc:
             reasons.append(str(exc))
             continue
-        return DrafterOption("head", label, True, str(folder))
-    return DrafterOption("head", label, False,
+        return DrafterOption(kind, kind.label, True, str(folder))
+    return DrafterOption(kind, kind.label, False,
                          reasons[0] if head_dir else "the bundled head is for the bundled "
                          "model only; tandem train-draft trains one")
 
@@ -145,21 +149,21 @@ def _header_misfit(head: Path, info: ModelInfo) -> str | None:
 
 
 def _eagle3_option(info: ModelInfo, heads: Sequence[Path]) -> DrafterOption:
-    label = DRAFTER_LABELS["eagle3"]
+    kind = DrafterKind.EAGLE3
     arch = info.header.architecture or "unknown"
     if arch not in LAYER_INPUT_ARCHITECTURES:
-        return DrafterOption("eagle3", label, False,
+        return DrafterOption(kind, kind.label, False,
                              f"llama.cpp's {arch} graph cannot export the layer inputs a "
                              "head reads")
     path, reasons = find_eagle3_head(info, heads)
     if path is not None:
         where = str(path) if path != DEFAULT_EAGLE3_HEAD else \
             f"{path.parent.name}/{path.name} (bundled)"
-        return DrafterOption("eagle3", label, True, where)
+        return DrafterOption(kind, kind.label, True, where)
     why = (reasons[0] if heads and reasons else
            f"no EAGLE-3 head for it here (public heads exist for {PUBLIC_EAGLE3_FAMILIES}; "
            "tandem train-draft --fusion eagle3 trains one)")
-    return DrafterOption("eagle3", label, False, why)
+    return DrafterOption(kind, kind.label, False, why)
 
 
 def usable_eagle3_head(info: ModelInfo) -> Path | None:
@@ -196,5 +200,5 @@ def shipped_acceptance(head: Path) -> tuple[tuple[float, ...], str] | None:
 def mtp_option(header: GGUFFacts) -> DrafterOption:
     """From the header alone (``nextn_predict_layers``): a file not downloaded yet too."""
     why = why_no_mtp_block(header.architecture or "unknown", header.mtp_layers)
-    return DrafterOption("mtp", DRAFTER_LABELS["mtp"], why is None,
+    return DrafterOption(DrafterKind.MTP, DrafterKind.MTP.label, why is None,
                          why or "its own next-token block, no download")

@@ -42,6 +42,7 @@ from dataclasses import dataclass, replace
 
 from engine.decoding.budget import context_bucket
 from engine.decoding.stats import StepStats
+from engine.drafters.kinds import DrafterKind
 from engine.planning.calibration import CostProfile
 from engine.planning.planner import MIN_GAIN, Plan
 
@@ -91,7 +92,7 @@ def same_choice(a: Plan, b: Plan) -> bool:
 
 def _rate_of(choice: Plan, plan: Plan) -> float:
     """``choice``'s candidate as re-priced in ``plan`` (0 when it is not offered)."""
-    if choice.drafter in ("memory", "none"):
+    if not choice.drafter.costly:  # drafts from memory, or none: plain decoding's rate
         return plan.plain_tok_per_s
     for c in plan.candidates:
         if (c.layout, c.drafter, c.head_device) == (choice.layout, choice.drafter,
@@ -104,20 +105,20 @@ def _predicted_draft_s(costs: CostProfile, plan: Plan) -> float | None:
     """What the running drafter's step was priced at (its update plus a level per depth)."""
     device = plan.head_device
     depth = plan.budget.depth
-    if plan.drafter == "head":
+    if plan.drafter is DrafterKind.HEAD:
         key = device if device in costs.head_level_s else device.split(":")[0]
         if key not in costs.head_level_s:
             return None
         return (costs.head_update_s[key] + costs.transfer_s.get(key, 0.0)
                 + depth * costs.head_level_s[key])
-    if plan.drafter == "draft":
+    if plan.drafter is DrafterKind.DRAFT:
         key = "cpu" if device == "cpu" else "gpu"
         if key not in costs.draft_token_s:
             return None
         return costs.draft_sync_s.get(key, 0.0) + depth * costs.draft_token_s[key]
-    if plan.drafter == "mtp" and "cpu" in costs.mtp_level_s:
+    if plan.drafter is DrafterKind.MTP and "cpu" in costs.mtp_level_s:
         return costs.mtp_update_s.get("cpu", 0.0) + depth * costs.mtp_level_s["cpu"]
-    if plan.drafter == "eagle3" and "cpu" in costs.eagle3_level_s:
+    if plan.drafter is DrafterKind.EAGLE3 and "cpu" in costs.eagle3_level_s:
         return costs.eagle3_update_s.get("cpu", 0.0) + depth * costs.eagle3_level_s["cpu"]
     return None
 
@@ -218,10 +219,11 @@ def reprice(costs: CostProfile, factors: dict[int, float], draft_factor: float |
     for n, t in sorted(costs.verify_s[device].items()):
         slowest = max(slowest, t * _factor_at(factors, n))  # never cheaper for more tokens
         curve[n] = slowest
-    head_running = plan.drafter == "head" and draft_factor is not None
-    model_running = plan.drafter == "draft" and draft_factor is not None
-    mtp_running = plan.drafter == "mtp" and draft_factor is not None
-    eagle3_running = plan.drafter == "eagle3" and draft_factor is not None
+    running = plan.drafter if draft_factor is not None else None
+    head_running = running is DrafterKind.HEAD
+    model_running = running is DrafterKind.DRAFT
+    mtp_running = running is DrafterKind.MTP
+    eagle3_running = running is DrafterKind.EAGLE3
 
     def scaled(table: dict[str, float], running: bool) -> dict[str, float]:
         out = {}

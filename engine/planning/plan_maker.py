@@ -14,22 +14,26 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine.decoding.budget import MAX_MEMORY_DRAFT
-from engine.drafters import DrafterSpec
+from engine.decoding.stats import StepStats
 from engine.drafters.head_fit import NO_TORCH, check_head_fits, torch_available
+from engine.drafters.kinds import DrafterKind
+from engine.drafters.spec import DrafterSpec
 from engine.errors import TandemError
 from engine.gguf.draft_compat import check_draft_model
 from engine.planning.calibration import (
+    SPOT_SIZES,
     CalibrationCache,
     CostProfile,
     cache_key,
     calibrate,
     measure_verify_curve,
+    spot_check,
 )
 from engine.planning.draft_record import DraftRecord, mtp_key, pair_key
 from engine.planning.drafter_options import mtp_option, shipped_acceptance, usable_eagle3_head
 from engine.planning.kernels import choose_kernels
 from engine.planning.machine_load import look_at_load
-from engine.planning.plan_check import PlanCheck
+from engine.planning.plan_check import PlanChange, PlanCheck
 from engine.planning.plan_log import PlanEvent, PlanLog
 from engine.planning.planner import (
     DRAFT_MODEL_ACCEPTANCE,
@@ -64,7 +68,7 @@ class Setup:
 
     @classmethod
     def plain(cls) -> Setup:
-        return cls(0, DrafterSpec("none"), 0)
+        return cls(0, DrafterSpec(DrafterKind.NONE), 0)
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,7 @@ class PlanMaker:
     def _usable_head(self, asked: Path | None) -> Path | None:
         """The head directory when it fits the model, else None with a note (silent for
         the bundled head, which simply is not for other models)."""
-        spec = DrafterSpec("head", asked)
+        spec = DrafterSpec(DrafterKind.HEAD, asked)
         if not torch_available():
             if asked is not None:
                 self.notes.append(f"the draft head in {asked} is left out: {NO_TORCH}")
@@ -262,6 +266,23 @@ class PlanMaker:
                 and self.overrides.drafter is None:
             self.check = PlanCheck(self.costs, plan, self.price, device)
 
+    def check_answer(self, target: Target, tokens: list[int], steps: list[StepStats]
+                     ) -> PlanChange | None:
+        """What an answer's ``steps`` (its prompt and answer ``tokens``) say about the
+        plan: a change to make, or None (also when nothing checks the plan). Where the
+        answer disagrees, verification is spot-checked on ``target`` at its context."""
+        check = self.check
+        if check is None:
+            return None
+
+        def spot() -> dict[int, float]:
+            # The answer's last token is not cached yet: it is the root of the checks.
+            if not tokens or target.n_ctx - target.n_used <= max(SPOT_SIZES) + 1:
+                return {}
+            return spot_check(target, tokens[-1], tokens[-max(SPOT_SIZES):])
+
+        return check.observe(steps, spot)
+
     # --- measuring -----------------------------------------------------------------------
     def measure(self, target: Target, target_config: TargetConfig, say: Say) -> CostProfile:
         """Everything the planner prices, measured now with ``target`` (on the CPU), and
@@ -330,33 +351,34 @@ class PlanMaker:
         """The drafter, budget and target placement ``plan`` runs."""
         spec = self._spec(plan)
         max_draft = plan.budget.max_draft
-        if spec.name == "head+memory" and max_draft_asked is None:
+        if spec.kind is DrafterKind.HEAD_MEMORY and max_draft_asked is None:
             # A memory match may run long: the per-step budget trims what the head's
             # depth would cut off.
             max_draft = max(max_draft, MAX_MEMORY_DRAFT)
         return Setup(plan.target_gpu_layers, spec, max_draft, plan)
 
     def _spec(self, plan: Plan) -> DrafterSpec:
-        options = self.options
+        options, kind = self.options, plan.drafter
         head_dir, draft = options.head_dir, options.draft_model
-        if plan.drafter == "draft" and draft is not None:
-            return DrafterSpec("draft", head_options={
+        if kind is DrafterKind.DRAFT and draft is not None:
+            return DrafterSpec(kind, head_options={
                 "depth": plan.budget.depth,
                 "n_gpu_layers": 0 if plan.head_device == "cpu" else -1,
                 "draft_ahead": plan.layout == "duodecoding"}, draft_model=draft)
-        if plan.drafter == "mtp":
-            return DrafterSpec("mtp", head_options={"depth": plan.budget.depth})
-        if plan.drafter == "eagle3" and options.eagle3 is not None:
-            return DrafterSpec("eagle3", options.eagle3[0],
+        if kind is DrafterKind.MTP:
+            return DrafterSpec(kind, head_options={"depth": plan.budget.depth})
+        if kind is DrafterKind.EAGLE3 and options.eagle3 is not None:
+            return DrafterSpec(kind, options.eagle3[0],
                                head_options={"depth": plan.budget.depth})
-        if plan.drafter == "head" and head_dir is not None:
+        if kind is DrafterKind.HEAD and head_dir is not None:
             budget = plan.budget
             overlap = plan.layout == "duodecoding"
             return DrafterSpec(plan.runs, head_dir, plan.head_device,
                                {"mode": budget.mode, "depth": budget.depth,
                                 "top_k": budget.top_k,
                                 "draft_ahead": overlap})
-        return DrafterSpec("memory" if plan.drafter != "none" else "none")
+        # Drafts from memory: the plan's, or where what its drafter needs is missing.
+        return DrafterSpec(DrafterKind.MEMORY if kind.drafts else DrafterKind.NONE)
 
     # --- the log and the status ----------------------------------------------------------
     def log_plan(self, plan: Plan, why: str) -> None:

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from engine.decoding.budget import MAX_DRAFT, MAX_DRAFT_LIMIT, MAX_MEMORY_DRAFT
+from engine.drafters.kinds import DrafterKind
 from engine.errors import InvalidSettingError
 from engine.planning.calibration import CostProfile
 from engine.runtime.hardware import HardwareProfile
@@ -67,9 +68,11 @@ MTP_ACCEPTANCE = (0.7, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3, 0.3)
 # guesses they drift; a head that ships its measured acceptance uses that instead.
 EAGLE3_ACCEPTANCE = (0.6, 0.5, 0.45, 0.4, 0.35, 0.3, 0.3, 0.3)
 
-
-# Drafters that cost time to draft (memory drafts cost microseconds).
-SPECULATIVE = ("head", "draft", "mtp", "eagle3")
+# What runs beside the target, by the plan's drafter (for ``Plan.layout_text``).
+BESIDE = {DrafterKind.HEAD: "draft head on {device}",
+          DrafterKind.DRAFT: "draft model on {device}",
+          DrafterKind.MTP: "drafting with its own MTP block",
+          DrafterKind.EAGLE3: "EAGLE-3 head beside it (llama.cpp)"}
 
 
 @dataclass(frozen=True)
@@ -145,9 +148,16 @@ class Overrides:
     layout: str | None = None
     max_draft: int | None = None
     depth: int | None = None
-    drafter: str | None = None  # "head", "draft", "mtp", "eagle3", "memory", "none"
+    drafter: DrafterKind | None = None  # a kind the planner may choose (or its name)
 
     def __post_init__(self) -> None:
+        if self.drafter is not None:
+            try:
+                kind = DrafterKind.parse(self.drafter, auto=False, planned=True)
+            except ValueError:
+                raise InvalidSettingError("drafter", "must be one of " + ", ".join(
+                    k for k in DrafterKind if k.planned), self.drafter) from None
+            object.__setattr__(self, "drafter", kind)
         if self.layout is not None and self.layout not in LAYOUTS:
             raise InvalidSettingError("layout", f"must be one of {', '.join(LAYOUTS)}",
                                       self.layout)
@@ -159,18 +169,22 @@ class Overrides:
 @dataclass(frozen=True)
 class Candidate:
     layout: str
-    drafter: str  # "head", "draft" (a draft model), "mtp" (the model's block) or "memory"
+    drafter: DrafterKind  # a kind the planner may choose (its name is read as it)
     head_device: str  # where the head or the draft model runs
     target_gpu_layers: int
     budget: Budget
     tok_per_s: float
     estimated: bool  # some cost was estimated, not measured
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "drafter",
+                           DrafterKind.parse(self.drafter, auto=False, planned=True))
+
 
 @dataclass(frozen=True)
 class Plan:
     layout: str
-    drafter: str  # "head", "draft", "mtp", "memory" or "none"
+    drafter: DrafterKind  # a kind the planner may choose (its name is read as it)
     head_device: str  # where the head or draft model runs: "cpu", "cuda:0", "mps"; "" without
     target_gpu_layers: int
     budget: Budget
@@ -183,12 +197,16 @@ class Plan:
     # its costs were measured through them, so the layout's arithmetic is the same.
     target_workers: str = ""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "drafter",
+                           DrafterKind.parse(self.drafter, auto=False, planned=True))
+
     @property
-    def runs(self) -> str:
+    def runs(self) -> DrafterKind:
         """The drafter the engine runs for this plan: a head is joined by drafts from memory
         (they cost microseconds), except in DuoDecoding, whose drafts ahead are the head's."""
-        if self.drafter == "head":
-            return "head" if self.layout == "duodecoding" else "head+memory"
+        if self.drafter is DrafterKind.HEAD and self.layout != "duodecoding":
+            return DrafterKind.HEAD_MEMORY
         return self.drafter
 
     @property
@@ -201,16 +219,11 @@ class Plan:
                   f"target on the CPU with {self.target_gpu_layers} layers on the GPU")
         if self.target_workers:
             target = f"target on workers {self.target_workers}"
-        if self.drafter == "head":
-            return f"{self.layout}: {target}, draft head on {self.head_device}"
-        if self.drafter == "draft":
-            return f"{self.layout}: {target}, draft model on {self.head_device}"
-        if self.drafter == "mtp":
-            return f"{self.layout}: {target}, drafting with its own MTP block"
-        if self.drafter == "eagle3":
-            return f"{self.layout}: {target}, EAGLE-3 head beside it (llama.cpp)"
+        if self.drafter in BESIDE:
+            beside = BESIDE[self.drafter].format(device=self.head_device)
+            return f"{self.layout}: {target}, {beside}"
         extra = ""
-        if self.drafter == "memory":
+        if self.drafter is DrafterKind.MEMORY:
             extra = " with drafts from memory" if self.budget.max_draft else ", nothing drafted"
         return f"{self.layout}: {target}{extra}"
 
@@ -373,14 +386,14 @@ def _draft_candidates(hw: HardwareProfile, costs: CostProfile, model: ModelFacts
         depth, rate = _best_chain(draft.acceptance, token_s, sync_s, verify,
                                   layout == "duodecoding", max_draft, depth_cap)
         if depth:
-            out.append(Candidate(layout, "draft", device, layers,
+            out.append(Candidate(layout, DrafterKind.DRAFT, device, layers,
                                  Budget(mode="multi", depth=depth,
                                         max_draft=min(max_draft, depth + 3)),
                                  rate, est or est_v))
     return out
 
 
-def _native_chain_candidate(costs: CostProfile, drafter: str, level_s: dict[str, float],
+def _native_chain_candidate(costs: CostProfile, drafter: DrafterKind, level_s: dict[str, float],
                             update_s: dict[str, float], acceptance: tuple[float, ...],
                             max_draft: int, depth_cap: int) -> Candidate | None:
     """A head llama.cpp runs beside the target, where the target was measured (on the
@@ -429,10 +442,10 @@ def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
         memory_draft = min(memory_draft, model.max_draft)
     if plain_layers != 0 and not model.exact_on_gpu:
         memory_draft = 0  # its drafts would be verified on the GPU: plain decoding there
-    candidates = [Candidate("plain", "memory", "", plain_layers,
+    candidates = [Candidate("plain", DrafterKind.MEMORY, "", plain_layers,
                             Budget(mode="memory", max_draft=memory_draft),
                             plain_rate, plain_est)]
-    if head is not None and max_draft > 0 and ov.drafter in (None, "head"):
+    if head is not None and max_draft > 0 and ov.drafter in (None, DrafterKind.HEAD):
         for layout, device, layers, share in placements:
             try:
                 level_s, per_step_s, est_head = _head_costs(costs, device)
@@ -450,29 +463,29 @@ def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
             if depth == 0:
                 continue
             mode = "multi" if overlap else "chain"
-            candidates.append(Candidate(layout, "head", device, layers,
+            candidates.append(Candidate(layout, DrafterKind.HEAD, device, layers,
                                         Budget(mode=mode, depth=depth,
                                                max_draft=min(max_draft, depth + 3)),
                                         rate, est_head or est_v))
-    if draft is not None and max_draft > 0 and ov.drafter in (None, "draft"):
+    if draft is not None and max_draft > 0 and ov.drafter in (None, DrafterKind.DRAFT):
         candidates += _draft_candidates(hw, costs, model, draft, max_draft, depth_cap)
-    if mtp is not None and max_draft > 0 and ov.drafter in (None, "mtp"):
+    if mtp is not None and max_draft > 0 and ov.drafter in (None, DrafterKind.MTP):
         candidates += [c for c in [_native_chain_candidate(
-            costs, "mtp", costs.mtp_level_s, costs.mtp_update_s, mtp.acceptance, max_draft,
-            depth_cap)] if c]
-    if eagle3 is not None and max_draft > 0 and ov.drafter in (None, "eagle3"):
-        candidates += [c for c in [_native_chain_candidate(
-            costs, "eagle3", costs.eagle3_level_s, costs.eagle3_update_s, eagle3.acceptance,
+            costs, DrafterKind.MTP, costs.mtp_level_s, costs.mtp_update_s, mtp.acceptance,
             max_draft, depth_cap)] if c]
+    if eagle3 is not None and max_draft > 0 and ov.drafter in (None, DrafterKind.EAGLE3):
+        candidates += [c for c in [_native_chain_candidate(
+            costs, DrafterKind.EAGLE3, costs.eagle3_level_s, costs.eagle3_update_s,
+            eagle3.acceptance, max_draft, depth_cap)] if c]
     allowed = [c for c in candidates if ov.layout in (None, c.layout)]
-    if ov.drafter == "none":
+    if ov.drafter is DrafterKind.NONE:
         allowed = [c for c in allowed if c.layout == "plain"]
     if not allowed:
         raise ValueError(f"the layout {ov.layout!r} is not possible here: "
                          + _why_not(ov.layout, hw, head, draft))
     best = max(allowed, key=lambda c: c.tok_per_s)
-    speculative = [c for c in candidates if c.drafter in SPECULATIVE]
-    if ov.layout is None and best.drafter != "memory" and (
+    speculative = [c for c in candidates if c.drafter.costly]
+    if ov.layout is None and best.drafter is not DrafterKind.MEMORY and (
             best.tok_per_s < (1 + MIN_GAIN) * plain_rate):
         best = candidates[0]
     plain_what = " with drafts from memory"
@@ -480,10 +493,11 @@ def choose_plan(hw: HardwareProfile, costs: CostProfile, model: ModelFacts,
         plain_what = (", nothing drafted (on this GPU a verified batch's logits differ from "
                       "one-token decoding's: drafts checked there could change the answer)")
     reason = _reason(best, plain_rate, speculative, ov, head, draft, mtp, eagle3, plain_what)
-    drafter = ov.drafter if ov.drafter in ("none", "memory") else best.drafter
+    drafter = ov.drafter if ov.drafter in (DrafterKind.NONE, DrafterKind.MEMORY) \
+        else best.drafter
     return Plan(layout=best.layout, drafter=drafter, head_device=best.head_device,
                 target_gpu_layers=best.target_gpu_layers,
-                budget=best.budget if drafter != "none" else Budget(max_draft=0),
+                budget=best.budget if drafter.drafts else Budget(max_draft=0),
                 plain_tok_per_s=plain_rate, predicted_tok_per_s=best.tok_per_s,
                 reason=reason, hardware=hw.describe(), candidates=tuple(candidates))
 
@@ -507,12 +521,14 @@ def _reason(best: Candidate, plain_rate: float, speculative: list[Candidate],
         chosen = ", ".join(f"{k}={v}" for k, v in asdict(ov).items() if v is not None)
         return f"as you asked ({chosen})."
     est = " (GPU costs estimated: not measurable here)" if best.estimated else ""
-    if best.drafter in SPECULATIVE:
-        what = {"head": "the draft head", "mtp": "the model's MTP block",
-                "eagle3": f"the EAGLE-3 head {eagle3.name if eagle3 else ''}",
-                "draft": f"the draft model {draft.name if draft else ''}"}[best.drafter]
+    if best.drafter.costly:
+        what = {DrafterKind.HEAD: "the draft head", DrafterKind.MTP: "the model's MTP block",
+                DrafterKind.EAGLE3: f"the EAGLE-3 head {eagle3.name if eagle3 else ''}",
+                DrafterKind.DRAFT: f"the draft model {draft.name if draft else ''}"
+                }[best.drafter]
         assumed = ""
-        told = {"draft": draft, "mtp": mtp, "eagle3": eagle3}.get(best.drafter)
+        told = {DrafterKind.DRAFT: draft, DrafterKind.MTP: mtp,
+                DrafterKind.EAGLE3: eagle3}.get(best.drafter)
         if told is not None:
             assumed = (f"; acceptance {told.acceptance[0]:.2f} at the first token, "
                        f"{told.acceptance_source}")
@@ -524,8 +540,8 @@ def _reason(best: Candidate, plain_rate: float, speculative: list[Candidate],
     if not speculative:
         return "the draft cannot run on any device here: plain decoding."
     top = max(speculative, key=lambda c: c.tok_per_s)
-    what = {"head": "draft-head", "draft": "draft-model", "mtp": "MTP",
-            "eagle3": "EAGLE-3"}[top.drafter]
+    what = {DrafterKind.HEAD: "draft-head", DrafterKind.DRAFT: "draft-model",
+            DrafterKind.MTP: "MTP", DrafterKind.EAGLE3: "EAGLE-3"}[top.drafter]
     return (f"the best {what} layout ({top.layout}, depth {top.budget.depth}) is "
             f"predicted {top.tok_per_s / plain_rate:.2f}x plain decoding, under the "
             f"{1 + MIN_GAIN:.2f}x it takes to pay: drafting costs more than it saves on "
