@@ -317,7 +317,7 @@ class Sessions:
             # decoding's. A user's stop never asks that of one session alone (its answer
             # keeps what it decoded), so every session's state is read again alike.
             for target, keep in targets:
-                target._from_checkpoint(keep)
+                target.sequence.from_checkpoint(keep)
             return
         for target, keep in targets:
             if target.n_past > keep:

@@ -539,7 +539,7 @@ def test_a_hybrid_goes_back_to_its_prompts_checkpoint_not_to_the_start(
         assert target.n_read_again == len(answer) - 4  # the answer's, not the prompt's
     with Target(path, TargetConfig(n_ctx=512, n_threads=2)) as fresh:
         fresh.prefill(prompt)
-        fresh.evaluate_cells_only(answer[:-4])
+        fresh.sequence.evaluate_cells_only(answer[:-4])
         want = fresh.prefill(parted)
         assert fresh.n_read_again == 0
     np.testing.assert_array_equal(got.logits, want.logits)
@@ -566,7 +566,7 @@ def test_a_prompt_parting_one_token_back_after_a_prompt_goes_back_to_a_checkpoin
     with Target(path, TargetConfig(n_ctx=512, n_threads=2)) as fresh:
         fresh.set_state_snapshots(0)
         fresh.prefill(first)
-        fresh.evaluate_cells_only(second[len(first):-1])
+        fresh.sequence.evaluate_cells_only(second[len(first):-1])
         want = fresh.prefill(parted)
     np.testing.assert_array_equal(got.logits, want.logits)
 

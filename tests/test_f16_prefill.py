@@ -14,8 +14,8 @@ from engine.decoding.generation import GenerationConfig, generate
 from engine.errors import NativeError
 from engine.runtime import kv_transfer
 from engine.runtime.draft_tree import DraftTree
+from engine.runtime.f16_prefill import F16_PREFILL_MIN_TOKENS, F16Prefill
 from engine.runtime.native import NativeContext
-from engine.runtime.prefill import F16_PREFILL_MIN_TOKENS, PromptReader
 from engine.runtime.target import Target, TargetConfig
 from tests.conftest import follow_up_with_features
 
@@ -109,9 +109,9 @@ def test_a_cold_reset_empties_the_f16_context_too(target, long_prompts):
     target.settle()
     want = target.ctx.state_seq_get(0)
     target.reset()
-    assert target.prompts.f16_ctx.kv_pos_max(0) == len(prompt) - 1  # the whole prompt
+    assert target.prompts.f16.ctx.kv_pos_max(0) == len(prompt) - 1  # the whole prompt
     target.reset(cold=True)
-    assert target.prompts.f16_ctx.kv_pos_max(0) == -1
+    assert target.prompts.f16.ctx.kv_pos_max(0) == -1
     target.prefill(prompt)
     target.settle()
     assert target.ctx.state_seq_get(0) == want
@@ -133,7 +133,7 @@ def test_features_of_a_long_prompt_leave_its_cells_as_plain_prefill_makes_them(
         tail = target.prefill(prompt, feature_tail=8)
         target.settle()
         cells = target.ctx.state_seq_get(0)
-        assert target.prompts.f16_ctx.kv_pos_max(1) == -1  # sequence 1 is empty again
+        assert target.prompts.f16.ctx.kv_pos_max(1) == -1  # sequence 1 is empty again
         target.reset()
         target.f16_prefill_off = "test"
         try:
@@ -195,9 +195,9 @@ def test_a_chats_next_turn_does_not_evaluate_the_last_answer_again(target, model
                             {"role": "user", "content": follow_up}]
         prompt = t.chat_prompt(messages)
         assert len(answer) >= 200 and len(prompt) - t.n_past >= F16_PREFILL_MIN_TOKENS
-        held = list(t.prompts.f16_tokens)
+        held = list(t.prompts.f16.tokens)
         logits = t.prefill(prompt).logits
-        assert t.prompts.f16_tokens == held  # the F16 context was not used
+        assert t.prompts.f16.tokens == held  # the F16 context was not used
         return answer, logits
 
     answer, logits = second_turn(target)
@@ -221,7 +221,7 @@ def test_features_that_fail_in_the_f16_context_leave_f16_prefill_on(target, long
     def fail(*_args, **_kwargs):  # noqa: ANN002, ANN003, ANN202
         raise NativeError("llama_decode", 1, "test: no memory for the features")
 
-    monkeypatch.setattr(PromptReader, "_f16_features_again", fail)
+    monkeypatch.setattr(F16Prefill, "_f16_features_again", fail)
     target.set_features(True)
     try:
         with caplog.at_level(logging.WARNING, logger="engine.runtime.prefill"):
@@ -245,7 +245,7 @@ def test_a_failed_move_falls_back_to_the_q8_0_prefill(model_path, long_prompts, 
         first = int(want_first.argmax())
         want_next = t.verify(first, DraftTree()).logits[0].copy()
     real = kv_transfer.f16_to_q8_0_keys
-    monkeypatch.setattr("engine.runtime.prefill.f16_to_q8_0_keys",
+    monkeypatch.setattr("engine.runtime.f16_prefill.f16_to_q8_0_keys",
                         lambda blob, *a, **k: real(blob, *a, **k)[:-1000])  # cut short
     with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2)) as t:
         with caplog.at_level(logging.WARNING, logger="engine.runtime.prefill"):
@@ -362,14 +362,14 @@ def test_a_prompt_asked_again_with_its_answer_cached_answers_the_same(target, lo
 def test_the_moves_buffer_is_made_when_the_target_opens_and_kept(target, long_prompts):
     """Its pages are touched while the model opens, not before a long prompt's second
     token; a prompt of 1024 tokens fits it, and every move uses it again."""
-    made = target.prompts.move_buffer
+    made = target.prompts.f16.move_buffer
     assert made is not None
     for prompt in long_prompts:
         target.reset(cold=True)
         target.prefill(prompt)
         target.settle()
-        assert target.f16_prefill_off is None and target.prompts.move_buffer is made
-        f16 = target.prompts.f16_ctx
+        assert target.f16_prefill_off is None and target.prompts.f16.move_buffer is made
+        f16 = target.prompts.f16.ctx
         f16.kv_copy(0, 1, 0, -1)
         try:
             blob_bytes = len(f16.state_seq_array(1))

@@ -42,14 +42,25 @@ class CrashesAfter:
 
 
 def spoil_cells(target: Any, at: int = 4, n: int = 2) -> None:
-    """Cells ``at`` .. ``at + n`` of sequence 0 evaluated from other tokens (and those
-    after them over these), the target's books and remembered prefills kept: a restore
-    that went wrong."""
-    tokens, remembered = list(target.tokens), list(target.prompts.remembered)
-    target.rollback(at)
-    other = [(t + 1) % target.n_vocab for t in tokens[at:at + n]]
-    target.evaluate_cells_only(other + tokens[at + n:])
-    target.tokens, target.prompts.remembered = tokens, remembered
+    """Cells ``at`` .. ``at + n`` of sequence 0 decoded from other tokens (and those after
+    them over these) straight into the context, the target's books and remembered prefills
+    untouched: a restore that went wrong."""
+    ctx = target.sequence.settled()
+    tokens = list(target.tokens)
+    other = [(t + 1) % target.n_vocab for t in tokens[at:at + n]] + tokens[at + n:]
+    ctx.kv_remove(0, at, -1)
+    features = ctx.features_on
+    ctx.set_features(False)
+    try:
+        step = target.batch.n_tokens_max
+        for start in range(0, len(other), step):
+            chunk = other[start:start + step]
+            pos0 = at + start
+            target.batch.fill(chunk, list(range(pos0, pos0 + len(chunk))), None,
+                              [False] * (len(chunk) - 1) + [True])
+            ctx.decode(target.batch)
+    finally:
+        ctx.set_features(features)
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ import pytest
 from engine.decoding.budget import VerifyCostModel
 from engine.decoding.generation import GenerationConfig, generate
 from engine.drafters.lookup import PromptLookupDrafter
+from engine.runtime.f16_prefill import F16_PREFILL_MIN_TOKENS
 from engine.runtime.native import kernel_settings, prompt_kernels, prompt_kernels_available
-from engine.runtime.prefill import F16_PREFILL_MIN_TOKENS
 from engine.runtime.prompt_weights import prompts_prefer_repacked
 from engine.runtime.target import Target, TargetConfig
 
@@ -147,5 +147,5 @@ def test_the_prompt_layout_follows_the_files_weight_types(model_path, f32_model_
                                         (model_path, False, True),
                                         (f32_model_path, True, None)):
         with Target(path, TargetConfig(n_ctx=512, n_threads=2, repack=repack)) as t:
-            copy = t.prompts.prefill_model
+            copy = t.prompts.f16.prefill_model
             assert (copy.repack if copy is not None else None) == copy_repacked

@@ -109,8 +109,8 @@ def test_long_prompts_are_prefilled_by_plain_weights_and_answers_stay_plain(
     Drafted answers from that cache are plain decoding's."""
     t = k_quant_target
     assert prompts_prefer_repacked(t.path) is False
-    assert (t.prompts.prefill_model is not None) == t.model.repack
-    assert not (t.prompts.prefill_model or t.model).repack
+    assert (t.prompts.f16.prefill_model is not None) == t.model.repack
+    assert not (t.prompts.f16.prefill_model or t.model).repack
     row = next(r for r in dev_prompts if r["category"] == "rag")
     prompt = t.chat_prompt([{"role": "user", "content": row["turns"][0]}])
     assert len(prompt) > 400
@@ -119,7 +119,7 @@ def test_long_prompts_are_prefilled_by_plain_weights_and_answers_stay_plain(
         t.reset(cold=True)
         outs.append(generate(t, prompt, drafter, GenerationConfig(MAX_TOKENS),
                              cost=VerifyCostModel(slope=0.0, learn=False)))
-        assert len(t.prompts.f16_tokens) > 400  # the prompt went through the F16 context
+        assert len(t.prompts.f16.tokens) > 400  # the prompt went through the F16 context
     assert outs[1].tokens == outs[0].tokens
     assert _accepted(outs[1:]) > 0
 
@@ -132,14 +132,14 @@ def test_short_prompts_take_the_fast_kernels_and_a_regenerate_answers_the_same(
     decoding's first answer, and a second turn that reuses the cache equals its plain
     twin."""
     t = k_quant_target
-    copy = t.prompts.prefill_model is not None
+    copy = t.prompts.f16.prefill_model is not None
     rows = [r for r in dev_prompts if r["category"] in ("coding", "math_reasoning")][:2]
     for row in rows:
         prompt = t.chat_prompt([{"role": "user", "content": row["turns"][0]}])
         assert 16 <= len(prompt) < 128
         t.reset(cold=True)
         first = generate(t, prompt, None, GenerationConfig(MAX_TOKENS))
-        assert (t.prompts.f16_tokens[:len(prompt)] == prompt) == copy  # the copy prefilled it
+        assert (t.prompts.f16.tokens[:len(prompt)] == prompt) == copy  # the copy prefilled it
         again = generate(t, prompt, None, GenerationConfig(MAX_TOKENS))  # cache kept
         drafted = generate(t, prompt, PromptLookupDrafter(LookupConfig()),
                            GenerationConfig(MAX_TOKENS),

@@ -104,7 +104,7 @@ class FeatureExtractor:
         for start in range(0, len(tokens), _CHUNK):
             chunk = tokens[start:start + _CHUNK]
             positions = list(range(pos0 + start, pos0 + start + len(chunk)))
-            f, n = self.target.decode_sequences(chunk, positions, [seq] * len(chunk))
+            f, n = decode_sequences(self.target, chunk, positions, [seq] * len(chunk))
             feats.append(f)
             nexts.extend(n)
         return feats, nexts
@@ -116,7 +116,7 @@ class FeatureExtractor:
         if len(prompt) > self.config.max_prompt_tokens or full[:len(prompt)] != prompt:
             return None
         full = full[:len(prompt) + self.config.max_answer_tokens]
-        self.target.forget_sequence(0)
+        forget_sequence(self.target, 0)
         feats, nexts = self._eval(full, 0, 0)
         answer_mask = np.zeros(len(full), bool)
         answer_mask[len(prompt):] = True
@@ -139,7 +139,7 @@ class FeatureExtractor:
                 toks = self.prompt_tokens(user)
                 if len(toks) > self.config.max_prompt_tokens:
                     continue
-                self.target.forget_sequence(slot.seq)
+                forget_sequence(self.target, slot.seq)
                 feats, nexts = self._eval(toks, slot.seq, 0)
                 slot.prompt_len, slot.tokens = len(toks), list(toks)
                 slot.feats, slot.nexts, slot.active = feats, nexts, True
@@ -152,7 +152,7 @@ class FeatureExtractor:
             active = [s for s in slots if s.active]
             # Feed each conversation the target's own next token.
             toks = [s.nexts[-1] for s in active]
-            feats, nexts = self.target.decode_sequences(
+            feats, nexts = decode_sequences(self.target,
                 toks, [len(s.tokens) for s in active], [s.seq for s in active])
             for i, s in enumerate(active):
                 s.tokens.append(toks[i])
@@ -267,3 +267,21 @@ def build(model_path: Path, conversations: Iterator[Conversation], out_dir: Path
     finally:
         extractor.close()
     return done
+
+
+def decode_sequences(target: Target, tokens: list[int], positions: list[int], seqs: list[int]
+                     ) -> tuple[np.ndarray, list[int]]:
+    """Decode tokens of independent sequences (one sequence id per token) in the target's
+    context, outside its sequence 0. Returns their features and the target's argmax
+    after each. Needs features on; the caller owns the sequences it names."""
+    if not target.ctx.features_on:
+        raise ValueError("decode_sequences needs a target opened with features=True")
+    ctx = target.sequence.settled()
+    target.batch.fill(tokens, positions, [(s,) for s in seqs], True)
+    ctx.decode(target.batch)
+    return ctx.features(len(tokens)), ctx.argmax_logits(len(tokens))
+
+
+def forget_sequence(target: Target, seq: int) -> None:
+    """Drop every cached cell of ``seq`` (independent sequences only)."""
+    target.sequence.settled().kv_remove(seq, -1, -1)

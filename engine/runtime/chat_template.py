@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -11,7 +12,9 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.errors import InvalidPromptError
-from engine.runtime.reasoning import has_thinking_switch
+from engine.runtime.reasoning import for_template, has_thinking_switch
+
+log = logging.getLogger(__name__)
 
 # Used only when a GGUF carries no template: ChatML, the most common instruct format.
 CHATML = (
@@ -46,6 +49,10 @@ def check_messages(messages: object) -> None:
 class _ModelFacts(Protocol):
     def chat_template(self) -> str | None: ...
     def pieces(self) -> list[bytes]: ...
+
+
+class _Tokenizer(Protocol):
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]: ...
     bos_id: int
     eog_ids: frozenset[int]
 
@@ -150,3 +157,25 @@ class ChatTemplate:
         except jinja2.TemplateError as exc:  # its raise_exception: roles out of order...
             raise InvalidPromptError(f"the model's chat template refuses this conversation: "
                                      f"{exc}") from exc
+
+
+def chat_tokens(model: _Tokenizer, template: ChatTemplate, messages: list[dict[str, Any]],
+                add_generation_prompt: bool = True, enable_thinking: bool | None = None,
+                tools: list[dict] | None = None) -> list[int]:
+    """Tokens of a conversation formatted with ``template`` (with the assistant's opening
+    when ``add_generation_prompt``). An earlier answer's reasoning section goes to the
+    template apart (engine.runtime.reasoning); ``enable_thinking`` and ``tools``
+    (engine.tool_syntax) to templates that read them."""
+    check_messages(messages)
+    messages = for_template(messages)
+    # The template writes BOS itself when the model wants one. Only its markup may
+    # become control tokens: the messages' own text is tokenized as text.
+    parts = template.render_parts(messages, add_generation_prompt, enable_thinking, tools)
+    if parts is None:
+        log.warning("the chat template rewrites message texts; tokenizing it whole")
+        text = template.render(messages, add_generation_prompt, enable_thinking, tools)
+        return model.tokenize(text, add_special=False, parse_special=True)
+    tokens: list[int] = []
+    for text, markup in parts:
+        tokens += model.tokenize(text, add_special=False, parse_special=markup)
+    return tokens

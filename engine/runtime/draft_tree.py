@@ -110,3 +110,22 @@ class DraftTree:
         """The first ``n_max`` nodes (still a tree, since parents come first)."""
         return DraftTree(self.tokens[:n_max], self.parents[:n_max], self.scores[:n_max],
                          self.made_ahead)
+
+
+def verification_layout(draft: DraftTree) -> tuple[dict[int, int], list[tuple[int, ...]]]:
+    """How ``[root, *draft]`` sits in a verification's sequences (verification numbering,
+    the root 0): each leaf gets a sequence of its own (the first leaf sequence 0), and
+    each node is in the sequences of the leaves below it. Returns the leaf -> sequence map
+    and each node's sequences."""
+    n = 1 + len(draft)
+    if draft.is_chain():
+        return {n - 1: 0}, [(0,)] * n
+    leaf_seq = {leaf + 1: s for s, leaf in enumerate(draft.leaves())}
+    parents = [-1] + [p + 1 for p in draft.parents]
+    below: list[set[int]] = [set() for _ in range(n)]
+    for leaf, s in leaf_seq.items():
+        node = leaf
+        while node >= 0:
+            below[node].add(s)
+            node = parents[node]
+    return leaf_seq, [tuple(sorted(b)) for b in below]

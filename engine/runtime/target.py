@@ -1,21 +1,14 @@
 """The target model: a GGUF run by llama.cpp, with a KV cache Tandem keeps in step.
 
-State: sequence 0 of the KV cache holds ``tokens`` (positions 0..n_past-1). The last
-sampled token is *not* in the cache: each step verifies ``[last, *draft]`` and then keeps
-the accepted path (``commit``), trimming everything else.
-
-Bit-exactness and cell order: llama.cpp's attention sums over KV cells in cell order, so
-sequence 0's cells must stay in position order, as in plain decoding, or logits drift by
-rounding and greedy near-ties flip. A tree's rejected nodes that sit *before* an
-accepted node would leave holes that later tokens fill out of order; those cells are
-parked in a sequence nobody attends to (``park_seq``) instead of being freed. Rejected
-nodes after the last accepted one are freed: later tokens refill them in order.
+The target keeps verification and decoding. Sequence 0 of the KV cache holds ``tokens``
+(positions 0..n_past-1) and has one owner, ``engine.runtime.sequence.CachedSequence``
+(the tokens, parked cells, checkpoints, a pending cell move; why cell order matters).
+The last sampled token is *not* in the cache: each step verifies ``[last, *draft]`` and
+then keeps the accepted path (``commit``), trimming everything else.
 
 Prompts are read by ``engine.runtime.prefill.PromptReader`` (the F16 context, the prefill
-copy, remembered prefills, the context shift); a long prompt's cells may wait in the F16
-context until ``settle``. Every method here that decodes, copies or removes sequence 0's
-cells settles first (``commit`` follows a ``verify``, which settled); ``reset`` drops
-cells not moved yet.
+copy, remembered prefills, the context shift), which changes sequence 0 through the same
+owner.
 """
 
 from __future__ import annotations
@@ -31,31 +24,23 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from engine.errors import ContextFullError, NativeError
+from engine.errors import ContextFullError
 from engine.runtime.architecture import RS_ROLLBACK_TOKENS
-from engine.runtime.chat_template import check_messages
+from engine.runtime.chat_template import chat_tokens
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.hardware import default_threads
 from engine.runtime.kv_cache import TYPE_K, TYPE_V
-from engine.runtime.native import (
-    GreedyRun,
-    NativeBatch,
-    NativeContext,
-    NativeModel,
-    prompt_kernels,
-)
+from engine.runtime.native import GreedyRun, NativeBatch, NativeContext, NativeModel
 from engine.runtime.native_rpc import cpu_overrides, device_array, worker_devices
 from engine.runtime.prefill import Prefill, PromptReader
-from engine.runtime.reasoning import for_template
+from engine.runtime.sequence import CachedSequence
 from engine.runtime.template_choice import choose_template
+from engine.runtime.verification import TreeVerifier, Verification
 
 log = logging.getLogger(__name__)
 
 # Tokens re-evaluated per batch when parked cells are freed, where any batch is exact.
 COMPACT_CHUNK = 8
-# Recurrent-state checkpoints kept (the last prompts'): a regenerate, a follow-up and an
-# edit of the last message each go back to one of the last two.
-CHECKPOINTS = 4
 
 
 @dataclass(frozen=True)
@@ -120,17 +105,6 @@ class TargetConfig:
     output_here: bool = False
 
 
-@dataclass
-class Verification:
-    """What one verification decode produced. Valid until the next decode."""
-
-    logits: np.ndarray  # [1 + n_draft, n_vocab]; row 0 predicts the token after the root
-    features: np.ndarray | None  # [1 + n_draft, feature_width] when features are on
-    leaf_seq: dict[int, int]  # draft-tree leaf (verification numbering) -> sequence id
-    node_seqs: list[tuple[int, ...]]  # sequence ids of each node
-    depths: list[int]  # depth of each node, the root 0
-
-
 class OneTokenDecoder(Protocol):
     def decode_one(self, token: int) -> np.ndarray: ...
 
@@ -154,101 +128,64 @@ def greedy_one_at_a_time(target: OneTokenDecoder, token: int, n_max: int
 
 
 class Target:
-    """A llama.cpp model and context with Tandem's bookkeeping of sequence 0."""
+    """A llama.cpp model and context: verification and decoding on sequence 0."""
 
     def __init__(self, model_path: str | os.PathLike[str], config: TargetConfig | None = None
                  ) -> None:
         """Raises ModelLoadError (missing, corrupt or unsupported GGUF, or no memory)."""
-        self.config = config or TargetConfig()
+        self.config = c = config or TargetConfig()
         self.path = Path(model_path)
-        self.n_threads = self.config.n_threads or default_threads()
-        self.n_gpu_layers = self.config.n_gpu_layers
-        self._worker_devices = None
-        offloaded = self.n_gpu_layers
-        if self.config.workers:
-            devices = [d for endpoint in self.config.workers for d in worker_devices(endpoint)]
-            self._worker_devices = device_array(devices)  # alive while the model loads
-            offloaded = self.config.worker_layers
-        overrides = (cpu_overrides(r"^(output|token_embd)\.weight$")
-                     if self.config.workers and self.config.output_here else None)
-        self.model = NativeModel(self.path, n_gpu_layers=offloaded, repack=self.config.repack,
-                                 load_mtp=self.config.load_mtp, devices=self._worker_devices,
-                                 overrides=overrides)
+        self.n_threads = c.n_threads or default_threads()
+        self.n_gpu_layers = c.n_gpu_layers
+        self.model, self._worker_devices = _open_model(self.path, c)
         try:
             self.arch = self.model.architecture()
             # Recurrent state is kept per sequence and per snapshot: a chain-only target
             # needs sequence 0 (and one spare), and snapshots for the longest draft.
-            n_seq_max = self.config.n_seq_max if self.arch.trees else 2
+            n_seq_max = c.n_seq_max if self.arch.trees else 2
             # The trained context bounds one sequence's positions: a cache split per
             # sequence (independent conversations) may hold that many per sequence.
-            per_seq_cap = self.model.n_ctx_train or self.config.n_ctx
-            if not self.config.unified_kv:
+            per_seq_cap = self.model.n_ctx_train or c.n_ctx
+            if not c.unified_kv:
                 per_seq_cap *= n_seq_max
-            n_ctx = min(self.config.n_ctx, per_seq_cap)
             # Tokens of recurrent state kept to take back (llama.cpp's n_rs_seq).
             self._snapshots = RS_ROLLBACK_TOKENS if (self.arch.rs_rollback and
-                                                     self.config.state_snapshots) else 0
-            # The decoding context: sequence 0 and the verification's sequences. Its
-            # cells are complete only after ``settle`` (see the module docstring).
-            self.ctx = self._decoding_context(n_ctx, n_seq_max)
-            self.batch = NativeBatch(self.config.n_batch, n_seq_max)
+                                                     c.state_snapshots) else 0
+            ctx = self._decoding_context(min(c.n_ctx, per_seq_cap), n_seq_max)
+            self.batch = NativeBatch(c.n_batch, n_seq_max)
         except BaseException:
             self.model.close()
             raise
         self.template = choose_template(self.model, self.path.name)
-        self.tokens: list[int] = []
+        self.sequence = CachedSequence(ctx, self.batch, self.arch, c.n_batch, c.prompt_kernels)
         # Plain greedy runs in C (packaging/llama-cpp/greedy-run.patch); False: in Python.
         self.greedy_in_c = GreedyRun.available()
         self._greedy_run: GreedyRun | None = None
         # (return code, token, position) of the decode a greedy run failed on after others
         self._greedy_failed: tuple[int, int, int] | None = None
-        self.park_seq = n_seq_max - 1
-        self.max_leaves = self.park_seq  # a verified tree's leaves: one sequence each
-        self.n_parked = 0  # cells parked (see module docstring)
-        self._parked_from = 0  # every parked cell sits at a position >= this
-        # Recurrent state as the last prompts left it: (their tokens, the state's blob),
-        # in position order.
-        self._checkpoints: list[tuple[int, np.ndarray]] = []
-        # Tokens evaluated again because recurrent state could not go back to where a
-        # prompt parted (a count to watch: no path should read a conversation again).
-        self.n_read_again = 0
+        self._verifier = TreeVerifier(self.sequence, self.batch)
+        self.max_leaves = self._verifier.max_leaves
         try:
-            self.prompts = PromptReader(self)
+            self.prompts = PromptReader(self.model, self.path, self.arch, c, self.sequence,
+                                        self.batch, self.n_threads, self.n_gpu_layers)
         except BaseException:
-            for handle in (self.batch, self.ctx, self.model):
+            for handle in (self.batch, ctx, self.model):
                 handle.close()
             raise
 
-    def _op_offload(self) -> bool:
-        if self.config.workers:  # it would send local weights over the network per batch
-            return False
-        if self.config.op_offload is not None:
-            return self.config.op_offload
-        return self.n_gpu_layers != 0
-
     def _decoding_context(self, n_ctx: int, n_seq_max: int) -> NativeContext:
-        return NativeContext(self.model, n_ctx=n_ctx, n_batch=self.config.n_batch,
-                             n_seq_max=n_seq_max,
-                             n_rs_seq=self._snapshots,
-                             n_threads=self.n_threads,
-                             features=self.config.features,
-                             type_k=self.config.type_k,
-                             type_v=self.config.type_v,
-                             unified_kv=self.config.unified_kv,
-                             flash_attn=self.config.flash_attn,
-                             op_offload=self._op_offload())
+        """Sequence 0 and the verification's sequences."""
+        return _context(self, n_ctx, n_seq_max, n_rs_seq=self._snapshots,
+                        features=self.config.features, unified_kv=self.config.unified_kv,
+                        n_batch=self.config.n_batch)
 
     def lane_context(self, n_lanes: int) -> NativeContext:
         """A second context on this model for ``n_lanes`` answers at once
         (engine.decoding.parallel): one KV stream of this context's size per sequence, and
         this context's cache types, kernels and threads, so each lane decodes as sequence
         0 does."""
-        return NativeContext(self.model, n_ctx=self.n_ctx * n_lanes, n_batch=n_lanes,
-                             n_seq_max=n_lanes, n_rs_seq=0, n_threads=self.n_threads,
-                             features=False, type_k=self.config.type_k,
-                             type_v=self.config.type_v, unified_kv=False,
-                             flash_attn=self.config.flash_attn,
-                             op_offload=self._op_offload())
+        return _context(self, self.n_ctx * n_lanes, n_lanes, n_rs_seq=0, features=False,
+                        unified_kv=False, n_batch=n_lanes)
 
     def set_threads(self, n_threads: int) -> None:
         """Decode and read prompts with ``n_threads`` threads from now on (between
@@ -271,32 +208,20 @@ class Target:
         when it drafts nothing, 2 for memory drafts of 2. Switched between answers: a new
         decoding context takes the sequence's cells (llama.cpp's sequence state is the
         same with or without snapshots; docs/benchmarks.md: "Hybrids' snapshots"). Only
-        with no drafter attached: feature
-        settings go back to their defaults. Raises ModelLoadError (no memory for it)."""
+        with no drafter attached: feature settings go back to their defaults. Raises
+        ModelLoadError (no memory for it)."""
         tokens = max(0, min(tokens, RS_ROLLBACK_TOKENS)) if self.arch.rs_rollback else 0
         if tokens == self._snapshots:
             return
-        self.settle()
-        if self.n_parked:  # parked cells are a tree's: sequence 0 alone moves
-            self.ctx.kv_remove(self.park_seq, -1, -1)
-            self.n_parked = 0
-        cells = self.ctx.state_seq_array(0) if self.tokens else None
-        embeddings = self.ctx.features_on
         kept, self._snapshots = self._snapshots, tokens
         try:
             fresh = self._decoding_context(self.ctx.n_ctx, self.batch.n_seq_max)
         except BaseException:
             self._snapshots = kept
             raise
-        self.ctx.close()
-        self.ctx = fresh
-        fresh.set_features(embeddings)
-        if cells is not None:
-            try:
-                fresh.state_seq_set(0, cells)
-            except NativeError:  # cells of a context like this one: not expected
-                log.warning("the cache could not follow the new context: evaluated again")
-                self._evaluate_again(self.tokens)
+        old = self.ctx
+        self.sequence.move_to(fresh)
+        old.close()
 
     # --- lifecycle -------------------------------------------------------------------
     def close(self) -> None:
@@ -311,11 +236,32 @@ class Target:
         self.close()
 
     # --- facts -----------------------------------------------------------------------
+    @property
+    def ctx(self) -> NativeContext:
+        """The decoding context (its cells are the sequence's: ``sequence.settled()``)."""
+        return self.sequence.ctx
+
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens sequence 0 holds (read-only: ``CachedSequence`` changes them)."""
+        return self.sequence.tokens
+
+    @property
+    def n_parked(self) -> int:
+        return self.sequence.n_parked
+
+    @property
+    def park_seq(self) -> int:
+        return self.sequence.park_seq
+
+    @property
+    def n_read_again(self) -> int:
+        return self.sequence.n_read_again
+
     def settle(self) -> None:
-        """Move the last long prompt's cells into the cache now (``PromptReader``); the
-        methods that use the cells call it first, and a caller that reads the cache's
-        state directly (a test, the bench) calls it before."""
-        self.prompts.settle()
+        """Move the last long prompt's cells into the cache now, for a caller that reads
+        the cache's state directly (a test, the bench)."""
+        self.sequence.settled()
 
     @property
     def f16_prefill_off(self) -> str | None:
@@ -324,7 +270,8 @@ class Target:
 
     @f16_prefill_off.setter
     def f16_prefill_off(self, why: str | None) -> None:
-        self.prompts.f16_off = why
+        """Turn prefilling in the F16 context off, saying why, or on again (None)."""
+        self.prompts.f16.set_off(why)
 
     @property
     def output_on_workers(self) -> bool:
@@ -339,12 +286,12 @@ class Target:
 
     @property
     def n_past(self) -> int:
-        return len(self.tokens)
+        return self.sequence.n_past
 
     @property
     def n_used(self) -> int:
         """KV cells taken: the committed tokens and the parked cells."""
-        return len(self.tokens) + self.n_parked
+        return self.sequence.n_used
 
     @property
     def n_vocab(self) -> int:
@@ -387,25 +334,9 @@ class Target:
                     add_generation_prompt: bool = True,
                     enable_thinking: bool | None = None,
                     tools: list[dict] | None = None) -> list[int]:
-        """Tokens of a conversation formatted with the GGUF's chat template (with the
-        assistant's opening when ``add_generation_prompt``). An earlier answer's
-        reasoning section goes to the template apart (engine.runtime.reasoning);
-        ``enable_thinking`` and ``tools`` (engine.tool_syntax) to templates that read
-        them."""
-        check_messages(messages)
-        messages = for_template(messages)
-        # The template writes BOS itself when the model wants one. Only its markup may
-        # become control tokens: the messages' own text is tokenized as text.
-        parts = self.template.render_parts(messages, add_generation_prompt, enable_thinking,
-                                           tools)
-        if parts is None:
-            log.warning("the chat template rewrites message texts; tokenizing it whole")
-            text = self.template.render(messages, add_generation_prompt, enable_thinking, tools)
-            return self.model.tokenize(text, add_special=False, parse_special=True)
-        tokens: list[int] = []
-        for text, markup in parts:
-            tokens += self.model.tokenize(text, add_special=False, parse_special=markup)
-        return tokens
+        """Tokens of a conversation in the GGUF's chat template (``chat_tokens``)."""
+        return chat_tokens(self.model, self.template, messages, add_generation_prompt,
+                           enable_thinking, tools)
 
     def token_bytes(self, token: int) -> bytes:
         return self.model.pieces()[token]
@@ -419,97 +350,12 @@ class Target:
         """Empty the KV cache. The F16 prefill context keeps its prompt unless ``cold``:
         a prompt asked again (a regenerate) then only moves its cells; a benchmark wants
         every prompt prefilled from nothing, as llama-server's without its prompt cache."""
-        self.prompts.drop_unmoved()
-        self.ctx.kv_clear()
-        self.tokens = []
-        self._checkpoints = []
+        self.sequence.clear()
         self.prompts.forget_all(cold)
-        self.n_parked = 0
 
-    def rollback(self, n_keep: int, for_a_prompt: bool = False) -> None:
-        """Forget everything after the first ``n_keep`` committed tokens.
-        ``for_a_prompt``: a new prompt parts from the cache there. Recurrent state then
-        goes back from a recent prompt's checkpoint (``_from_checkpoint``), never
-        through its snapshots: plain decoding keeps none, and a drafted answer's
-        snapshots hold other sums than the checkpoint and the tokens read again (lfm2:
-        2.7e-5 apart; qwen35, one token back after a prompt: 7.2e-7)."""
-        self.prompts.forget_beyond(n_keep)
-        self._checkpoints = [c for c in self._checkpoints if c[0] <= n_keep]
-        if n_keep < len(self.tokens):
-            self.settle()
-            if for_a_prompt and self.arch.has_state:
-                self._from_checkpoint(n_keep)
-            else:
-                removed = self.ctx.kv_remove(0, n_keep, -1)
-                if not removed:  # recurrent state further back than its snapshots
-                    self._from_checkpoint(n_keep)
-                del self.tokens[n_keep:]
-        if self.n_parked and n_keep <= self._parked_from:
-            # Every parked cell now follows every kept cell: freeing them leaves no hole.
-            self.ctx.kv_remove(self.park_seq, -1, -1)
-            self.n_parked = 0
-
-    def keep_checkpoint(self) -> None:
-        """Remember recurrent state as the prompt just read left it, as llama-server's
-        context checkpoints do: a regenerate, an edit of a recent message, or a
-        follow-up whose answer re-tokenizes otherwise at its end then reads from the
-        checkpoint before it again, not the conversation. A copy of the state alone (not
-        the attention cells), the last ``CHECKPOINTS`` prompts'; nothing on models
-        without recurrent state."""
-        if not self.arch.has_state or not self.tokens:
-            return
-        if self.has_checkpoint_at(len(self.tokens)):
-            return  # (taken back to it: the same state)
-        try:
-            state = self.ctx.state_seq_array(0, partial=True)  # (a buffer of its own)
-        except NativeError as exc:
-            log.warning("no checkpoint of the recurrent state: %s", exc)
-            return
-        # (``rollback`` dropped every checkpoint past the cache's tokens)
-        self._checkpoints = [*self._checkpoints, (len(self.tokens), state)][-CHECKPOINTS:]
-
-    def has_checkpoint_at(self, n_tokens: int) -> bool:
-        return any(at == n_tokens for at, _ in self._checkpoints)
-
-    def _from_checkpoint(self, n_keep: int) -> None:
-        """Sequence 0 as its first ``n_keep`` tokens where its recurrent state cannot go
-        back that far: the last checkpoint's state at or before ``n_keep`` and the
-        attention cells before it, the tokens between evaluated again; with no such
-        checkpoint, the whole sequence evaluated again."""
-        kept = self.tokens[:n_keep]
-        self._checkpoints = [c for c in self._checkpoints if c[0] <= n_keep]
-        if self._checkpoints:
-            at, state = self._checkpoints[-1]
-            try:
-                self.ctx.state_seq_set(0, state, partial_at=at)
-                # The attention cells after it; the state's last position is at - 1,
-                # so its part is left as restored.
-                restored = self.ctx.kv_remove(0, at, -1)
-            except NativeError as exc:
-                log.warning("the recurrent state's checkpoint did not restore: %s", exc)
-                restored = False
-            if restored:
-                self.tokens = kept[:at]
-                if n_keep > at:
-                    self.n_read_again += n_keep - at
-                    self.evaluate_cells_only(kept[at:])
-                return
-            self._checkpoints.clear()  # the state is in doubt: read from the start
-        self._evaluate_again(kept)
-
-    def _evaluate_again(self, kept: list[int]) -> None:
-        """Rebuild sequence 0 as ``kept`` from an empty cache: for recurrent state asked
-        to go back further than its snapshots reach (a new prompt sharing only part of
-        the last one; never a verification within ``max_draft``)."""
-        self.prompts.drop_unmoved()  # the cache is emptied: nothing left to move in
-        self.ctx.kv_clear()
-        self._checkpoints = []
-        kept, self.tokens = list(kept), []
-        self.n_read_again += len(kept)
-        self.n_parked = 0
-        self.prompts.forget_all()  # their cells are evaluated anew, maybe in other chunks
-        if kept:
-            self.evaluate_cells_only(kept)
+    def rollback(self, n_keep: int) -> None:
+        """Forget everything after the first ``n_keep`` committed tokens."""
+        self.sequence.truncate(n_keep)
 
     @contextmanager
     def cache_kept(self) -> Iterator[None]:
@@ -517,43 +363,13 @@ class Target:
         measurement between answers): its cells copied out and in again byte for byte,
         as a plan switch moves them, so the next prompt parts from the conversation as it
         would have, not read from nothing (in other chunks, with other sums)."""
-        self.settle()
-        tokens, checkpoints = list(self.tokens), list(self._checkpoints)
-        remembered = list(self.prompts.remembered)
-        cells = self.ctx.state_seq_array(0) if tokens else None
-        try:
+        with self.sequence.kept(on_restored=self.prompts.remembered_restorer()):
             yield
-        finally:
-            self.reset()
-            if cells is not None:
-                try:
-                    self.ctx.state_seq_set(0, cells)
-                    self.tokens, self._checkpoints = tokens, checkpoints
-                    self.prompts.remembered = remembered
-                except NativeError:  # a cache of the same types: not expected
-                    log.warning("the cache could not be put back: evaluated again")
-                    self._evaluate_again(tokens)
-
-    def evaluate_cells_only(self, tokens: list[int]) -> None:
-        """Append ``tokens`` for their cells (or state) alone: no hidden states asked."""
-        features = self.ctx.features_on
-        self.ctx.set_features(False)
-        try:
-            self.evaluate_prompt(tokens)
-        finally:
-            self.ctx.set_features(features)
 
     def compact(self) -> None:
-        """Free the parked cells by re-evaluating the tokens committed since the first
-        of them, in batches verification may use (at most ``max_batch`` rows where the
-        kernels are exact only that far), so the cache holds the same values. For when
-        the context runs short."""
-        if not self.n_parked:
-            return
-        start = self._parked_from
-        redo = self.tokens[start:]
-        self.rollback(start)
-        self.evaluate(redo, chunk_size=self.config.max_batch or COMPACT_CHUNK)
+        """Free the parked cells (``CachedSequence.compact``) in batches verification may
+        use: at most ``max_batch`` rows where the kernels are exact only that far."""
+        self.sequence.compact(self.config.max_batch or COMPACT_CHUNK)
 
     def set_features(self, on: bool) -> None:
         self.ctx.set_features(on)  # a flag: no need to move cells first
@@ -592,83 +408,8 @@ class Target:
         """
         self._greedy_failed = None  # a new answer tries every decode afresh
         read = self.prompts.read(prompt, feature_tail)
-        self.keep_checkpoint()
+        self.sequence.keep_checkpoint()
         return read
-
-    def evaluate_prompt(self, tokens: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
-        """``evaluate`` in prefill chunks with the prompt kernels where they are on:
-        plain and drafted answers share the prefill, so its sums may be a batch's."""
-        with prompt_kernels(self.config.prompt_kernels):
-            return self.evaluate(tokens, self.config.n_batch)
-
-    def features_again(self, n: int) -> np.ndarray:
-        """The hidden states of the last ``n`` cached tokens, evaluated again in a scratch
-        sequence over the cells before them; sequence 0 is left as it was."""
-        self.settle()
-        scratch = 1  # a tree's sequence: free between verifications
-        start = self.n_past - n
-        self.ctx.kv_remove(scratch, -1, -1)
-        self.ctx.kv_copy(0, scratch, 0, start)
-        feats = []
-        try:
-            for at in range(start, self.n_past, self.config.n_batch):
-                end = min(at + self.config.n_batch, self.n_past)
-                self.batch.fill(self.tokens[at:end], list(range(at, end)),
-                                [(scratch,)] * (end - at), True)
-                self.ctx.decode(self.batch)
-                feats.append(np.array(self.ctx.features(end - at), copy=True))
-        finally:
-            self.ctx.kv_remove(scratch, -1, -1)
-        return np.concatenate(feats)
-
-    def evaluate(self, tokens: list[int], chunk_size: int
-                 ) -> tuple[np.ndarray, list[np.ndarray]]:
-        """Append ``tokens`` to sequence 0 in chunks. Returns the last token's logits and,
-        in embeddings mode, every token's features; rolls back on a failed decode."""
-        self.settle()
-        n_keep = self.n_past
-        feats: list[np.ndarray] = []
-        logits = None
-        try:
-            for start in range(0, len(tokens), chunk_size):
-                chunk = tokens[start:start + chunk_size]
-                last_chunk = start + len(chunk) == len(tokens)
-                pos0 = n_keep + start
-                # In features mode every token is an output (llama.cpp's embeddings
-                # mode makes them so anyway).
-                outputs = [self.ctx.features_on] * len(chunk)
-                outputs[-1] = last_chunk or self.ctx.features_on
-                self.batch.fill(chunk, list(range(pos0, pos0 + len(chunk))), None, outputs)
-                self.ctx.decode(self.batch)
-                self.tokens.extend(chunk)
-                n_out = len(chunk) if self.ctx.features_on else int(last_chunk)
-                if self.ctx.features_on:
-                    feats.append(self.ctx.features(n_out))
-                if last_chunk:
-                    logits = self.ctx.logits(n_out)[n_out - 1]
-        except BaseException:
-            self.rollback(n_keep)
-            raise
-        assert logits is not None
-        return logits, feats
-
-    # --- independent sequences (training data) ----------------------------------------
-    def decode_sequences(self, tokens: list[int], positions: list[int], seqs: list[int]
-                         ) -> tuple[np.ndarray, list[int]]:
-        """Decode tokens of independent sequences (one sequence id per token) outside
-        the sequence-0 bookkeeping. Returns their features and the target's argmax after
-        each. Needs features on; the caller owns the sequences it names."""
-        if not self.ctx.features_on:
-            raise ValueError("decode_sequences needs a target opened with features=True")
-        self.settle()
-        self.batch.fill(tokens, positions, [(s,) for s in seqs], True)
-        self.ctx.decode(self.batch)
-        return self.ctx.features(len(tokens)), self.ctx.argmax_logits(len(tokens))
-
-    def forget_sequence(self, seq: int) -> None:
-        """Drop every cached cell of ``seq`` (independent sequences only)."""
-        self.settle()
-        self.ctx.kv_remove(seq, -1, -1)
 
     # --- verification ----------------------------------------------------------------
     def decode_one(self, token: int) -> np.ndarray:
@@ -676,13 +417,11 @@ class Target:
         ``verify`` with an empty draft and ``commit`` do, in fewer steps (each Python
         line here runs on caches the decode just flushed). Returns the logits after it,
         a view valid until the next decode. Raises ContextFullError (nothing changed)."""
-        self.settle()
-        if self.n_used + 1 > self.n_ctx:
-            raise ContextFullError(self.n_used + 1, self.n_ctx, what="verification batch")
-        self.batch.fill_one(token, len(self.tokens))
-        self._decode_or_trim()
-        self.tokens.append(token)
-        return self.ctx.last_logits_view(1)
+        ctx = self._room_for(1)
+        self.batch.fill_one(token, self.n_past)
+        self._verifier.decode_or_trim(ctx)
+        self.sequence.append_decoded([token])
+        return ctx.last_logits_view(1)
 
     def decode_greedy(self, token: int, n_max: int) -> tuple[list[int], list[float]]:
         """Plain greedy decoding of up to ``n_max`` tokens: evaluate ``token`` after
@@ -692,121 +431,69 @@ class Target:
         seconds. In C where the build has Tandem's loop (no Python between two decodes),
         else ``decode_one`` at a time. Raises ContextFullError (nothing changed) when
         ``n_max`` tokens do not fit, and what the first decode raises."""
-        self.settle()
-        if self.n_used + n_max > self.n_ctx:
-            raise ContextFullError(self.n_used + n_max, self.n_ctx, what="verification batch")
+        ctx = self._room_for(n_max)
         if not self.greedy_in_c:
             return greedy_one_at_a_time(self, token, n_max)
         failed, self._greedy_failed = self._greedy_failed, None
-        if failed is not None and failed[1:] == (token, len(self.tokens)):
+        if failed is not None and failed[1:] == (token, self.n_past):
             # The decode a run ended on: it fails here as a token-at-a-time step would,
             # after the tokens chosen before it were streamed.
-            self.ctx._check("llama_decode", failed[0], 1, "batch")
+            ctx.check_decode(failed[0], 1, "batch")
         if self._greedy_run is None or self._greedy_run.stop is not self.model.eog_ids:
             self._greedy_run = GreedyRun(self.batch, self.model.eog_ids)
         try:
-            chosen, seconds, rc = self._greedy_run(self.ctx, token, len(self.tokens), n_max)
+            chosen, seconds, rc = self._greedy_run(ctx, token, self.n_past, n_max)
         except BaseException:
-            self._drop_uncommitted(1)
+            self.sequence.drop_uncommitted()
             raise
-        self.tokens.append(token)
-        self.tokens.extend(chosen[:-1])
+        self.sequence.append_decoded([token, *chosen[:-1]])
         if rc:
-            self._drop_uncommitted(1)
-            self._greedy_failed = (rc, chosen[-1], len(self.tokens))
+            self.sequence.drop_uncommitted()
+            self._greedy_failed = (rc, chosen[-1], self.n_past)
         return chosen, seconds
 
-    def verify(self, root: int, draft: DraftTree) -> Verification:
-        """Decode ``[root, *draft]`` in one batch; every node is an output.
-
-        A chain lives in sequence 0. A tree gives each leaf its own sequence (the first
-        leaf sequence 0), copies the committed prefix into each, and puts every node in
-        the sequences of the leaves below it, at position n_past + depth.
-        Raises ContextFullError (nothing changed) when the batch does not fit.
-        """
-        self.settle()
-        n = 1 + len(draft)
+    def _room_for(self, n: int) -> NativeContext:
+        """The settled context, where ``n`` more cells fit; raises ContextFullError."""
         if self.n_used + n > self.n_ctx:
             raise ContextFullError(self.n_used + n, self.n_ctx, what="verification batch")
-        base = self.n_past
-        if len(draft) == 0:
-            self.batch.fill_one(root, base)
-            self._decode_or_trim()
-            logits = self.ctx.last_logits_view(1)[None, :]
-            feats = self.ctx.features(1) if self.ctx.features_on else None
-            return Verification(logits, feats, {0: 0}, [(0,)], [0])
+        return self.sequence.settled()
 
-        depths = [0] + draft.depths()
-        tokens = [root] + draft.tokens
-        positions = [base + d for d in depths]
-        if draft.is_chain():
-            node_seqs: list[tuple[int, ...]] = [(0,)] * n
-            leaf_seq = {n - 1: 0}
-            self.batch.fill(tokens, positions, None, True)
-        else:
-            leaves = [leaf + 1 for leaf in draft.leaves()]
-            if len(leaves) > self.max_leaves:
-                raise ValueError(f"a tree of {len(leaves)} leaves exceeds the "
-                                 f"{self.max_leaves} sequences available")
-            leaf_seq = {leaf: s for s, leaf in enumerate(leaves)}
-            parents = [-1] + [p + 1 for p in draft.parents]
-            below: list[set[int]] = [set() for _ in range(n)]
-            for leaf, s in leaf_seq.items():
-                node = leaf
-                while node >= 0:
-                    below[node].add(s)
-                    node = parents[node]
-            node_seqs = [tuple(sorted(b)) for b in below]
-            for s in range(1, len(leaves)):
-                self.ctx.kv_copy(0, s, -1, -1)
-            self.batch.fill(tokens, positions, node_seqs, True)
-        self._decode_or_trim(n_tree_seqs=len(leaf_seq))
-        logits = self.ctx.logits_view(n)  # read before the next decode (acceptance)
-        feats = self.ctx.features(n) if self.ctx.features_on else None
-        return Verification(logits, feats, leaf_seq, node_seqs, depths)
-
-    def _decode_or_trim(self, n_tree_seqs: int = 1) -> None:
-        try:
-            self.ctx.decode(self.batch)
-        except BaseException:
-            self._drop_uncommitted(n_tree_seqs)
-            raise
-
-    def _drop_uncommitted(self, n_tree_seqs: int) -> None:
-        self.ctx.kv_remove(0, self.n_past, -1)
-        for s in range(1, n_tree_seqs):
-            self.ctx.kv_remove(s, -1, -1)
+    def verify(self, root: int, draft: DraftTree) -> Verification:
+        """Decode ``[root, *draft]`` in one batch (``TreeVerifier.verify``). Raises
+        ContextFullError (nothing changed) when the batch does not fit."""
+        return self._verifier.verify(self._room_for(1 + len(draft)), root, draft)
 
     def commit(self, verification: Verification, path: list[int], path_tokens: list[int]
                ) -> None:
         """Keep the accepted ``path`` (verification numbering, root first) in sequence 0."""
-        base = self.n_past
-        if len(verification.depths) == 1:  # a plain step: its one cell is kept as it is
-            self.tokens.extend(path_tokens)
-            return
-        n_keep = base + len(path)
-        n_tree_seqs = len(verification.leaf_seq)
-        on_path = set(path)
-        for node in range(1, path[-1]):
-            if node not in on_path:  # rejected, but its cell precedes an accepted one
-                pos = base + verification.depths[node]
-                self.ctx.kv_copy(verification.node_seqs[node][0], self.park_seq, pos, pos + 1)
-                if not self.n_parked:
-                    self._parked_from = base + 1
-                self.n_parked += 1
-        seq = verification.node_seqs[path[-1]][0]
-        if seq == 0:
-            if not self.ctx.kv_remove(0, n_keep, -1):
-                # Past the state's snapshots (a draft longer than max_draft): rebuilt.
-                log.warning("the cache could not take back %d tokens; evaluating again",
-                            base + len(verification.depths) - n_keep)
-                self._evaluate_again(self.tokens + path_tokens)
-                return
-        else:
-            # The path sits in another leaf's sequence: move it into sequence 0.
-            self.ctx.kv_remove(0, base + 1, -1)
-            self.ctx.kv_copy(seq, 0, base + 1, n_keep)
-        for s in range(1, n_tree_seqs):
-            self.ctx.kv_remove(s, -1, -1)
-        self.tokens.extend(path_tokens)
+        self._verifier.commit(verification, path, path_tokens)
 
+
+def _open_model(path: Path, c: TargetConfig) -> tuple[NativeModel, object]:
+    """The target's weights, on this machine or with layers on workers; returns the
+    model and the workers' devices (kept alive with it)."""
+    devices = None
+    offloaded = c.n_gpu_layers
+    if c.workers:
+        devices = device_array([d for endpoint in c.workers for d in worker_devices(endpoint)])
+        offloaded = c.worker_layers
+    overrides = (cpu_overrides(r"^(output|token_embd)\.weight$")
+                 if c.workers and c.output_here else None)
+    model = NativeModel(path, n_gpu_layers=offloaded, repack=c.repack, load_mtp=c.load_mtp,
+                        devices=devices, overrides=overrides)
+    return model, devices
+
+
+def _context(target: Target, n_ctx: int, n_seq_max: int, n_rs_seq: int, features: bool,
+             unified_kv: bool, n_batch: int) -> NativeContext:
+    """A context on the target's model with its cache types, kernels and threads."""
+    c = target.config
+    # Op offload (batches of a CPU target on the GPU): never with workers (it would send
+    # local weights over the network per batch); by default only where layers are on the
+    # GPU anyway (TargetConfig.op_offload).
+    op_offload = not c.workers and (c.op_offload if c.op_offload is not None
+                                    else target.n_gpu_layers != 0)
+    return NativeContext(target.model, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max,
+                         n_rs_seq=n_rs_seq, n_threads=target.n_threads, features=features,
+                         type_k=c.type_k, type_v=c.type_v, unified_kv=unified_kv,
+                         flash_attn=c.flash_attn, op_offload=op_offload)
