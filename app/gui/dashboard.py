@@ -29,6 +29,7 @@ from app.gui.resource_sampler import ResourceSampler
 from app.gui.token_view import TokenView
 from engine.decoding.budget import MAX_DRAFT_LIMIT
 from engine.decoding.stats import GenerationStats
+from engine.drafters.kinds import DrafterKind, is_plain
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class DashboardWidget(QScrollArea):
         super().__init__(parent)
         self.sampler = sampler
         self.gpu = False
-        self._drafter = "none"  # the engine's drafter, for the live figures
+        self._drafter: str = DrafterKind.NONE  # the engine's drafter, for the live figures
         self._t_start = 0.0
         self._events: list[StepEvent] = []
         self._dirty = False
@@ -175,13 +176,14 @@ class DashboardWidget(QScrollArea):
         self.gpu = ready.gpu is not None
         self.sampler.set_gpu_available(self.gpu)
         device = f"GPU {ready.gpu} available (unused)" if ready.gpu else "no GPU"
+        drafting = not is_plain(ready.drafter)
         budget = (f"up to {ready.max_draft} draft tokens per verification"
-                  if ready.drafter != "none" else "no drafting (plain decoding)")
+                  if drafting else "no drafting (plain decoding)")
         if ready.plan is not None:
             plan = ready.plan
             speed = (f" Expected {plan['predicted_tok_per_s']:.0f} tok/s vs "
                      f"{plan['plain_tok_per_s']:.0f} plain.")
-            budget = _budget_text(plan["budget"]) if ready.drafter != "none" else budget
+            budget = _budget_text(plan["budget"]) if drafting else budget
             why = plan["reason"][:1].upper() + plan["reason"][1:] + speed
             status = ready.plan_status or {}
             threads = ready.threads or f"{ready.n_threads} CPU threads"
@@ -227,7 +229,7 @@ class DashboardWidget(QScrollArea):
         """The figures of an answer, live or final: the engine's own ``GenerationStats``."""
         self.tok_s.value.setText(f"{s.tok_per_s:.1f}" if s.n_new > 1 else "…")
         self.ttft.value.setText(f"{s.ttft_s * 1000:.0f} ms")
-        drafting = s.drafter != "none"
+        drafting = not is_plain(s.drafter)
         self.tau.value.setText(f"{s.mean_accepted:.2f}" if drafting else "1 (plain)")
         self.accept.value.setText(f"{s.acceptance_rate:.0%}" if drafting and any(
             st.n_proposed for st in s.steps) else "–")

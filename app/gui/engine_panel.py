@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 from app.conversation_store import ConversationStore
 from app.gui import theme
 from app.gui.engine_worker import EngineChoice, EngineReady
-from engine.drafters import DRAFTER_LABELS
+from engine.drafters.kinds import OFFERED, DrafterKind
 from engine.errors import InvalidSettingError
 from engine.gguf.eagle3 import is_eagle3_head
 from engine.hub.draft_pairing import (
@@ -75,7 +75,7 @@ def _compatible_drafts(model: str, extra: list[str]) -> list[LocalDraft]:
 
 
 def _drafter_options(model: str, extra: list[str], heads: list[str]
-                     ) -> dict[str, DrafterOption]:
+                     ) -> dict[DrafterKind, DrafterOption]:
     """What ``model`` ("" = the bundled one) can draft with, by drafter name; nothing
     when its header cannot be read (every drafter then stays offered)."""
     from engine.hub.model_store import default_model_path
@@ -112,8 +112,8 @@ class EnginePanel(QGroupBox):
         self.model_box = QComboBox()
         self.head_box = QComboBox()
         self.drafter_box = QComboBox()
-        for key, label in DRAFTER_LABELS.items():  # the drafters the engine offers
-            self.drafter_box.addItem(label, key)
+        for kind in OFFERED:  # the drafters the engine offers
+            self.drafter_box.addItem(kind.label, kind.value)
         add_model = QPushButton("Add GGUF…")
         add_model.clicked.connect(self._add_model)
         add_head = QPushButton("Add head…")
@@ -185,7 +185,7 @@ class EnginePanel(QGroupBox):
             self.model_box.addItem(Path(p).name, p)
         self._select(self.model_box, self.store.get_setting("model", ""))
         self._fill_drafts()
-        self._select(self.drafter_box, self.store.get_setting("drafter", "auto"))
+        self._select(self.drafter_box, self.store.get_setting("drafter", DrafterKind.AUTO))
 
     def _fill_drafts(self) -> None:
         """(Re)list what can draft for the selected model: heads, then draft models."""
@@ -220,14 +220,19 @@ class EnginePanel(QGroupBox):
                 i, None if option is None else
                 option.detail if usable else f"Not offered: {option.detail}",
                 Qt.ItemDataRole.ToolTipRole)
-        current = self.drafter_box.currentData()
+        current = self._drafter()
         if current in options and not options[current].available:
-            self._select(self.drafter_box, "auto")
+            self._select(self.drafter_box, DrafterKind.AUTO)
 
     @staticmethod
     def _select(box: QComboBox, value: object) -> None:
-        i = box.findData(value)
+        # A kind is found by its name (the box's data, and a saved setting's).
+        i = box.findData(str(value) if isinstance(value, DrafterKind) else value)
         box.setCurrentIndex(max(0, i))
+
+    def _drafter(self) -> DrafterKind:
+        """The drafter the box names (auto when it names none the engine knows)."""
+        return DrafterKind.of(self.drafter_box.currentData()) or DrafterKind.AUTO
 
     def _selected_draft(self) -> Path | None:
         data = self.head_box.currentData() or ""
@@ -237,19 +242,19 @@ class EnginePanel(QGroupBox):
         """What the boxes say. A draft model selected runs the draft drafter (or is
         weighed by auto); a head selected runs a head drafter."""
         model = self.model_box.currentData() or None
-        drafter = self.drafter_box.currentData() or "auto"
+        drafter = self._drafter()
         draft = self._selected_draft()
         head = None if draft else (self.head_box.currentData() or None)
         eagle3_head = bool(head) and is_eagle3_head(head)
-        if draft is not None and drafter == "head":
-            drafter = "draft"
-        elif draft is None and drafter == "draft":
-            drafter = "head"
-        elif eagle3_head and drafter == "head":
-            drafter = "eagle3"  # an EAGLE-3 head selected drafts as one
-        if drafter == "eagle3" and not eagle3_head:
+        if draft is not None and drafter is DrafterKind.HEAD:
+            drafter = DrafterKind.DRAFT
+        elif draft is None and drafter is DrafterKind.DRAFT:
+            drafter = DrafterKind.HEAD
+        elif eagle3_head and drafter is DrafterKind.HEAD:
+            drafter = DrafterKind.EAGLE3  # an EAGLE-3 head selected drafts as one
+        if drafter is DrafterKind.EAGLE3 and not eagle3_head:
             head = None  # the engine finds one that fits (imported, or the bundled one)
-        elif drafter == "head" and eagle3_head:
+        elif drafter is DrafterKind.HEAD and eagle3_head:
             head = None
         return EngineChoice(model_path=Path(model) if model else None, drafter=drafter,
                             head_dir=Path(head) if head else None, draft_model=draft,
@@ -287,11 +292,11 @@ class EnginePanel(QGroupBox):
                 self._select(self.head_box, self.model_heads[model])
         elif self.sender() is self.head_box and self._selected_draft() is not None:
             # Choosing a draft model means drafting with it.
-            self._select(self.drafter_box, "draft")
+            self._select(self.drafter_box, DrafterKind.DRAFT)
         elif self.sender() is self.head_box and is_eagle3_head(self.head_box.currentData()
                                                                or ""):
-            self._select(self.drafter_box, "eagle3")  # and an EAGLE-3 head, with it
-        elif (self.sender() is self.drafter_box and self.drafter_box.currentData() == "draft"
+            self._select(self.drafter_box, DrafterKind.EAGLE3)  # and an EAGLE-3 head, with it
+        elif (self.sender() is self.drafter_box and self._drafter() is DrafterKind.DRAFT
               and self._selected_draft() is None):
             # "Draft model" asked for: the first one listed (none listed: a head drafts).
             first = next((i for i in range(self.head_box.count())
@@ -304,7 +309,7 @@ class EnginePanel(QGroupBox):
         if choice.draft_model is None:
             self.store.set_setting("head", self.head_box.currentData() or "")
         self.store.set_setting("draft_model", str(choice.draft_model or ""))
-        self.store.set_setting("drafter", choice.drafter)
+        self.store.set_setting("drafter", str(choice.drafter))
         self.choice_changed.emit(choice)
 
     def _remember(self, key: str, path: str) -> None:
@@ -332,12 +337,12 @@ class EnginePanel(QGroupBox):
         self._remember("heads", str(path))
         self.store.set_setting("head", str(path))
         self.store.set_setting("draft_model", "")
-        drafter = self.drafter_box.currentData() or "auto"
+        drafter = self._drafter()
         if is_eagle3_head(path):
-            drafter = "eagle3"
-        elif drafter != "auto":  # a torch head drafts as one, whatever was chosen
-            drafter = "head"
-        self.store.set_setting("drafter", drafter)
+            drafter = DrafterKind.EAGLE3
+        elif drafter is not DrafterKind.AUTO:  # a torch head drafts as one, whatever was chosen
+            drafter = DrafterKind.HEAD
+        self.store.set_setting("drafter", str(drafter))
         self._fill()
         self._changed()
 

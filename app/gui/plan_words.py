@@ -4,21 +4,9 @@
 from __future__ import annotations
 
 from app.gui.engine_worker import EngineReady
+from engine.drafters.kinds import DrafterKind
 from engine.planning.kernels import EXACT
 
-# What drafts, by the engine's drafter name, in the user's words.
-DRAFTING = {
-    "memory": "Drafting from earlier answers",
-    "lookup": "Drafting from the conversation's own text",
-    "head": "Drafting with the draft head",
-    "head-chain": "Drafting with the draft head",
-    "head-multi": "Drafting with the draft head",
-    "head-ahead": "Drafting with the draft head, ahead of the model",
-    "head+memory": "Drafting with the draft head and earlier answers",
-    "draft": "Drafting with a small draft model",
-    "eagle3": "Drafting with an EAGLE-3 head",
-    "mtp": "Drafting with the model's own next-token layers",
-}
 # Below this predicted gain the plan is "about as fast as plain decoding".
 SHOWN_GAIN = 1.05
 
@@ -28,11 +16,14 @@ def plan_in_words(ready: EngineReady) -> str:
     are the ones the model alone would give."""
     same = ("same answer as without" if ready.guarantee.startswith(EXACT)
             else "answers may differ slightly from the model's alone (see Details)")
-    if ready.drafter == "none":
+    kind = DrafterKind.of(ready.drafter)
+    if kind is DrafterKind.NONE:
         why = ("drafting would not pay on this machine" if ready.plan is not None
                else "as chosen")
         return f"Plain decoding, one token at a time: {why}."
-    what = DRAFTING.get(ready.drafter, f"Drafting with {ready.drafter}")
+    # What drafts, in the user's words (the registry's), for the engine's drafter.
+    what = kind.drafting if kind is not None and kind.drafting else \
+        f"Drafting with {ready.drafter}"
     if ready.plan is None:
         return f"{what}, as chosen: {same}."
     speedup = float(ready.plan.get("predicted_speedup") or 1.0)
