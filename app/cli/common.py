@@ -14,8 +14,9 @@ from engine.decoding.generation import GenerationConfig
 from engine.decoding.json_grammar import json_schema_text_grammar
 from engine.decoding.sampling import CHAT_DEFAULTS, SamplingParams
 from engine.decoding.stats import GenerationStats
+from engine.drafters.kinds import CHOICES, DrafterKind, is_plain
 from engine.planning.planner import LAYOUTS, Overrides
-from engine.session import ENGINE_DRAFTERS, Engine, EngineConfig
+from engine.session import Engine, EngineConfig
 from engine.session_process import EngineProcess
 from engine.workers.endpoints import parse_workers
 
@@ -65,7 +66,8 @@ def overrides_from(args: argparse.Namespace) -> Overrides:
                      depth=getattr(args, "depth", None))
 
 
-def engine_config(args: argparse.Namespace, drafter: str | None = None) -> EngineConfig:
+def engine_config(args: argparse.Namespace, drafter: DrafterKind | str | None = None
+                  ) -> EngineConfig:
     return EngineConfig(model_path=args.model, drafter=drafter or args.drafter,
                         head_dir=getattr(args, "draft_head", None),
                         head_device=getattr(args, "head_device", "cpu"),
@@ -85,7 +87,8 @@ def _say(note: str) -> None:
     print(f"tandem: {note}", file=sys.stderr, flush=True)
 
 
-def open_service(args: argparse.Namespace, drafter: str | None = None) -> AnswerService:
+def open_service(args: argparse.Namespace, drafter: DrafterKind | str | None = None
+                 ) -> AnswerService:
     """The engine as asked (``auto``: as planned) behind the one answer path, its notes
     on stderr; a lost worker's model reopens here, said on stderr too."""
     service = AnswerService.open(engine_config(args, drafter), _progress, on_note=_say)
@@ -98,7 +101,7 @@ def open_service(args: argparse.Namespace, drafter: str | None = None) -> Answer
     return service
 
 
-def open_engine(args: argparse.Namespace, drafter: str | None = None
+def open_engine(args: argparse.Namespace, drafter: DrafterKind | str | None = None
                 ) -> Engine | EngineProcess:
     """The engine alone, for the commands that look into it (plan, bench)."""
     engine = open_service(args, drafter).engine
@@ -107,7 +110,7 @@ def open_engine(args: argparse.Namespace, drafter: str | None = None
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--drafter", choices=ENGINE_DRAFTERS, default="auto",
+    p.add_argument("--drafter", choices=CHOICES, default=DrafterKind.AUTO.value,
                    help="auto: the planner picks layout, drafter and budget (tandem plan)")
     add_head_args(p)
     add_plan_args(p)
@@ -157,7 +160,7 @@ def generation_config(args: argparse.Namespace) -> GenerationConfig:
 def stats_line(stats: GenerationStats) -> str:
     line = (f"[{stats.n_new} tokens, {stats.tok_per_s:.1f} tok/s, "
             f"first token {stats.ttft_s * 1000:.0f} ms")
-    if stats.drafter != "none":
+    if not is_plain(stats.drafter):
         line += f", {stats.mean_accepted:.2f} tokens per verification"
     return line + "]"
 

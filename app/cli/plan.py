@@ -9,6 +9,7 @@ from pathlib import Path
 
 from app.cli.common import add_head_args, add_model_args, add_plan_args, open_engine
 from app.cli.profile import print_candidates, show_profile_plan
+from engine.drafters.kinds import DrafterKind
 from engine.runtime.target import Target
 
 
@@ -63,9 +64,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.profile is not None:
         return show_profile_plan(args.profile, args.acceptance, args.json)
     if args.measure_acceptance:
-        with open_engine(args, drafter="none") as engine:
+        with open_engine(args, drafter=DrafterKind.NONE) as engine:
             return _measure_acceptance(args, engine.target)
-    with open_engine(args, drafter="auto") as engine:
+    with open_engine(args, drafter=DrafterKind.AUTO) as engine:
         plan, costs, hardware = engine.plan, engine.costs, engine.hardware
         notes, calibrated_now = engine.notes, engine.calibrated_now
         kv_text = engine.kv_cache_text

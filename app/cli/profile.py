@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from engine.drafters.kinds import DrafterKind
 from engine.gguf.model_shapes import SHAPES, shape_named
 from engine.hub.model_store import default_model_path
 from engine.planning.measured_profile import (
@@ -27,13 +28,13 @@ def print_candidates(plan: Plan) -> None:
     """The planner's candidates, fastest first."""
     print("\nCandidates (predicted):")
     for c in sorted(plan.candidates, key=lambda c: -c.tok_per_s):
-        if c.drafter == "head":
+        if c.drafter is DrafterKind.HEAD:
             what = f"head on {c.head_device}, {c.budget.describe()}"
-        elif c.drafter == "draft":
+        elif c.drafter is DrafterKind.DRAFT:
             what = f"draft model on {c.head_device}, {c.budget.describe()}"
-        elif c.drafter == "mtp":
+        elif c.drafter is DrafterKind.MTP:
             what = f"the model's MTP block, {c.budget.describe()}"
-        elif c.drafter == "eagle3":
+        elif c.drafter is DrafterKind.EAGLE3:
             what = f"EAGLE-3 head (llama.cpp), {c.budget.describe()}"
         else:
             what = "plain decoding (+ drafts from memory)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from app.cli.common import add_head_args, add_model_args, add_plan_args, open_service
-from engine.session import ENGINE_DRAFTERS
+from engine.drafters.kinds import CHOICES, DrafterKind
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``serve`` to the ``tandem`` command's sub-parsers."""
     p = subparsers.add_parser("serve", help="an OpenAI-compatible API for other programs")
     add_model_args(p)
-    p.add_argument("--drafter", choices=ENGINE_DRAFTERS, default="auto",
+    p.add_argument("--drafter", choices=CHOICES, default=DrafterKind.AUTO.value,
                    help="auto: the planner picks layout, drafter and budget (tandem plan)")
     add_head_args(p)
     add_plan_args(p)
