@@ -1,0 +1,101 @@
+"""Tandem's rules for llama.cpp's contexts and kernels, kept out of the wrappers: which
+cache types and attention kernel a context runs (so that every batch size gives the
+logits one token does), when its positions may shift, and which CPU kernels the plan
+shows. ``context_params`` builds what engine.runtime.native_context.LlamaContext takes;
+``NativeContext`` is a LlamaContext made by these rules, what the engine opens.
+"""
+
+from __future__ import annotations
+
+import os
+
+from engine.runtime.decode_gate import prompt_kernels_available
+from engine.runtime.kv_cache import TYPE_K, TYPE_V
+from engine.runtime.llama_bindings import ggml_cpu_library
+from engine.runtime.native_context import ContextParams, LlamaContext
+from engine.runtime.native_model import NativeModel
+
+_FLOAT_TYPES = ("f16", "f32", "bf16")
+
+
+def context_params(model: NativeModel, n_ctx: int, n_batch: int, n_seq_max: int,
+                   n_threads: int, features: bool, type_k: str = TYPE_K,
+                   type_v: str = TYPE_V, unified_kv: bool = True, flash_attn: bool = True,
+                   n_rs_seq: int = 0, op_offload: bool = True,
+                   feature_layers: tuple[int, ...] = (), mtp: bool = False) -> ContextParams:
+    """The parameters of a context of ``model`` by Tandem's rules, from what the caller
+    asks: the cache types it names (V follows K where the model needs one type), flash
+    attention as asked or where a quantized V needs it, and no shifting where llama.cpp's
+    shift crashes. ``op_offload``: in a build that can offload, llama.cpp runs a batch of
+    32+ tokens on the GPU even for weights kept on the CPU (fast prefill), so such a batch
+    sums in another order than one token on the CPU (an H200: the probe's 33-token chain
+    differed at every position, shorter ones were exact); off, every batch stays on the
+    CPU. Tree verification puts one token in several sequences: ``unified_kv`` (one
+    shared KV buffer); independent sequences (batched data generation) are cheaper in
+    separate streams: attention then skips the other sequences' cells.
+
+    The types: with K and V of one float type, llama.cpp's CPU flash attention takes a
+    split-KV path for single-token decodes once the cache holds >= 512 cells, and a batch
+    is then computed differently from the same tokens one by one (logits off by ~0.5):
+    greedy speculative output would drift from plain decoding. K in Q8_0, V in F16
+    (engine.runtime.kv_cache's TYPE_K, TYPE_V) keeps every batch size on one kernel
+    (bit-identical logits here) at about F16's decode speed; Q8_0 V would cost more
+    (docs/benchmarks.md: figures behind the code's rules, "The KV cache's types").
+
+    Flash attention: without it (llama-server's "auto" turns it on here too) one token
+    over a long cache is faster through the matrix kernels (a 1.7B-shaped Q4_K_M after
+    768 tokens: llama-bench 60.8 tok/s off, 52.6 on) and the probe's chains are exact,
+    but a drafted session then parted from plain decoding (the F32 case in tests/cases:
+    0.149), likely because softmax and V sum over the cells in SIMD lanes, where a parked
+    cell's hole shifts every later cell's lane. Targets keep it on
+    (TargetConfig.flash_attn)."""
+    if model.latent_attention:
+        # Its V is a view of K: llama.cpp refuses two types. Q8_0 for both keeps the
+        # exact mode's one kernel for every batch size (the probe checks it).
+        type_v = type_k
+    return ContextParams(
+        n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max, n_threads=n_threads,
+        type_k=type_k, type_v=type_v,
+        # llama.cpp quantizes V only with flash attention.
+        flash_attn=flash_attn or type_v not in _FLOAT_TYPES,
+        features=features, unified_kv=unified_kv, n_rs_seq=n_rs_seq, op_offload=op_offload,
+        feature_layers=tuple(feature_layers), mtp=mtp,
+        # llama.cpp's K shift of a latent-attention cache in a quantized type crashes
+        # (deepseek2 Q8_0 K, the differential's long chats; F16 shifts): no shift then.
+        shift=not (model.latent_attention and type_k not in _FLOAT_TYPES))
+
+
+class NativeContext(LlamaContext):
+    """A context made by ``context_params``'s rules (its arguments: see there)."""
+
+    def __init__(self, model: NativeModel, n_ctx: int, n_batch: int, n_seq_max: int,
+                 n_threads: int, features: bool, type_k: str = TYPE_K, type_v: str = TYPE_V,
+                 unified_kv: bool = True, flash_attn: bool = True, n_rs_seq: int = 0,
+                 op_offload: bool = True, feature_layers: tuple[int, ...] = (),
+                 ctx_other: LlamaContext | None = None, mtp: bool = False) -> None:
+        """Raises ModelLoadError when llama.cpp cannot create the context (memory).
+        ``ctx_other``: the target context an eagle3 head borrows its token embedding and
+        LM head from (it must outlive this one). ``mtp``: a context that runs the model's
+        next-token block instead of its trunk (the model must be loaded with
+        ``load_mtp``; its KV holds that block's layer only)."""
+        params = context_params(model, n_ctx, n_batch, n_seq_max, n_threads, features,
+                                type_k=type_k, type_v=type_v, unified_kv=unified_kv,
+                                flash_attn=flash_attn, n_rs_seq=n_rs_seq,
+                                op_offload=op_offload, feature_layers=feature_layers,
+                                mtp=mtp)
+        super().__init__(model, params, ctx_other=ctx_other)
+
+
+def kernel_settings(repack: bool) -> dict[str, object]:
+    """The CPU kernel switches a model runs with, as the plan shows them: weight
+    repacking (per model load), the tiled K-quant matmul and op fusion (per process,
+    from the environment: engine.runtime.kernel_env), and llamafile's sgemm (the build).
+    Where the build has Tandem's switch (see the Makefile), the first two are on for
+    prompts only."""
+    tiled = os.environ.get("GGML_CPU_TILED_MM", "1").strip() not in ("0", "")
+    fusion = os.environ.get("GGML_CPU_DISABLE_FUSION", "0")
+    prompts: object = "prompts" if prompt_kernels_available() else False
+    lib = ggml_cpu_library()
+    sgemm = lib is not None and bool(getattr(lib, "ggml_cpu_has_llamafile", lambda: 0)())
+    return {"repack": repack, "tiled_matmul": tiled or prompts,
+            "fusion": fusion.strip() in ("0", ""), "llamafile_sgemm": sgemm and prompts}

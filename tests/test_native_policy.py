@@ -1,0 +1,63 @@
+"""Tandem's context rules (engine.runtime.native_policy) apart from the wrapper that takes
+them (engine.runtime.native_context.LlamaContext makes what it is given)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from engine.errors import ContextFullError, NativeError
+from engine.runtime.native import (
+    ContextParams,
+    LlamaContext,
+    NativeContext,
+    NativeModel,
+    context_params,
+)
+
+
+def _params(latent: bool, **asked: object) -> ContextParams:
+    model = SimpleNamespace(latent_attention=latent)
+    return context_params(model, n_ctx=256, n_batch=32, n_seq_max=1,  # type: ignore[arg-type]
+                          n_threads=1, features=False, **asked)  # type: ignore[arg-type]
+
+
+def test_tandems_cache_is_q8_0_k_f16_v_with_flash_attention():
+    params = _params(False)
+    assert (params.type_k, params.type_v, params.flash_attn, params.shift) == \
+        ("q8_0", "f16", True, True)
+    assert _params(False, flash_attn=False).flash_attn is False  # float V: as asked
+
+
+def test_a_quantized_v_turns_flash_attention_on():
+    assert _params(False, type_v="q8_0", flash_attn=False).flash_attn is True
+
+
+def test_latent_attention_takes_ks_type_for_v_and_shifts_only_a_float_k():
+    params = _params(True)
+    assert (params.type_k, params.type_v, params.flash_attn, params.shift) == \
+        ("q8_0", "q8_0", True, False)
+    floats = _params(True, type_k="f16", type_v="q8_0", flash_attn=False)
+    assert (floats.type_v, floats.flash_attn, floats.shift) == ("f16", False, True)
+
+
+def test_the_wrapper_makes_what_it_is_given(model_path: Path):
+    with NativeModel(model_path) as model:
+        given = ContextParams(n_ctx=256, n_batch=32, n_seq_max=1, n_threads=1,
+                              type_k="f16", type_v="f16", flash_attn=False, shift=False)
+        with LlamaContext(model, given) as ctx:
+            assert ctx.params is given and ctx.flash_attn is False
+            assert not ctx.can_shift  # the caller's rule, though llama.cpp could shift
+        with NativeContext(model, n_ctx=256, n_batch=32, n_seq_max=1, n_threads=1,
+                           features=False) as ctx:
+            assert ctx.params == _params(False)
+            assert ctx.can_shift
+            ctx.check_decode(0)
+            with pytest.raises(ContextFullError):
+                ctx.check_decode(1, 8)
+            with pytest.raises(NativeError, match="invalid input batch"):
+                ctx.check_decode(-1)
+            with pytest.raises(NativeError, match="llama_process"):
+                ctx._check("llama_process", 2, 1, "head batch")  # the former name
