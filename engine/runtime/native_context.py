@@ -2,9 +2,11 @@
 parameters given (``ContextParams``). A thin wrapper: which cache types, attention kernel
 and shift rule Tandem runs with is engine.runtime.native_policy's to decide.
 
-Decodes pass engine.runtime.decode_gate's gate (which decodes may run at once; a
-prompt-kernel section runs alone) and the context's own lock (llama.cpp's contexts are not
-thread-safe: one context never runs two decodes at once).
+Decodes pass engine.runtime.decode_gate's gate (decodes of different contexts run at once,
+a prompt-kernel section runs alone) and then the context's own lock (llama.cpp's contexts
+are not thread-safe: one context never runs two decodes at once). Gate first, then lock,
+always: a prompt-kernel section's thread decodes inside it, so a lock held while waiting at
+the gate could wait for that section forever.
 """
 
 from __future__ import annotations
@@ -167,9 +169,8 @@ class LlamaContext(HiddenStates):
 
     # --- running batches -------------------------------------------------------------------
     def run_native(self, call: Callable[..., Any], *args: Any) -> Any:
-        """``call(*args)``, a native call that computes on this context: alone on it, and as
-        engine.runtime.decode_gate's gate lets it (never inside another thread's
-        prompt-kernel section)."""
+        """``call(*args)``, a native call that computes on this context: alone on it, beside
+        other contexts' decodes, never inside another thread's prompt-kernel section."""
         entered = DECODE_GATE.enter_shared()
         try:
             with self._lock:
@@ -358,8 +359,8 @@ class GreedyRun:
         ContextFullError or NativeError when the first decode fails."""
         if not 1 <= n_max <= GREEDY_RUN_MAX:
             raise ValueError(f"a greedy run chooses 1 to {GREEDY_RUN_MAX} tokens, not {n_max}")
-        # One gate pass for the whole run (about 50 ms): what the gate keeps out of it (a
-        # prompt-kernel section on another thread) waits that long.
+        # One gate pass for the whole run (about 50 ms): a prompt-kernel section on another
+        # thread waits that long; other contexts' decodes run beside it.
         n = ctx.run_native(self._run, ctx.handle, ctypes.byref(self._batch.raw), token, pos,
                            n_max, self._stop, self._n_stop, self._out, self._seconds,
                            ctypes.byref(self._status))
