@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from engine.runtime.architecture import ArchitectureFacts
     from engine.runtime.native import NativeBatch
     from engine.runtime.sequence import CachedSequence
-    from engine.runtime.target import TargetConfig
+    from engine.runtime.target_config import TargetConfig
 
 log = logging.getLogger(__name__)
 
