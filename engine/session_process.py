@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # the child imports them; the parent only names them
 
 POLL_S = 0.05  # how often a waiting call looks at should_stop and the child's health
 SETTLE_S = 30.0  # how long an interrupted call may take to stop
-_PROJECT_ROOT = str(Path(__file__).resolve().parents[2])  # where `-m engine...` imports from
+_PROJECT_ROOT = str(Path(__file__).resolve().parents[1])  # where `-m engine...` imports from
 
 
 # --- what the parent reads without a round trip ---------------------------------------------
