@@ -31,6 +31,7 @@ from engine.decoding.sampling import PositionUniforms, SamplingParams, choose, p
 from engine.decoding.stats import DrafterCall, GenerationStats, StepStats
 from engine.decoding.target_contract import DecodingTarget
 from engine.drafters.base import Drafter
+from engine.drafters.kinds import DrafterKind
 from engine.errors import InvalidSamplingError
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.text_stream import TextStream
@@ -157,7 +158,7 @@ def generate(
     run = _Run(target, config, cost if cost is not None else VerifyCostModel(), governor,
                _Emitter(target, config, on_text, on_logprobs),
                GenerationStats(n_prompt=len(prompt),
-                               drafter=drafter.name if drafter else "none"),
+                               drafter=drafter.name if drafter else DrafterKind.NONE),
                PositionUniforms(config.sampling.seed), drafter, prompt=list(prompt),
                grammar=grammar)
     t0 = time.perf_counter()

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from engine.drafters.kinds import DrafterKind
+
 # The drafter call that raised mid-generation (empty: none did).
 DrafterCall = Literal["", "begin", "draft", "draft_ahead", "accept", "finish"]
 
@@ -33,7 +35,7 @@ class GenerationStats:
     t_prefill_s: float = 0.0
     ttft_s: float = 0.0
     t_total_s: float = 0.0
-    drafter: str = "none"
+    drafter: str = DrafterKind.NONE
     fallback: str = ""  # why drafting stopped mid-generation (empty: it did not)
     # Which drafter call raised, so that a check tells a drafter that crashed while
     # answering (the answer went on plainly) from one that never drafted: one refused
