@@ -36,6 +36,7 @@ from app.gui.transcript_model import TranscriptModel
 from engine.decoding.json_grammar import json_object_grammar, json_schema_text_grammar
 from engine.decoding.sampling import SamplingParams
 from engine.decoding.stats import GenerationStats
+from engine.drafters.kinds import is_plain
 from engine.errors import InvalidSamplingError
 
 TITLE_CHARS = 48
@@ -68,7 +69,7 @@ def summary_line(stats: GenerationStats, finish_reason: str) -> str:
     """The speed line under an answer."""
     line = (f"{stats.n_new} tokens · {stats.tok_per_s:.1f} tok/s · first token "
             f"{stats.ttft_s * 1000:.0f} ms")
-    if stats.drafter != "none":
+    if not is_plain(stats.drafter):
         line += f" · {stats.drafter}: {stats.mean_accepted:.2f} tokens per verification"
     extra = {"length": "max tokens reached", "context": "context full"}.get(finish_reason)
     return f"{line} · {extra}" if extra else line

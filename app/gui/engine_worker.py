@@ -26,6 +26,7 @@ from engine.decoding.generation import GenerationConfig, GenerationResult
 from engine.decoding.sampling import SamplingParams
 from engine.decoding.stats import GenerationStats, StepStats
 from engine.drafters import OFFERED_DRAFTERS
+from engine.drafters.kinds import DrafterKind, Need
 from engine.errors import TandemError, WorkerLostError
 from engine.hub.fit import MachineMemory
 from engine.hub.model_store import data_dir
@@ -50,7 +51,7 @@ class EngineChoice:
     the "draft" drafter runs (with "auto", one the planner may choose)."""
 
     model_path: Path | None = None
-    drafter: str = "auto"
+    drafter: str = DrafterKind.AUTO
     head_dir: Path | None = None
     max_draft: int = MAX_DRAFT
     n_ctx: int | None = None  # None: the engine's default for the model
@@ -166,7 +167,7 @@ class EngineWorker(QObject):
         super().__init__()
         self._service: AnswerService | None = None
         self._suggestions: tuple[tuple[str, str], ...] | None = None
-        self._requested = "auto"  # the drafter the user chose for the loaded engine
+        self._requested: str = DrafterKind.AUTO  # the drafter the user chose for the loaded engine
         # Held while the engine loads, generates or closes: the local API server
         # (app.server) runs its requests under it too, so they take turns with the chat.
         self.engine_lock = threading.RLock()
@@ -232,14 +233,17 @@ class EngineWorker(QObject):
             self._close_engine()
             if choice.drafter not in DRAFTER_CHOICES:
                 raise ValueError(f"unknown drafter {choice.drafter!r}")
+            kind = DrafterKind(choice.drafter)
             name = Path(choice.model_path).name if choice.model_path else "the bundled model"
             self.status.emit(f"Loading {name}…")
-            if choice.drafter == "auto":
+            if kind is DrafterKind.AUTO:
                 # The planner measures this machine once (cached) and picks layout,
                 # drafter and budget; the governor stops drafting that does not pay.
                 self.status.emit("Measuring this machine (first start with this model only)…")
             overrides = Overrides(max_draft=choice.max_draft)
-            draft = choice.draft_model if choice.drafter in ("auto", "draft") else None
+            # The draft model goes to a drafter that runs one, or to the planner's choice.
+            wants_draft = kind is DrafterKind.AUTO or Need.DRAFT_GGUF in kind.needs
+            draft = choice.draft_model if wants_draft else None
             if choice.workers:
                 self.status.emit(f"Connecting to {', '.join(choice.workers)}…")
             self._service = AnswerService.open(EngineConfig(
@@ -324,7 +328,7 @@ class EngineWorker(QObject):
         finally:
             self._forget(request.request_id)
         engine = self.current_engine()
-        drafter = engine.drafter_name if engine is not None else "none"
+        drafter = engine.drafter_name if engine is not None else DrafterKind.NONE
         self.compared.emit(Comparison(request.request_id, drafter,
                                       with_dft.stats, plain.stats,
                                       with_dft.text == plain.text))
