@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from app.cli.common import add_head_args, add_model_args, engine_config, progress_to
+from engine.drafters.kinds import DrafterKind
 from engine.runtime.hardware import default_threads
 from engine.session import ENGINE_DRAFTERS, Engine
 
@@ -65,7 +66,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         # peer's spinning threads (llama-server's, after its run) as a busy machine and
         # decode on one thread.
         args.threads = default_threads()
-    base = replace(engine_config(args, drafter="none"), memory_dir=memory_dir)
+    base = replace(engine_config(args, drafter=DrafterKind.NONE), memory_dir=memory_dir)
     engines: dict[str, Engine] = {}
     try:
         # One engine per Tandem runner (its own target where its plan puts it, drafter,
@@ -77,8 +78,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     print(f"tandem: {n}: {note}", file=sys.stderr)
         target = next(iter(engines.values())).target if engines else None
         if target is None:
-            engines["none"] = Engine(base)
-            target = engines["none"].target
+            engines[DrafterKind.NONE] = Engine(base)
+            target = engines[DrafterKind.NONE].target
         runners = {}
         for n in names:
             if n in BASELINE_NAMES:
@@ -136,11 +137,11 @@ def _heal(args: argparse.Namespace) -> int:
     from app.benchmarks.heal_bench import format_heal, run_heal_bench
     from training.spec_bench import load_prompts
 
-    base = engine_config(args, drafter="auto")
+    base = engine_config(args, drafter=DrafterKind.AUTO)
     rows = load_prompts(args.prompts, 1)[:args.heal]
     workdir = Path(tempfile.mkdtemp(prefix="tandem-heal-"))
     try:
-        with Engine(replace(base, drafter="none", cache_dir=workdir / "tokens")) as e:
+        with Engine(replace(base, drafter=DrafterKind.NONE, cache_dir=workdir / "tokens")) as e:
             prompts = [e.chat_prompt([{"role": "user", "content": r.turns[0]}]) for r in rows]
         out = run_heal_bench(base, prompts, args.max_tokens, workdir,
                              lambda what: print(f"tandem: {what}...", file=sys.stderr))
@@ -160,7 +161,7 @@ def _workers_trend(args: argparse.Namespace) -> int:
     from engine.workers.endpoints import parse_workers
     from training.spec_bench import load_prompts
 
-    base = replace(engine_config(args, drafter="auto"), workers=())
+    base = replace(engine_config(args, drafter=DrafterKind.AUTO), workers=())
     rows = load_prompts(args.prompts, args.per_category)
     prompts = [[{"role": "user", "content": r.turns[0]}] for r in rows]
     if args.fresh and args.json and args.json.exists():
