@@ -18,7 +18,7 @@ from typing import Any
 
 from engine.decoding.generation import GenerationConfig
 from engine.decoding.json_grammar import json_schema_grammar
-from engine.drafters import HEAD_DRAFTERS
+from engine.drafters.kinds import DrafterKind
 from engine.errors import ContextFullError
 from engine.planning.planner import Overrides
 from engine.runtime.target import Target
@@ -37,20 +37,23 @@ def parse_runner_spec(spec: str) -> tuple[str, Overrides]:
     or ``auto@LAYOUT`` (the planner held to one layout)."""
     name, _, layout = spec.partition("@")
     name, _, budget = name.partition(":")
-    if layout and name != "auto":
+    kind = DrafterKind.of(name)  # None: a baseline (lcp, server, ...)
+    if layout and kind is not DrafterKind.AUTO:
         raise ValueError(f"{spec!r}: only auto takes @layout")
     n = int(budget) if budget else None
-    # A chain's budget is its depth; a tree ("head") spreads its budget over its width.
-    depth = n if n is not None and name in HEAD_DRAFTERS and name != "head" else None
+    # A chain's budget is its depth; a tree (HEAD) spreads its budget over its width.
+    chain = kind is not None and kind.head and kind is not DrafterKind.HEAD
+    depth = n if n is not None and chain else None
     return name, Overrides(layout=layout or None, max_draft=n, depth=depth)
 
 
 def sweep_specs(plannable_layouts: list[str]) -> list[str]:
     """``bench --sweep``: the plan, plain, prompt lookup, fixed head budgets and every
     layout the machine allows."""
-    fixed = ["lookup", "head-chain:1", "head-chain:2", "head-chain:3", "head-chain:5",
-             "head:4", "head:8"]
-    return ["none", "auto", *fixed, *(f"auto@{lay}" for lay in plannable_layouts)]
+    fixed = [DrafterKind.LOOKUP, *(f"{DrafterKind.HEAD_CHAIN}:{n}" for n in (1, 2, 3, 5)),
+             *(f"{DrafterKind.HEAD}:{n}" for n in (4, 8))]
+    return [DrafterKind.NONE, DrafterKind.AUTO, *fixed,
+            *(f"{DrafterKind.AUTO}@{lay}" for lay in plannable_layouts)]
 
 
 def runner_engine_config(spec: str, base: EngineConfig) -> EngineConfig:
@@ -135,7 +138,8 @@ OWN_BASELINE = {"lcp-lookup": "lcp", "server-ngram": "server"}
 RUN_ONCE = frozenset({"server-ngram"})
 
 
-def summarize(results: list[dict[str, Any]], baseline: str = "none") -> dict[str, Any]:
+def summarize(results: list[dict[str, Any]], baseline: str = DrafterKind.NONE
+              ) -> dict[str, Any]:
     """Per category and drafter: tok/s, ratio to the baseline (and to the drafter's own
     plain decoding where it has one), tau, TTFT. A run without the baseline is read
     against llama-server's plain decoding, or else its first runner."""
@@ -397,7 +401,7 @@ def parse_drafter_list(text: str, known: Iterable[str]) -> list[str]:
     if bad:
         raise ValueError(f"unknown drafter(s) {', '.join(bad)}; choose from "
                          f"{', '.join(sorted(known))}")
-    if "none" in names:  # the baseline first, so ratios are read against it
-        names.remove("none")
-        names.insert(0, "none")
+    if DrafterKind.NONE in names:  # the baseline first, so ratios are read against it
+        names.remove(DrafterKind.NONE)
+        names.insert(0, DrafterKind.NONE)
     return names

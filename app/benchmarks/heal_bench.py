@@ -22,6 +22,7 @@ from typing import Any
 
 from app.benchmarks.background_load import BackgroundDecode
 from engine.decoding.generation import GenerationConfig
+from engine.drafters.kinds import DrafterKind
 from engine.hub.model_store import default_model_path
 from engine.planning.calibration import CostProfile
 from engine.session import Engine, EngineConfig
@@ -53,6 +54,7 @@ def _answer(engine: Engine, prompt: list[int], max_tokens: int) -> dict[str, Any
     s = result.stats
     return {"ran": ran, "tok_per_s": round(s.tok_per_s, 1),
             "tokens_per_verification": round(s.mean_accepted, 2),
+            # The drafter the plan runs now; "none": no plan (a drafter asked by name).
             "plan_after": engine.plan.runs if engine.plan else "none",
             "check": engine.plan_check.last_verdict if engine.plan_check else ""}
 
@@ -63,8 +65,9 @@ def run_heal_bench(base: EngineConfig, prompts: list[list[int]], max_tokens: int
     memories live under ``workdir``."""
     model = base.model_path or default_model_path()
     threads = base.n_threads or 2
-    busy_config = replace(base, drafter="auto", recalibrate=True, cache_dir=workdir / "busy",
-                          memory_dir=workdir / "busy-memory", model_path=model)
+    busy_config = replace(base, drafter=DrafterKind.AUTO, recalibrate=True,
+                          cache_dir=workdir / "busy", memory_dir=workdir / "busy-memory",
+                          model_path=model)
     say("starting under load (another llama.cpp process decoding)")
     with BackgroundDecode(model, threads):
         engine = Engine(busy_config)

@@ -98,6 +98,7 @@ LOADS = ("quiet", "busy", "niced-busy", "niced-compile")
 def run(model: Path | None, tokens: int, out: Path, say: Callable[[str], None],
         llama_bench: Path | None = None, repeat: int = 1, loads: tuple[str, ...] = LOADS,
         starts: bool = True) -> dict:
+    from engine.drafters.kinds import DrafterKind
     from engine.hub.model_store import default_model_path
     from engine.session import Engine, EngineConfig
 
@@ -107,8 +108,9 @@ def run(model: Path | None, tokens: int, out: Path, say: Callable[[str], None],
         folder = Path(tmp)
         cache = folder / "cache"
         runners = {"1 thread": 1, "2 threads": 2, "follows the load": None}
-        engines = {name: Engine(EngineConfig(model_path=model, drafter="none", n_threads=n,
-                                             cache_dir=cache, memory_dir=folder / "memory"))
+        engines = {name: Engine(EngineConfig(model_path=model, drafter=DrafterKind.NONE,
+                                             n_threads=n, cache_dir=cache,
+                                             memory_dir=folder / "memory"))
                    for name, n in runners.items()}
         try:
             prompt = next(iter(engines.values())).chat_prompt(
@@ -141,7 +143,7 @@ def run(model: Path | None, tokens: int, out: Path, say: Callable[[str], None],
         for kind in ("quiet", "busy") if starts else ():
             with _load(kind, folder):
                 t0 = time.perf_counter()
-                Engine(EngineConfig(model_path=model, drafter="auto",
+                Engine(EngineConfig(model_path=model, drafter=DrafterKind.AUTO,
                                     cache_dir=folder / f"start-{kind}",
                                     memory_dir=folder / "memory")).close()
                 results["start_s"][kind] = round(time.perf_counter() - t0, 1)

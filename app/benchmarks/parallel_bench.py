@@ -31,13 +31,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from engine.drafters.kinds import DrafterKind
 from training.spec_bench import load_prompts
 
 
 @contextmanager
 def _tandem(model: Path | None, parallel: int, threads: int, ctx: int) -> Iterator[str]:
     cmd = [sys.executable, "-m", "app.cli", "serve", "--port", "0", "--threads", str(threads),
-           "--ctx", str(ctx), "--drafter", "none", "--parallel", str(parallel)]
+           "--ctx", str(ctx), "--drafter", str(DrafterKind.NONE), "--parallel", str(parallel)]
     if model is not None:
         cmd += ["--model", str(model)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
