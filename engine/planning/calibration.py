@@ -28,6 +28,7 @@ import numpy as np
 from engine.decoding.budget import MAX_MEMORY_DRAFT, VerifyCostModel
 from engine.decoding.generation import GenerationConfig, generate
 from engine.drafters import DrafterSpec, build_drafter, make_drafter
+from engine.drafters.kinds import DrafterKind
 from engine.drafters.native_head import HeadChainConfig, NativeHeadDrafter
 from engine.errors import TandemError
 from engine.planning.machine_load import LoadMeter
@@ -169,7 +170,7 @@ def cache_key(hardware_fingerprint: str, model_path: Path, head_dir: Path | None
     if draft_model is not None:  # keys without one stay as they were
         parts.append(file_key(draft_model))
     if mtp:
-        parts.append("mtp")
+        parts.append("mtp")  # a fixed word of the hashed key, not a drafter's name
     if eagle3 is not None:
         parts.append("eagle3=" + file_key(eagle3))
     if kernels is not None:
@@ -334,7 +335,8 @@ def measure_head(target: Target, head_dir: Path | None, device: str, repeats: in
     from engine.drafters.head import HeadDrafter
 
     # A chain of fixed depth: dynamic depth would stop early on unlikely tokens.
-    spec = DrafterSpec("head-chain", head_dir, device, {"depth": 2, "dynamic_depth": False})
+    spec = DrafterSpec(DrafterKind.HEAD_CHAIN, head_dir, device,
+                       {"depth": 2, "dynamic_depth": False})
     drafter = build_drafter(spec, target, fingerprint)
     assert isinstance(drafter, HeadDrafter)
     prompt = target.tokenize(_FILLER * 4, special=False)[:64]
@@ -516,7 +518,7 @@ def measure_acceptance(target: Target, head_dir: Path | None, prompts: list[list
                        max_tokens: int = 96, depth: int = 6) -> list[float]:
     """The head's acceptance by depth on real prompts: a_j = P(depth j accepted | depth
     j-1 accepted), from full chains (nothing trimmed) in greedy generations."""
-    drafter = make_drafter("head-chain", target=target, head_dir=head_dir, depth=depth,
+    drafter = make_drafter(DrafterKind.HEAD_CHAIN, target=target, head_dir=head_dir, depth=depth,
                            dynamic_depth=False)  # full chains: every depth measured
     reached = [0] * depth
     accepted = [0] * depth
