@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.drafters.kinds import DrafterKind
-from engine.drafters.native_head import HEAD_BATCH, HeadChainConfig, NativeHeadDrafter
+from engine.drafters.native_head import (
+    HEAD_BATCH,
+    HeadChainConfig,
+    NativeHandle,
+    NativeHeadDrafter,
+)
 from engine.errors import DrafterUnavailableError, IncompatibleDraftError
 from engine.gguf.draft_compat import mismatches
 from engine.gguf.eagle3 import EAGLE3_ARCHITECTURE
@@ -78,7 +83,6 @@ def draft_vocabulary_ids(path: Path) -> np.ndarray | None:
 
 class Eagle3Drafter(NativeHeadDrafter):
     name = kind = DrafterKind.EAGLE3
-    _handles = ("batch", "ctx", "model")
 
     def __init__(self, path: Path, target: Target, config: HeadChainConfig | None = None,
                  n_gpu_layers: int = 0) -> None:
@@ -112,6 +116,9 @@ class Eagle3Drafter(NativeHeadDrafter):
     @property
     def label(self) -> str:
         return f"eagle3 head {self.path.name}"
+
+    def _owned(self) -> tuple[NativeHandle | None, ...]:
+        return (*super()._owned(), self.model)  # the head's file after its context
 
     def _release_target(self, target: Target) -> None:
         target.set_feature_layers(())

@@ -18,7 +18,7 @@ import contextlib
 import time
 from abc import abstractmethod
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -31,6 +31,12 @@ if TYPE_CHECKING:
     from engine.runtime.target import Target
 
 HEAD_BATCH = 64  # rows the head encodes or decodes per call
+
+
+class NativeHandle(Protocol):
+    """A llama.cpp object the drafter owns (a model, a context, a batch)."""
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -80,14 +86,14 @@ class NativeHeadDrafter(Drafter):
     # exports its output vector for every row, while llama.cpp's masked read returns the
     # batch's first rows (qwen35's MTP block), gives the right row only that way.
     last_entry_alone = False
-    _handles: tuple[str, ...] = ("batch", "ctx")  # what close() frees, in order
 
     def __init__(self, target: Target, config: HeadChainConfig | None) -> None:
-        self.config = config or HeadChainConfig()
-        self.target = target
-        self.prompt_features = self.config.prompt_features
+        # First: a subclass whose opening fails calls close(), which reads these.
+        self.target: Target = target
         self.ctx: NativeContext | None = None
         self.batch: NativeExtBatch | None = None
+        self.config = config or HeadChainConfig()
+        self.prompt_features = self.config.prompt_features
         self._draft_ids: np.ndarray | None = None  # the head's own vocabulary, if any
         self._tokens: list[int] = []  # the context, the last token included
         self._n_cached = 0  # committed entries end before this position (head cache)
@@ -182,13 +188,15 @@ class NativeHeadDrafter(Drafter):
         if self.ctx is not None:
             self.ctx.set_n_threads(n_threads)
 
+    def _owned(self) -> tuple[NativeHandle | None, ...]:
+        """What close() frees, in order (None: not opened); a subclass adds its own."""
+        return (self.batch, self.ctx)
+
     def close(self) -> None:
-        target = getattr(self, "target", None)
-        if target is not None and self.ctx is not None:
+        if self.ctx is not None:
             with contextlib.suppress(ClosedError):  # a closed target needs nothing back
-                self._release_target(target)
-        for owner in self._handles:
-            handle = getattr(self, owner, None)
+                self._release_target(self.target)
+        for handle in self._owned():
             if handle is not None:
                 handle.close()
 
