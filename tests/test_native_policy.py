@@ -60,4 +60,4 @@ def test_the_wrapper_makes_what_it_is_given(model_path: Path):
             with pytest.raises(NativeError, match="invalid input batch"):
                 ctx.check_decode(-1)
             with pytest.raises(NativeError, match="llama_process"):
-                ctx._check("llama_process", 2, 1, "head batch")  # the former name
+                ctx.check_decode(2, 1, "head batch", call="llama_process")

@@ -204,10 +204,6 @@ class LlamaContext(HiddenStates):
         if rc != 0:
             raise NativeError(call, rc, DECODE_MEANINGS.get(rc, ""))
 
-    def _check(self, call: str, rc: int, n_tokens: int, what: str) -> None:
-        """``check_decode`` by its former signature."""
-        self.check_decode(rc, n_tokens, what, call=call)
-
     # --- outputs ---------------------------------------------------------------------------
     def logits_view(self, n_outputs: int) -> np.ndarray:
         """No-copy view of the last decode's logits, [n_outputs, n_vocab]; valid until the
