@@ -10,6 +10,10 @@ editing a message or regenerating an answer starts a sibling instead of deleting
 was there. A conversation's ``current_leaf_id`` ends the branch on show; ``messages()``
 is the path from the root to it. Databases of version 1 (a list per conversation) are
 migrated on open, in one transaction: each message's parent is the one before it.
+
+Version 3 adds attachments (documents sent with a message) and their searchable chunks;
+``app.attachment_store`` has their tables and methods. Databases of version 1 or 2 are
+migrated on open, in one transaction.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from app.attachment_store import ATTACHMENT_SCHEMA, AttachmentTables
+from app.documents.records import Attachment as Attachment  # re-exported: the store's records
+from app.documents.records import Passage as Passage
 from engine.decoding.sampling import CHAT_DEFAULTS
 from engine.hub.model_store import data_dir
 from engine.runtime.context_fit import DEFAULT_POLICY
@@ -34,7 +41,7 @@ STOPPED = "stopped"  # the user pressed Stop
 FAILED = "failed"  # the engine failed; the content holds what came before
 STATUSES = (COMPLETE, STREAMING, INTERRUPTED, STOPPED, FAILED)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _MESSAGES = """
 CREATE TABLE {name} (
     id INTEGER PRIMARY KEY AUTOINCREMENT,  -- ids never reused: views cache by id
@@ -48,6 +55,7 @@ CREATE TABLE {name} (
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL
 )"""
+_ATTACHMENTS = ";\n".join(ATTACHMENT_SCHEMA)
 _SCHEMA = f"""
 BEGIN;
 CREATE TABLE IF NOT EXISTS conversations (
@@ -65,6 +73,7 @@ CREATE TABLE IF NOT EXISTS app_settings (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
+{_ATTACHMENTS};
 PRAGMA user_version = {SCHEMA_VERSION};
 COMMIT;
 """
@@ -138,7 +147,7 @@ class Message:
     n_siblings: int = 1
 
 
-class ConversationStore:
+class ConversationStore(AttachmentTables):
     """The conversations database. Use from one thread (the GUI's); ``close()`` is
     idempotent. Raises sqlite3.Error on a database the app cannot use."""
 
@@ -181,37 +190,46 @@ class ConversationStore:
         return self.db.execute("PRAGMA user_version").fetchone()[0]
 
     def _open_schema(self) -> None:
-        """Create the tables, or migrate version 1's (foreign keys off meanwhile, as
-        SQLite asks for a table rebuild; one transaction: a kill leaves version 1)."""
+        """Create the tables, or migrate an older version's (foreign keys off meanwhile,
+        as SQLite asks for a table rebuild; one transaction: a kill leaves the old one)."""
         db = self.db
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if "messages" not in tables:
             db.executescript(_SCHEMA)
             return
-        if self.schema_version() >= SCHEMA_VERSION:
+        version = self.schema_version()
+        if version >= SCHEMA_VERSION:
             return
         db.execute("PRAGMA foreign_keys=OFF")
         with self._transaction():
-            db.execute("ALTER TABLE conversations ADD COLUMN current_leaf_id INTEGER")
-            db.execute(_MESSAGES.format(name="messages_v2"))
-            # Version 1 kept each conversation as a list: the parent is the message before.
-            db.execute(
-                "INSERT INTO messages_v2 (id, conversation_id, parent_id, position, role,"
-                " content, status, info, created_at, updated_at)"
-                " SELECT m.id, m.conversation_id, (SELECT p.id FROM messages p"
-                "  WHERE p.conversation_id = m.conversation_id AND p.position < m.position"
-                "  ORDER BY p.position DESC LIMIT 1), m.position, m.role, m.content,"
-                " m.status, m.info, m.created_at, m.updated_at FROM messages m")
-            db.execute("DROP TABLE messages")
-            db.execute("ALTER TABLE messages_v2 RENAME TO messages")
-            db.execute("CREATE INDEX messages_by_parent ON messages (conversation_id,"
-                       " parent_id)")
-            db.execute("UPDATE conversations SET current_leaf_id = (SELECT m.id FROM"
-                       " messages m WHERE m.conversation_id = conversations.id"
-                       " ORDER BY m.position DESC LIMIT 1)")
+            if version < 2:
+                self._migrate_to_2()
+            for statement in ATTACHMENT_SCHEMA:  # version 3
+                db.execute(statement)
             if db.execute("PRAGMA foreign_key_check").fetchall():
                 raise sqlite3.IntegrityError("the migrated messages do not hold together")
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _migrate_to_2(self) -> None:
+        """Version 1 kept a list per conversation; version 2 a tree."""
+        db = self.db
+        db.execute("ALTER TABLE conversations ADD COLUMN current_leaf_id INTEGER")
+        db.execute(_MESSAGES.format(name="messages_v2"))
+        # Version 1 kept each conversation as a list: the parent is the message before.
+        db.execute(
+            "INSERT INTO messages_v2 (id, conversation_id, parent_id, position, role,"
+            " content, status, info, created_at, updated_at)"
+            " SELECT m.id, m.conversation_id, (SELECT p.id FROM messages p"
+            "  WHERE p.conversation_id = m.conversation_id AND p.position < m.position"
+            "  ORDER BY p.position DESC LIMIT 1), m.position, m.role, m.content,"
+            " m.status, m.info, m.created_at, m.updated_at FROM messages m")
+        db.execute("DROP TABLE messages")
+        db.execute("ALTER TABLE messages_v2 RENAME TO messages")
+        db.execute("CREATE INDEX messages_by_parent ON messages (conversation_id,"
+                   " parent_id)")
+        db.execute("UPDATE conversations SET current_leaf_id = (SELECT m.id FROM"
+                   " messages m WHERE m.conversation_id = conversations.id"
+                   " ORDER BY m.position DESC LIMIT 1)")
 
     def _recover(self) -> int:
         """Mark answers a dead process left mid-stream as interrupted; returns how many."""

@@ -145,7 +145,7 @@ def test_a_version_1_database_is_migrated_losing_nothing(tmp_path: Path) -> None
     path = tmp_path / "old.sqlite3"
     _version_1_database(path)
     with ConversationStore(path) as store:
-        assert store.schema_version() == 2
+        assert store.schema_version() == 3  # through version 2
         msgs = store.messages(1)
         assert [(m.id, m.content, m.parent_id) for m in msgs] == [
             (7, "hi", None), (9, "hello", 7), (12, "more", 9), (13, "half", 12)]
