@@ -35,6 +35,7 @@ import numpy as np
 
 from engine.decoding.budget import (
     MAX_DRAFT_LIMIT,
+    MAX_MEMORY_DRAFT,
     SpeculationGovernor,
     VerifyCostModel,
     context_bucket,
@@ -47,6 +48,7 @@ from engine.drafters import memory_file, open_drafter
 from engine.drafters.base import Drafter
 from engine.drafters.kinds import CHOICES, DrafterKind, Need
 from engine.drafters.memory_file import MemoryFile
+from engine.drafters.prediction import PredictionDrafter
 from engine.drafters.suffix_index import SuffixIndex
 from engine.errors import InvalidSettingError, ModelLoadError, TandemError
 from engine.hub.model_store import data_dir, default_model_path, default_model_ready
@@ -409,8 +411,18 @@ class Engine:
         with none when ``plain``; the cost model learns across generations, and a drafter
         with memory keeps the answer (saved at once) unless ``remember`` is False.
         Raises what ``engine.decoding.generation.generate`` raises."""
-        config = replace(config or GenerationConfig(),
-                         max_draft=0 if plain else self.max_draft)
+        config = config or GenerationConfig()
+        drafter, governor = (None, None) if plain else (self.drafter, self.governor)
+        max_draft = 0 if plain else self.max_draft
+        predicted = None
+        if config.prediction and not plain and self.prediction_budget:
+            # A prediction drafts beside the drafter in use, as far as the target verifies
+            # exactly; its own calibration trims it, so the governor stays out of it.
+            predicted = PredictionDrafter(
+                self.target.tokenize(config.prediction, special=False), drafter)
+            drafter, governor = predicted, None
+            max_draft = max(max_draft, self.prediction_budget)
+        config = replace(config, max_draft=max_draft)
         self._follow_the_load()
         # A plain greedy run reports its tokens after it: those after a thread change the
         # tuner made while reading them ran on the old count, and are not its to judge.
@@ -433,11 +445,11 @@ class Engine:
             if on_step is not None:
                 on_step(step)
         try:
-            result = generate(self.target, prompt, None if plain else self.drafter, config,
+            result = generate(self.target, prompt, drafter, config,
                               on_text=on_text,
                               on_step=step_seen if tuner is not None else on_step,
                               should_stop=should_stop,
-                              cost=self.cost, governor=None if plain else self.governor,
+                              cost=self.cost, governor=governor,
                               remember=remember, on_logprobs=on_logprobs)
         finally:
             if self.threads is not None:
@@ -445,12 +457,29 @@ class Engine:
                 self.threads.idle()
         if not plain and remember:
             self._save_memory()
+        if predicted is not None:
+            result.stats.n_prediction_accepted = predicted.accepted
+            result.stats.n_prediction_rejected = predicted.rejected
+            return result  # its steps say how the prediction fared, not the plan
         if not plain and self._draft_pair is not None:
             with contextlib.suppress(OSError):  # a read-only disk must not stop the chat
                 DraftRecord(self._cache_dir()).add(self._draft_pair, result.stats.steps)
         if not plain:
             self._check_plan(result)
         return result
+
+    @property
+    def prediction_budget(self) -> int:
+        """The longest draft a prediction may make: none where speculation cannot be
+        exact (the model's header, or kernels the probe found inexact, unless a drafter
+        was asked for by name), else long drafts as far as the target takes them back."""
+        if self.model.why_plain is not None:
+            return 0
+        asked = self.config.drafter
+        if (self.kernels is None or not self.kernels.exact) and asked in (
+                DrafterKind.AUTO, DrafterKind.NONE):
+            return 0
+        return _capped(MAX_MEMORY_DRAFT, self.target.max_draft)
 
     def _follow_the_load(self) -> None:
         """The threads for this answer, from the machine's load in the seconds before it."""

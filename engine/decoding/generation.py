@@ -49,6 +49,9 @@ class GenerationConfig:
     # The target's log probability of each answer token and of its ``logprobs`` likeliest
     # alternatives (None: not reported).
     logprobs: int | None = None
+    # A text the answer is expected to repeat (OpenAI's Predicted Outputs: the file being
+    # edited). The engine drafts from it (engine.drafters.prediction); never changes output.
+    prediction: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -388,6 +391,11 @@ def _step(run: _Run, last: int, ahead_pool: ThreadPoolExecutor | None
     if ahead_pool is not None and run.drafter is not None and draft:
         ahead = ahead_pool.submit(run.drafter.draft_ahead, draft, run.config.max_draft,
                                   cost.t1)
+    if run.drafter is not None and draft:
+        try:
+            run.drafter.verifying(draft)
+        except Exception as exc:  # noqa: BLE001 - any drafter failure
+            run.drop_drafter(exc, "verifying")
     ver = target.verify(last, draft)
     run.cost.observe(n_past, 1 + len(draft), time.perf_counter() - t_drafted)
     if ahead is not None:

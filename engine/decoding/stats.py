@@ -8,7 +8,7 @@ from typing import Literal
 from engine.drafters.kinds import DrafterKind
 
 # The drafter call that raised mid-generation (empty: none did).
-DrafterCall = Literal["", "begin", "draft", "draft_ahead", "accept", "finish"]
+DrafterCall = Literal["", "begin", "draft", "draft_ahead", "verifying", "accept", "finish"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,10 @@ class GenerationStats:
     # when the engine was built is in the engine's notes, never here.
     drafter_failed_in: DrafterCall = ""
     steps: list[StepStats] = field(default_factory=list)
+    # A prediction's tokens the target verified and kept, or turned down (OpenAI's
+    # accepted_prediction_tokens and rejected_prediction_tokens).
+    n_prediction_accepted: int = 0
+    n_prediction_rejected: int = 0
 
     @classmethod
     def so_far(cls, steps: list[StepStats], drafter: str, ttft_s: float, t_elapsed_s: float

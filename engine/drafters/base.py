@@ -52,6 +52,10 @@ class Drafter(ABC):
         drafts, then the target's own next token); ``features`` are the target's hidden
         states of the tokens just evaluated and kept (root and accepted drafts)."""
 
+    def verifying(self, tree: DraftTree) -> None:  # noqa: B027
+        """The target is about to verify ``tree``: what the budget kept of the last draft
+        (a drafter that reports its verified tokens, as a prediction's, counts them)."""
+
     def draft_ahead(self, verifying: DraftTree, max_tokens: int,  # noqa: B027
                     token_time_s: float) -> None:
         """Called in a worker thread while the target verifies ``verifying`` (and before
