@@ -416,3 +416,36 @@ def test_bad_tool_requests_get_a_400(server: Served, extra: dict, param: str) ->
                    json={"messages": ASK_WEATHER, "max_tokens": 4, **extra})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_a_prediction_drafts_the_same_answer_and_counts_its_tokens(server: Served) -> None:
+    """OpenAI's Predicted Outputs: the answer is the one without a prediction; usage says
+    how many of the prediction's tokens were verified and kept or turned down."""
+    client = server.client()
+    ask = [{"role": "user", "content": "List the days of the week, one per line."}]
+    text = client.chat.completions.create(model="any", messages=ask, max_tokens=60,
+                                          temperature=0).choices[0].message.content
+    assert text
+    # About right: one line changed, as a file being edited would be.
+    lines = text.split("\n")
+    lines[len(lines) // 2] = "Someday"
+    out = client.chat.completions.create(
+        model="any", messages=ask, max_tokens=60, temperature=0,
+        prediction={"type": "content", "content": "\n".join(lines)})
+    assert out.choices[0].message.content == text
+    details = out.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens > 0
+    assert details.rejected_prediction_tokens > 0
+    # Text completions take it too (not in the client's signature: extra_body).
+    plain = client.completions.create(model="any", prompt="1, 2, 3, 4, 5,", max_tokens=24,
+                                      temperature=0)
+    predicted = client.completions.create(
+        model="any", prompt="1, 2, 3, 4, 5,", max_tokens=24, temperature=0,
+        extra_body={"prediction": {"type": "content", "content": plain.choices[0].text}})
+    assert predicted.choices[0].text == plain.choices[0].text
+    assert predicted.usage.completion_tokens_details.accepted_prediction_tokens > 0
+    without = plain.usage.completion_tokens_details
+    assert without.accepted_prediction_tokens == without.rejected_prediction_tokens == 0
+    with pytest.raises(openai.BadRequestError, match="prediction"):
+        client.chat.completions.create(model="any", messages=ask, max_tokens=4,
+                                       prediction={"type": "text", "content": "x"})

@@ -85,10 +85,16 @@ def _error(exc: ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
-def _usage(result: GenerationResult) -> dict[str, int]:
-    n_prompt, n_new = result.stats.n_prompt, result.stats.n_new
+def _usage(result: GenerationResult) -> dict[str, Any]:
+    """OpenAI's usage; with a prediction, how many of its tokens the model verified and
+    kept or turned down (completion_tokens_details, as OpenAI reports them)."""
+    stats = result.stats
+    n_prompt, n_new = stats.n_prompt, stats.n_new
     return {"prompt_tokens": n_prompt, "completion_tokens": n_new,
-            "total_tokens": n_prompt + n_new}
+            "total_tokens": n_prompt + n_new,
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": stats.n_prediction_accepted,
+                "rejected_prediction_tokens": stats.n_prediction_rejected}}
 
 
 def _check_key(request: Request, state: ServerState) -> None:

@@ -80,7 +80,8 @@ def question_of(job: Job) -> Question:
     """The engine's question for a request: its messages or text, and how to answer."""
     req = job.request
     config = GenerationConfig(max_tokens=req.max_tokens, sampling=req.sampling,
-                              stop=req.stop, grammar=req.grammar, logprobs=req.logprobs)
+                              stop=req.stop, grammar=req.grammar, logprobs=req.logprobs,
+                              prediction=req.prediction)
     return (Question.chat(list(req.messages), config, req.context_policy,
                           req.enable_thinking, req.template_tools)
             if req.is_chat else Question.completion(req.prompt or "", config))

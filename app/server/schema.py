@@ -72,6 +72,8 @@ class CompletionRequest:
     # How the offered tools reach the model and its calls come back (the template's)
     tool_syntax: ToolSyntax = GENERIC
     template_tools: tuple[dict, ...] = ()  # the tools the chat template is given
+    # OpenAI's Predicted Outputs: text the answer is expected to repeat, drafted from
+    prediction: str = ""
 
     @property
     def is_chat(self) -> bool:
@@ -310,7 +312,20 @@ def parse_request(body: Any, limits: Limits, chat: bool, syntax: ToolSyntax = GE
         tools=tools if choice != "none" else (),
         logprobs=_logprobs(body, chat),
         tool_syntax=syntax,
-        template_tools=tuple(template_tools or ()))
+        template_tools=tuple(template_tools or ()),
+        prediction=_prediction(body))
+
+
+def _prediction(body: dict) -> str:
+    """OpenAI's ``prediction``: ``{"type": "content", "content": text or text parts}``."""
+    given = body.get("prediction")
+    if given is None:
+        return ""
+    if not isinstance(given, dict) or given.get("type") != "content":
+        raise _bad("prediction", "must be {'type': 'content', 'content': ...}")
+    if "content" not in given:
+        raise _bad("prediction.content", "is missing")
+    return _text_of(given["content"], "prediction.content")
 
 
 def _grammar(body: dict) -> str | None:
