@@ -107,7 +107,7 @@ def read_document(path: Path) -> Document:
 
 def document_from_text(name: str, text: str) -> Document:
     """A long text pasted into the message box, kept as a document named ``name``."""
-    return _finish(name, TEXT, clean_text(text), ())
+    return _finish(name, TEXT, text, ())
 
 
 def clean_text(text: str) -> str:
@@ -116,6 +116,8 @@ def clean_text(text: str) -> str:
 
 
 def _finish(name: str, kind: str, text: str, pages: tuple[int, ...]) -> Document:
+    # Readers with pages clean each page before counting offsets: here a no-op for them.
+    text = clean_text(text)
     if not text.strip():
         if kind == PDF:
             raise DocumentError(
@@ -194,12 +196,10 @@ def _decode_unknown(data: bytes, name: str) -> str:
 
 def _decode_text(data: bytes, name: str) -> str:
     """A file named as text: UTF-8 (or a BOM's codec), else Windows-1252, as old editors
-    on Windows save; binary data is refused."""
+    on Windows save. Binary data is refused; a stray NUL in a log is not binary."""
     text = _decode_bom(data)
     if text is not None:
         return text
-    if b"\x00" in data:
-        raise _not_text(name)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
