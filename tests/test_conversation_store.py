@@ -198,3 +198,71 @@ def test_a_kill_during_branch_switches_leaves_a_sound_database(tmp_path: Path) -
         assert store.message(leaf).conversation_id == cid  # the leaf exists
         path_msgs = store.messages(cid)
         assert path_msgs[0].parent_id is None and path_msgs[-1].id == leaf
+
+
+def _version_2_database(path: Path) -> None:
+    """A database as Tandem wrote it before attachments (schema version 2)."""
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE conversations (id INTEGER PRIMARY KEY, title TEXT NOT NULL,
+            system_prompt TEXT NOT NULL DEFAULT '', settings TEXT NOT NULL DEFAULT '{}',
+            created_at REAL NOT NULL, updated_at REAL NOT NULL, current_leaf_id INTEGER);
+        CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,
+            position INTEGER NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
+            status TEXT NOT NULL, info TEXT NOT NULL DEFAULT '{}', created_at REAL NOT NULL,
+            updated_at REAL NOT NULL);
+        CREATE INDEX messages_by_parent ON messages (conversation_id, parent_id);
+        CREATE TABLE app_settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        INSERT INTO conversations VALUES (1, 'old', 'sys', '{"temperature": 0.5}', 1, 2, 9);
+        INSERT INTO messages VALUES (7, 1, NULL, 0, 'user', 'hi', 'complete', '{}', 1, 1);
+        INSERT INTO messages VALUES (8, 1, 7, 1, 'assistant', 'first', 'complete', '{}', 1, 1);
+        INSERT INTO messages VALUES (9, 1, 7, 1, 'assistant', 'second', 'complete',
+                                     '{"summary": "3 tokens"}', 1, 1);
+        INSERT INTO app_settings VALUES ('models', '["/x.gguf"]');
+        PRAGMA user_version = 2;
+    """)
+    db.commit()
+    db.close()
+
+
+def test_a_version_2_database_gains_attachments_losing_nothing(tmp_path: Path) -> None:
+    from app.documents.reading import Document
+
+    path = tmp_path / "v2.sqlite3"
+    _version_2_database(path)
+    with ConversationStore(path) as store:
+        assert store.schema_version() == 3
+        msgs = store.messages(1)
+        assert [(m.id, m.content, m.parent_id, m.n_siblings) for m in msgs] == [
+            (7, "hi", None, 1), (9, "second", 7, 2)]
+        assert msgs[1].info == {"summary": "3 tokens"}
+        assert store.get_setting("models") == ["/x.gguf"]
+        assert store.path_attachments(1) == []
+        att = store.add_attachment(1, Document("n.txt", "text", "migrated fine"), 7)
+        assert store.search_passages(1, "migrated")[0].attachment_id == att.id
+        assert store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    with ConversationStore(path) as again:  # opened again: nothing to migrate
+        assert again.schema_version() == 3 and again.path_attachments(1)[0].name == "n.txt"
+        again.delete_conversation(1)
+        assert again.db.execute("SELECT COUNT(*) FROM attachment_chunks").fetchone()[0] == 0
+
+
+def test_a_failed_migration_leaves_version_2(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import app.conversation_store as cs
+
+    path = tmp_path / "v2.sqlite3"
+    _version_2_database(path)
+    monkeypatch.setattr(cs, "ATTACHMENT_SCHEMA", (*cs.ATTACHMENT_SCHEMA, "NOT SQL"))
+    with pytest.raises(sqlite3.OperationalError):
+        ConversationStore(path)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
+    assert "attachments" not in tables and "attachment_chunks" not in tables
+    db.close()
+    monkeypatch.undo()
+    with ConversationStore(path) as store:
+        assert store.schema_version() == 3 and len(store.messages(1)) == 2
