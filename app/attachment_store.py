@@ -62,22 +62,27 @@ class AttachmentTables:
                        message_id: int | None = None) -> Attachment:
         """Store ``document`` and index its chunks, in one transaction. Raises KeyError
         for an unknown conversation."""
-        chunks = split_into_chunks(document)
         with self._transaction():
             if self.db.execute("SELECT 1 FROM conversations WHERE id = ?",
                                (conversation_id,)).fetchone() is None:
                 raise KeyError(f"no conversation {conversation_id}")
-            cur = self.db.execute(
-                "INSERT INTO attachments (conversation_id, message_id, name, kind, text,"
-                " pages, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (conversation_id, message_id, document.name, document.kind, document.text,
-                 json.dumps(list(document.pages)), time.time()))
-            attachment_id = cur.lastrowid
-            self.db.executemany(
-                "INSERT INTO attachment_chunks (rowid, text, attachment_id, conversation_id,"
-                " page, start) VALUES (?, ?, ?, ?, ?, ?)",
-                [(attachment_id * _ROWID_SHIFT + c.index, c.text, attachment_id,
-                  conversation_id, c.page, c.start) for c in chunks])
+            return self._insert_attachment(conversation_id, document, message_id)
+
+    def _insert_attachment(self, conversation_id: int, document: Document,
+                           message_id: int | None) -> Attachment:
+        """The writes of ``add_attachment``, inside the caller's transaction."""
+        chunks = split_into_chunks(document)
+        cur = self.db.execute(
+            "INSERT INTO attachments (conversation_id, message_id, name, kind, text, pages,"
+            " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (conversation_id, message_id, document.name, document.kind, document.text,
+             json.dumps(list(document.pages)), time.time()))
+        attachment_id = cur.lastrowid
+        self.db.executemany(
+            "INSERT INTO attachment_chunks (rowid, text, attachment_id, conversation_id,"
+            " page, start) VALUES (?, ?, ?, ?, ?, ?)",
+            [(attachment_id * _ROWID_SHIFT + c.index, c.text, attachment_id, conversation_id,
+              c.page, c.start) for c in chunks])
         return Attachment(attachment_id, conversation_id, message_id, document.name,
                           document.kind, document.text, document.pages)
 

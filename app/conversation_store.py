@@ -21,10 +21,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from app.attachment_store import ATTACHMENT_SCHEMA, AttachmentTables
+from app.documents.reading import Document
 from app.documents.records import Attachment as Attachment  # re-exported: the store's records
 from app.documents.records import Passage as Passage
 from engine.decoding.sampling import CHAT_DEFAULTS
@@ -248,8 +250,10 @@ class ConversationStore(AttachmentTables):
         return Conversation(cur.lastrowid, title, system_prompt, settings, now, now)
 
     def add_conversation(self, title: str, system_prompt: str, settings: ChatSettings,
-                         messages: list[tuple[str, str, str, dict]]) -> Conversation:
-        """A conversation with its messages (role, content, status, info), in one
+                         messages: list[tuple[str, str, str, dict]],
+                         attachments: Sequence[Sequence[Document]] = ()) -> Conversation:
+        """A conversation with its messages (role, content, status, info) and the
+        documents attached to each (``attachments[i]`` for ``messages[i]``), in one
         transaction: an import is whole or absent."""
         for _, _, status, _ in messages:
             if status not in STATUSES:
@@ -269,6 +273,8 @@ class ConversationStore(AttachmentTables):
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (conversation_id, parent, i, role, content, status, json.dumps(info),
                      now, now)).lastrowid
+                for document in attachments[i] if i < len(attachments) else ():
+                    self._insert_attachment(conversation_id, document, parent)
             self._set_leaf(conversation_id, parent)
         return self.conversation(conversation_id)
 

@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from app.conversation_export import from_json, import_into, read_import, write_export
+from app.conversation_export import (
+    from_json,
+    import_into,
+    message_attachments,
+    read_import,
+    write_export,
+)
 from app.conversation_store import COMPLETE, STOPPED, ChatSettings, ConversationStore
 
 STATS = {"summary": "42 tokens, 80.0 tok/s, 1.50 tokens/step", "finish_reason": "eos",
@@ -84,6 +90,18 @@ def test_a_bare_openai_message_list_imports(store: ConversationStore, tmp_path: 
     ('[{"role": "user", "content": 3}]', "message 1 has no text content"),
     ('[{"role": "user", "content": "a", "tandem": {"status": "weird"}}]', "unknown status"),
     ('{"format": "tandem.conversation", "version": 99, "messages": []}', "newer"),
+    ('[{"role": "user", "content": "a", "tandem": {"attachments": "x"}}]',
+     "message 1: its attachments are not a list"),
+    ('[{"role": "user", "content": "a", "tandem": {"attachments": [3]}}]',
+     "attachment 1 is not an object"),
+    ('[{"role": "user", "content": "a", "tandem": {"attachments": [{"kind": "text",'
+     ' "text": "t"}]}}]', "attachment 1 has no name"),
+    ('[{"role": "user", "content": "a", "tandem": {"attachments": [{"name": "n",'
+     ' "kind": "exe", "text": "t"}]}}]', "has the kind 'exe'"),
+    ('[{"role": "user", "content": "a", "tandem": {"attachments": [{"name": "n",'
+     ' "kind": "text", "text": 5}]}}]', "'n' has no text"),
+    ('[{"role": "user", "content": "a", "tandem": {"attachments": [{"name": "n",'
+     ' "kind": "pdf", "text": "t", "pages": [0, 9]}]}}]', "pages that are not"),
 ])
 def test_a_bad_file_is_refused_with_the_reason_and_nothing_is_written(
         store: ConversationStore, tmp_path: Path, content: str, message: str):
@@ -100,6 +118,56 @@ def test_an_answer_exported_mid_stream_comes_back_interrupted():
                           {"role": "assistant", "content": "b",
                            "tandem": {"status": "streaming"}}])
     assert imported.messages[1].status == "interrupted"
+
+
+def _with_attachments(store: ConversationStore) -> int:
+    from app.documents.reading import Document
+
+    cid = _filled(store)
+    first, _, third, _ = store.messages(cid)
+    store.add_attachment(cid, Document("notes.md", "markdown", "# Rivers\nlong ones"), first.id)
+    store.add_attachment(cid, Document("atlas.pdf", "pdf", "Nile\n\nAmazon basin", (0, 6)),
+                         first.id)
+    store.add_attachment(cid, Document("asia.txt", "text", "Yangtze and Mekong"), third.id)
+    return cid
+
+
+def test_attachments_export_and_import_with_their_message(store: ConversationStore,
+                                                          tmp_path: Path):
+    cid = _with_attachments(store)
+    msgs = store.messages(cid)
+    attached = message_attachments(store, msgs)
+    path = tmp_path / "rivers.json"
+    write_export(store.conversation(cid), msgs, path, attached)
+    data = json.loads(path.read_text())
+    assert data["version"] == 2
+    assert data["messages"][1]["tandem"]["attachments"] == [
+        {"name": "notes.md", "kind": "markdown", "text": "# Rivers\nlong ones", "pages": []},
+        {"name": "atlas.pdf", "kind": "pdf", "text": "Nile\n\nAmazon basin", "pages": [0, 6]}]
+    new = import_into(store, read_import(path))
+    new_msgs = store.messages(new.id)
+    assert [m.info for m in new_msgs] == [m.info for m in msgs]  # no "attachments" in info
+    got = [[(a.name, a.kind, a.text, a.pages) for a in store.message_attachments(m.id)]
+           for m in new_msgs]
+    want = [[(a.name, a.kind, a.text, a.pages) for a in store.message_attachments(m.id)]
+            for m in msgs]
+    assert got == want and got[0] and got[2]
+    found = store.search_passages(new.id, "Amazon")  # indexed too
+    assert [(p.name, p.page) for p in found] == [("atlas.pdf", 1)]
+    md = tmp_path / "rivers.md"
+    write_export(store.conversation(cid), msgs, md, attached)
+    assert "Name three rivers.\n\n*Attached: notes.md, atlas.pdf*\n" in md.read_text()
+
+
+def test_a_version_1_export_still_imports(store: ConversationStore):
+    data = {"format": "tandem.conversation", "version": 1, "title": "Old",
+            "messages": [{"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": "yo",
+                          "tandem": {"status": "complete", "summary": "1 token"}}]}
+    new = import_into(store, from_json(data))
+    assert [(m.content, m.info) for m in store.messages(new.id)] == [
+        ("hi", {}), ("yo", {"summary": "1 token"})]
+    assert store.path_attachments(new.id) == []
 
 
 def test_the_window_exports_and_imports(qtbot, tmp_path: Path, model_path: Path):
