@@ -20,6 +20,7 @@ class BenchPrompt:
     category: str
     turns: list[str]
     json_schema: dict | None = None  # answers constrained to it (structured output)
+    prediction: str | None = None  # the text the answer should repeat (a file being edited)
 
 
 def load_prompts(path: str | os.PathLike[str], per_category: int | None = None

@@ -32,10 +32,14 @@ from training.spec_bench import BenchPrompt
 Runner = Callable[..., dict[str, Any]]
 
 
+# A runner spec ending so sends each prompt's prediction (OpenAI's Predicted Outputs).
+PREDICTING = "+prediction"
+
+
 def parse_runner_spec(spec: str) -> tuple[str, Overrides]:
     """``NAME``, ``NAME:N`` (a fixed budget of N draft tokens, and depth N for a chain)
-    or ``auto@LAYOUT`` (the planner held to one layout)."""
-    name, _, layout = spec.partition("@")
+    or ``auto@LAYOUT`` (the planner held to one layout), each maybe ``+prediction``."""
+    name, _, layout = spec.removesuffix(PREDICTING).partition("@")
     name, _, budget = name.partition(":")
     kind = DrafterKind.of(name)  # None: a baseline (lcp, server, ...)
     if layout and kind is not DrafterKind.AUTO:
@@ -64,11 +68,13 @@ def runner_engine_config(spec: str, base: EngineConfig) -> EngineConfig:
     return replace(base, drafter=name, overrides=overrides, memory_dir=memory_dir)
 
 
-def engine_runner(engine: Engine) -> Runner:
+def engine_runner(engine: Engine, predicting: bool = False) -> Runner:
     """Runs one greedy generation with Tandem's engine from an empty cache. The drafter,
-    the governor and the cost model live across prompts, as across a chat's turns."""
+    the governor and the cost model live across prompts, as across a chat's turns.
+    ``predicting``: a prompt's prediction is sent with it."""
     def run(prompt: list[int], max_tokens: int, remember: bool = True,
-            warm: list[int] | None = None, grammar: str | None = None) -> dict[str, Any]:
+            warm: list[int] | None = None, grammar: str | None = None,
+            prediction: str | None = None) -> dict[str, Any]:
         engine.target.reset(cold=True)  # no prompt cache, as the servers run
         if warm:  # a follow-up turn: the conversation so far is cached, as in a chat
             engine.target.prefill(warm, None)
@@ -76,13 +82,16 @@ def engine_runner(engine: Engine) -> Runner:
             # the timed turn they would cost its first token what no chat pays
             # (docs/benchmarks.md: figures behind the code's rules, "Reading prompts").
             engine.target.settle()
+        sent = prediction if predicting and prediction else ""
         result = engine.generate(prompt, GenerationConfig(max_tokens=max_tokens,
-                                                          grammar=grammar),
+                                                          grammar=grammar, prediction=sent),
                                  remember=remember)
         s = result.stats
         return {"new_tokens": s.n_new, "seconds": s.t_total_s, "ttft_s": s.ttft_s,
                 "decode_seconds": s.t_total_s - s.ttft_s, "mean_accepted": s.mean_accepted,
-                "reused": s.n_prompt_reused, "text": result.text, "tokens": result.tokens}
+                "reused": s.n_prompt_reused, "text": result.text, "tokens": result.tokens,
+                "prediction_accepted": s.n_prediction_accepted,
+                "prediction_rejected": s.n_prediction_rejected}
 
     return run
 
@@ -338,6 +347,8 @@ def run_bench(
                         extra: dict[str, Any] = {"warm": cached[name]} if turn else {}
                         if grammar is not None:
                             extra["grammar"] = grammar
+                        if prompt.prediction and name.endswith(PREDICTING):
+                            extra["prediction"] = prompt.prediction
                         row = runners[name](tokens[name], max_tokens, rep == last_rep,
                                             **extra)
                     except ContextFullError as exc:
@@ -397,7 +408,8 @@ def _warm_up(target: Target, runners: dict[str, Runner]) -> None:
 def parse_drafter_list(text: str, known: Iterable[str]) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     known = set(known)
-    bad = [n for n in names if n.partition("@")[0].partition(":")[0] not in known]
+    bad = [n for n in names
+           if n.removesuffix(PREDICTING).partition("@")[0].partition(":")[0] not in known]
     if bad:
         raise ValueError(f"unknown drafter(s) {', '.join(bad)}; choose from "
                          f"{', '.join(sorted(known))}")

@@ -14,13 +14,16 @@ from pathlib import Path
 from app.cli.common import add_head_args, add_model_args, engine_config, progress_to
 from engine.drafters.kinds import DrafterKind
 from engine.runtime.hardware import default_threads
+from engine.runtime.target import Target
 from engine.session import ENGINE_DRAFTERS, Engine
+from training.spec_bench import BenchPrompt
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from app.benchmarks.bench import (
+        PREDICTING,
         engine_runner,
         format_table,
         parse_drafter_list,
@@ -53,7 +56,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                                *SERVER_NAMES))
     if any(n in SERVER_NAMES for n in names) and not args.llama_server:
         raise ValueError("the server baselines need --llama-server PATH")
-    prompts = load_prompts(args.prompts, args.per_category)
+    if args.documents is None and args.prompts is None:
+        raise ValueError("give --prompts FILE, or --documents for the document tasks")
+    if args.documents is not None and args.ctx is None:
+        args.ctx = DOCUMENTS_CTX  # the largest documents and an edited file's answer
     # Tandem's memory starts empty (or warmed, --warm-memory) and fills as the run goes
     # (as llama-server's n-gram pool does); it lives beside the results so a resumed run
     # keeps it.
@@ -80,6 +86,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if target is None:
             engines[DrafterKind.NONE] = Engine(base)
             target = engines[DrafterKind.NONE].target
+        prompts = (document_tasks(target, args.documents) if args.documents is not None
+                   else load_prompts(args.prompts, args.per_category))
         runners = {}
         for n in names:
             if n in BASELINE_NAMES:
@@ -87,9 +95,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             elif n in SERVER_NAMES:
                 runners[n] = server_runner(n, target, args.llama_server)
             else:
-                runners[n] = engine_runner(engines[n])
+                runners[n] = engine_runner(engines[n], n.endswith(PREDICTING))
         meta = {"model": str(target.path), "threads": target.n_threads,
-                "max_tokens": args.max_tokens, "prompts": str(args.prompts),
+                "max_tokens": args.max_tokens,
+                "prompts": str(args.prompts) if args.documents is None
+                else f"document tasks ({args.documents or 'all'})",
                 "per_category": args.per_category, "drafters": names, "repeat": args.repeat,
                 "pause_s": args.pause, "turns": args.turns,
                 "kv_cache": args.kv_cache,
@@ -130,6 +140,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(f"results written to {args.json}", file=sys.stderr)
     return 0
+
+
+# The document tasks' context: their largest documents (~7k tokens) and answers fit.
+DOCUMENTS_CTX = 8192
+
+
+def document_tasks(target: Target, categories: str) -> list[BenchPrompt]:
+    """The document tasks (app.benchmarks.document_tasks), only ``categories`` (comma-
+    separated) when given."""
+    from app.benchmarks.document_tasks import document_prompts
+
+    wanted = {c.strip() for c in categories.split(",") if c.strip()}
+    prompts = document_prompts(lambda text: len(target.tokenize(text, special=False)))
+    return [p for p in prompts if not wanted or p.category in wanted]
 
 
 def _heal(args: argparse.Namespace) -> int:
@@ -180,7 +204,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``bench`` to the ``tandem`` command's sub-parsers."""
     p = subparsers.add_parser("bench", help="drafters side by side on benchmark prompts")
     add_model_args(p)
-    p.add_argument("--prompts", type=Path, required=True, help="Spec-Bench style JSONL")
+    p.add_argument("--prompts", type=Path, default=None, help="Spec-Bench style JSONL")
+    p.add_argument("--documents", nargs="?", const="", default=None, metavar="CATEGORIES",
+                   help="the document tasks instead of --prompts (questions, extractions "
+                        "and summaries over 1-8k-token documents, code edits sent with "
+                        "the file as a prediction: give a runner NAME+prediction); "
+                        "optionally only these comma-separated categories")
     p.add_argument("--per-category", type=int, default=None)
     p.add_argument("--drafters", default="none,lookup",
                    help="comma-separated: auto (the plan), auto@LAYOUT, none, memory, "
