@@ -96,6 +96,8 @@ class GenerationRequest:
     context_policy: str = DEFAULT_POLICY  # engine.runtime.context_fit
     thinking: bool = True  # for templates with a thinking switch (enable_thinking)
     grammar: str | None = None  # GBNF every token obeys (the chat's "Answer as JSON")
+    # Text the answer should repeat (an attached file being edited): drafted from
+    prediction: str = ""
 
 
 @dataclass(frozen=True)
@@ -388,7 +390,8 @@ class EngineWorker(QObject):
         question = Question.chat([{"role": r, "content": c} for r, c in request.messages],
                                  GenerationConfig(max_tokens=request.max_tokens,
                                                   sampling=request.sampling,
-                                                  grammar=request.grammar),
+                                                  grammar=request.grammar,
+                                                  prediction=request.prediction),
                                  request.context_policy, request.thinking)
 
         def on_step(step: StepStats) -> None:
