@@ -153,7 +153,7 @@ def test_attachments_export_and_import_with_their_message(store: ConversationSto
             for m in msgs]
     assert got == want and got[0] and got[2]
     found = store.search_passages(new.id, "Amazon")  # indexed too
-    assert [(p.name, p.page) for p in found] == [("atlas.pdf", 1)]
+    assert [(p.name, p.page, p.text) for p in found] == [("atlas.pdf", 2, "Amazon basin")]
     md = tmp_path / "rivers.md"
     write_export(store.conversation(cid), msgs, md, attached)
     assert "Name three rivers.\n\n*Attached: notes.md, atlas.pdf*\n" in md.read_text()

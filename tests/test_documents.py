@@ -206,6 +206,10 @@ def test_chunks_cover_the_text_in_order_and_know_their_page(tmp_path: Path) -> N
         end = chunk.start + len(chunk.text)
     assert not doc.text[end:].strip()
     assert {c.page for c in chunks} == {1, 2, 3}
+    for chunk in chunks:  # none runs over a page's end
+        assert chunk.start + len(chunk.text) <= ([*doc.pages, doc.n_chars])[chunk.page]
+    whole = split_into_chunks(doc, target_chars=100_000)
+    assert [c.page for c in whole] == [1, 2, 3]
 
 
 def test_chunks_cut_at_paragraphs_first_and_anywhere_last() -> None:

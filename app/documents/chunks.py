@@ -2,14 +2,16 @@
 
 A chunk is an exact slice of the document's text (``text[start:start + len(chunk.text)]``)
 with no whitespace at either end; chunks come in order, do not overlap, and together hold
-every non-blank character. Cuts fall at blank lines, else line ends, else sentence ends,
-else anywhere (a space near the limit when there is one).
+every non-blank character. Cuts fall at page starts (a chunk is on one page, so a passage
+cites the right one), then at blank lines, else line ends, else sentence ends, else
+anywhere (a space near the limit when there is one).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import pairwise
 
 from app.documents.reading import Document
 
@@ -33,11 +35,13 @@ def split_into_chunks(document: Document, target_chars: int = 1200) -> list[Chun
     """The document's chunks, none empty, each at most ``target_chars`` long."""
     target = max(1, target_chars)
     text = document.text
+    bounds = [0, *[p for p in document.pages if 0 < p < len(text)], len(text)]
     chunks: list[Chunk] = []
-    for a, b in _split(text, 0, len(text), 0, target):
-        s, e = _trim(text, a, b)
-        if s < e:
-            chunks.append(Chunk(len(chunks), s, document.page_at(s), text[s:e]))
+    for page_start, page_end in pairwise(bounds):
+        for a, b in _split(text, page_start, page_end, 0, target):
+            s, e = _trim(text, a, b)
+            if s < e:
+                chunks.append(Chunk(len(chunks), s, document.page_at(s), text[s:e]))
     return chunks
 
 
