@@ -11,12 +11,14 @@ from PySide6.QtWidgets import QStyle, QStyledItemDelegate, QStyleOptionViewItem,
 from app.conversation_store import FAILED, INTERRUPTED, STOPPED, STREAMING, Message
 from app.gui import theme
 from app.gui.markdown import render_markdown
-from app.gui.transcript_model import MESSAGE_ROLE, OUT_OF_CONTEXT_ROLE
+from app.gui.sources import Sources
+from app.gui.transcript_model import MESSAGE_ROLE, OUT_OF_CONTEXT_ROLE, SOURCES_ROLE
 from engine.runtime.reasoning import split_reasoning
 
 _Index = QModelIndex | QPersistentModelIndex
 
 MARGIN_X, MARGIN_Y, PAD = 10, 5, 10
+CHIP_PAD = 6  # around a chip's text (a document under a user message)
 USER_INDENT = 0.18  # user cards leave this share of the width free on their left
 STATUS_TEXT = {
     STREAMING: ("generating…", QColor("#4a86e8")),
@@ -37,6 +39,13 @@ def status_line(msg: Message) -> tuple[str, QColor] | None:
     if msg.status == FAILED and msg.info.get("error"):
         text = f"{text}: {msg.info['error']}"
     return text, color
+
+
+def attachment_names(msg: Message) -> list[str]:
+    """The documents a user message brought (shown as chips under it)."""
+    if msg.role != "user":
+        return []
+    return [str(a.get("name", "")) for a in msg.info.get("attachments") or ()]
 
 
 def _small(font: QFont) -> QFont:
@@ -128,10 +137,60 @@ class MessageDelegate(QStyledItemDelegate):
             return QSize(self.width, 20)
         fm = QFontMetrics(option.font)
         h = PAD + fm.height() + 4 + int(self._doc(msg, option.font).size().height()) + PAD
+        h += self._extra_height(msg, index.data(SOURCES_ROLE), option.font)
         footer = self._footer(msg)
         if footer:
             h += self._footer_height(footer, option.font, self._card_width(msg)) + 4
         return QSize(self.width, h + 2 * MARGIN_Y)
+
+    @staticmethod
+    def _extra_height(msg: Message, sources: Sources | None, font: QFont) -> int:
+        """The line under the text: a user message's document chips, an answer's
+        sources."""
+        if not attachment_names(msg) and sources is None:
+            return 0
+        return QFontMetrics(_small(font)).height() + CHIP_PAD + 4
+
+    def _extra_top(self, rect: QRect, msg: Message, font: QFont) -> float:
+        card = self._card(rect, msg)
+        return (card.y() + PAD + QFontMetrics(font).height() + 4
+                + self._doc(msg, font).size().height() + 4)
+
+    def sources_rect(self, rect: QRect, msg: Message, sources: Sources | None,
+                     font: QFont) -> QRectF | None:
+        """Where an answer's "Sources: …" line sits (a click opens the passages)."""
+        if sources is None:
+            return None
+        card = self._card(rect, msg)
+        small = QFontMetrics(_small(font))
+        width = min(small.horizontalAdvance(sources.line()) + 4, card.width() - 2 * PAD)
+        return QRectF(card.x() + PAD, self._extra_top(rect, msg, font), width,
+                      small.height() + CHIP_PAD)
+
+    def _paint_chips(self, painter: QPainter, card: QRectF, y: float, names: list[str],
+                     font: QFont) -> None:
+        colors = theme.current()
+        small = _small(font)
+        fm = QFontMetrics(small)
+        painter.setFont(small)
+        x, right = card.x() + PAD, card.right() - PAD
+        for i, name in enumerate(names):
+            text = f"📎 {name}"
+            w = fm.horizontalAdvance(text) + 2 * CHIP_PAD
+            if x + w > right:  # no room: the rest as "+N"
+                text = f"+{len(names) - i}"
+                w = fm.horizontalAdvance(text) + 2 * CHIP_PAD
+                if x + w > right:
+                    break
+            chip = QRectF(x, y, w, fm.height() + CHIP_PAD)
+            painter.setPen(QColor(colors.border))
+            painter.setBrush(QColor(colors.bot_card))
+            painter.drawRoundedRect(chip, 6, 6)
+            painter.setPen(QColor(colors.muted))
+            painter.drawText(chip, Qt.AlignmentFlag.AlignCenter, text)
+            x += w + 6
+            if text.startswith("+"):
+                break
 
     def _card(self, rect: QRect, msg: Message) -> QRectF:
         w = self._card_width(msg)
@@ -213,6 +272,22 @@ class MessageDelegate(QStyledItemDelegate):
         doc.drawContents(painter)
         painter.translate(-(card.x() + PAD), -y)
         y += doc.size().height()
+
+        names = attachment_names(msg)
+        sources: Sources | None = index.data(SOURCES_ROLE)
+        if names:
+            self._paint_chips(painter, card, y + 4, names, option.font)
+        elif sources is not None:
+            small = _small(option.font)
+            painter.setFont(small)
+            painter.setPen(QColor(colors.accent))
+            where = self.sources_rect(r, msg, sources, option.font)
+            assert where is not None
+            painter.drawText(where, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+                             QFontMetrics(small).elidedText(sources.line(),
+                                                            Qt.TextElideMode.ElideRight,
+                                                            int(where.width())))
+        y += self._extra_height(msg, sources, option.font)
 
         footer = self._footer(msg)
         if footer:

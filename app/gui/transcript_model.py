@@ -18,11 +18,14 @@ from PySide6.QtCore import (
 )
 
 from app.conversation_store import Message
+from app.gui.sources import sources_of
 
 MESSAGE_ROLE = Qt.ItemDataRole.UserRole + 1
 # True for a message the model no longer sees: the latest answer left it out to fit the
 # context (the long-chat policy drops the oldest turns).
 OUT_OF_CONTEXT_ROLE = Qt.ItemDataRole.UserRole + 2
+# An answer's Sources (app.gui.sources): what its user message's documents gave it.
+SOURCES_ROLE = Qt.ItemDataRole.UserRole + 3
 
 _Index = QModelIndex | QPersistentModelIndex
 
@@ -52,6 +55,11 @@ class TranscriptModel(QAbstractListModel):
             return msg
         if role == OUT_OF_CONTEXT_ROLE:
             return index.row() < self.n_out_of_context()
+        if role == SOURCES_ROLE:
+            row = index.row()
+            if msg.role != "assistant" or row == 0:
+                return None
+            return sources_of(self._messages[row - 1])
         return None
 
     def n_out_of_context(self) -> int:

@@ -1,0 +1,83 @@
+"""What an answer was given from its user message's documents: the "Sources" line under
+the answer and the dialog that lists the passages.
+
+A user message that brought documents keeps in its info what the model read with it
+(``app.gui.document_turn``): ``passages`` (dicts of ``Passage.to_dict``) and ``whole``:
+the documents given entire (a passage each then holds the start of one, to show) or only
+the passages that best matched the question.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PySide6.QtWidgets import QDialog, QDialogButtonBox, QTextBrowser, QVBoxLayout, QWidget
+
+from app.conversation_store import Message
+from app.documents.records import Passage
+
+
+@dataclass(frozen=True)
+class Sources:
+    passages: tuple[Passage, ...]
+    whole: bool  # each passage is the start of a document given whole
+
+    def line(self) -> str:
+        """ "Sources: report.pdf p.3, p.7 · notes.md" for passages, in the order of the
+        documents, or "Sources: report.pdf (whole)"."""
+        if self.whole:
+            return "Sources: " + ", ".join(f"{p.name} (whole)" for p in self.passages)
+        by_name: dict[str, list[int]] = {}
+        for p in self.passages:
+            pages = by_name.setdefault(p.name, [])
+            if p.page is not None and p.page not in pages:
+                pages.append(p.page)
+        parts = [f"{name} {', '.join(f'p.{n}' for n in sorted(pages))}" if pages else name
+                 for name, pages in by_name.items()]
+        return "Sources: " + " · ".join(parts)
+
+
+def sources_of(user: Message | None) -> Sources | None:
+    """What a user message's documents gave its answer; None when it brought none."""
+    if user is None or user.role != "user" or not user.info.get("passages"):
+        return None
+    try:
+        passages = tuple(Passage.from_dict(d) for d in user.info["passages"])
+    except (ValueError, TypeError):  # a hand-edited database: no line rather than a crash
+        return None
+    return Sources(passages, bool(user.info.get("whole")))
+
+
+class SourcesDialog(QDialog):
+    """The passages an answer was given, each under its document's name and page."""
+
+    def __init__(self, sources: Sources, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Sources")
+        self.resize(640, 480)
+        self.browser = QTextBrowser()
+        self.browser.setOpenLinks(False)
+        self.browser.setMarkdown(sources_markdown(sources))
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.browser, 1)
+        layout.addWidget(buttons)
+
+
+def sources_markdown(sources: Sources) -> str:
+    """The dialog's text: a heading per passage (name, page) and the passage quoted."""
+    if sources.whole:
+        intro = ("The model was given these documents whole with the question; here is "
+                 "how each begins.")
+    else:
+        n = len(sources.passages)
+        intro = (f"The documents were too long to give whole: the model was given these {n} "
+                 f"passage{'s' if n != 1 else ''}, those that best matched the question.")
+    blocks = [intro]
+    for p in sources.passages:
+        where = "" if sources.whole or p.page is None else f", page {p.page}"
+        text = p.text.strip() + (" …" if sources.whole else "")
+        quoted = "\n".join(f"> {line}" if line.strip() else ">" for line in text.splitlines())
+        blocks.append(f"#### {p.name}{where}\n\n{quoted}")
+    return "\n\n".join(blocks)
