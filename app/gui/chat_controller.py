@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
@@ -24,6 +25,9 @@ from app.conversation_store import (
     ConversationStore,
     Message,
 )
+from app.documents.reading import Document, DocumentError, document_from_text
+from app.gui.document_loader import DocumentLoader, paste_name
+from app.gui.document_turn import compose_user_turn, model_text
 from app.gui.engine_worker import (
     Comparison,
     EngineFailure,
@@ -85,6 +89,8 @@ class ChatController(QObject):
     answer_finished = Signal(object)  # GenerationOutcome (after the store is updated)
     comparison_finished = Signal(object)  # Comparison
     problem = Signal(str)  # something to tell the user
+    attachments_changed = Signal(object)  # list[Document]: what the next message takes
+    reading_changed = Signal(object)  # list[str]: files still being read
 
     def __init__(self, store: ConversationStore, worker: EngineWorker,
                  transcript: TranscriptModel, save_interval_s: float = 0.5,
@@ -99,7 +105,13 @@ class ChatController(QObject):
         self.current_id: int | None = None
         self.active: _Active | None = None
         self.engine_ready = False
+        self.n_ctx: int | None = None  # the loaded engine's context (EngineReady.n_ctx)
         self._ids = itertools.count(1)
+        self.pending: list[Document] = []  # attached, not sent yet
+        self.documents = DocumentLoader(self)
+        self.documents.loaded.connect(self._add_pending)
+        self.documents.failed.connect(self.problem)
+        self.documents.reading_changed.connect(self.reading_changed)
         worker.text.connect(self._on_text)
         worker.finished.connect(self._on_finished)
         worker.compared.connect(self._on_compared)
@@ -152,20 +164,66 @@ class ChatController(QObject):
             self.store.update_conversation(self.current_id, system_prompt=system_prompt,
                                            settings=settings)
 
+    # --- attachments -----------------------------------------------------------------
+    def attach_files(self, paths: list[Path]) -> None:
+        """Read ``paths`` off this thread; each becomes pending, or a ``problem``."""
+        self.documents.read(paths)
+
+    def attach_text(self, text: str) -> None:
+        """A long paste, pending as a document instead of text in the message box."""
+        try:
+            self._add_pending(document_from_text(paste_name(text), text))
+        except DocumentError as exc:
+            self.problem.emit(str(exc))
+
+    def remove_pending(self, index: int) -> None:
+        if 0 <= index < len(self.pending):
+            del self.pending[index]
+            self.attachments_changed.emit(list(self.pending))
+
+    def _still_reading(self) -> bool:
+        """Files being read go with the next message: it waits for them."""
+        if self.documents.reading:
+            self.problem.emit(f"Still reading {', '.join(self.documents.reading)}: send once "
+                              "it is attached.")
+        return bool(self.documents.reading)
+
+    def _add_pending(self, document: Document) -> None:
+        self.pending.append(document)
+        self.attachments_changed.emit(list(self.pending))
+
     # --- chat actions ----------------------------------------------------------------
     def send(self, text: str) -> bool:
-        """Append a user message and answer it; False when busy or nothing to send."""
+        """Append a user message with the pending documents and answer it; False when
+        busy or nothing to send."""
+        return self._send(text, [])
+
+    def _send(self, text: str, carried: list[int]) -> bool:
+        """``carried``: attachments of an edited message its new version takes along."""
         text = text.strip()
-        if not text or self.busy:
+        if (not text and not self.pending and not carried) or self.busy:
+            return False
+        if self._still_reading():
             return False
         if self.current_id is None:
             self.new_conversation()
         assert self.current_id is not None
         conv = self.store.conversation(self.current_id)
+        documents, self.pending = self.pending, []
         if not any(m.role == "user" for m in self.transcript.messages):
-            self.store.update_conversation(conv.id, title=_title(text))
+            self.store.update_conversation(
+                conv.id, title=_title(text or ", ".join(d.name for d in documents)))
             self.conversations_changed.emit()
-        self.transcript.append(self.store.add_message(conv.id, "user", text))
+        msg = self.store.add_message(conv.id, "user", text)
+        attachments = self.store.copy_attachments(carried, msg.id) if carried else []
+        attachments += [self.store.add_attachment(conv.id, d, msg.id) for d in documents]
+        if documents:
+            self.attachments_changed.emit([])
+        if attachments:
+            info = compose_user_turn(self.store, conv, msg, attachments, self.n_ctx)
+            self.store.update_message(msg.id, text, COMPLETE, info)
+            msg = replace(msg, info=info)
+        self.transcript.append(msg)
         return self._answer(conv.id)
 
     def regenerate(self) -> bool:
@@ -184,10 +242,12 @@ class ChatController(QObject):
         if self.busy or self.current_id is None or not text.strip():
             return False
         msg = self.store.message(message_id)
-        if msg.conversation_id != self.current_id or msg.role != "user":
+        if msg.conversation_id != self.current_id or msg.role != "user" \
+                or self._still_reading():
             return False
+        carried = [a.id for a in self.store.message_attachments(message_id)]
         self._truncate(msg.position)
-        return self.send(text)
+        return self._send(text, carried)
 
     def abandon(self) -> None:
         """The app is closing: save the answer being written as stopped, now."""
@@ -263,7 +323,8 @@ class ChatController(QObject):
         except InvalidSamplingError as exc:
             self.problem.emit(str(exc))
             return None
-        turns = [(m.role, m.content) for m in history if m.content]
+        # A user message that brought documents: the text the model read with it.
+        turns = [(m.role, model_text(m)) for m in history if model_text(m)]
         if conv.system_prompt.strip():
             turns.insert(0, ("system", conv.system_prompt.strip()))
         return GenerationRequest(next(self._ids), tuple(turns), sampling, s.max_tokens,
