@@ -2,31 +2,60 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QPoint, Qt, Signal
-from PySide6.QtGui import QGuiApplication, QKeyEvent, QMouseEvent, QResizeEvent
+from pathlib import Path
+
+from PySide6.QtCore import QMimeData, QPoint, Qt, Signal
+from PySide6.QtGui import (
+    QDragEnterEvent,
+    QDropEvent,
+    QGuiApplication,
+    QKeyEvent,
+    QMouseEvent,
+    QResizeEvent,
+)
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QFileDialog,
     QHBoxLayout,
     QLabel,
     QListView,
     QMenu,
     QPlainTextEdit,
     QPushButton,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
 from app.conversation_store import Message
 from app.gui import theme
+from app.gui.attachment_bar import AttachmentBar
+from app.gui.document_loader import is_long_paste
 from app.gui.message_delegate import MessageDelegate
-from app.gui.transcript_model import MESSAGE_ROLE, TranscriptModel
+from app.gui.sources import Sources, SourcesDialog
+from app.gui.transcript_model import MESSAGE_ROLE, SOURCES_ROLE, TranscriptModel
 from app.gui.welcome import WelcomePanel
 
 
 class Composer(QPlainTextEdit):
-    """Enter sends, Shift+Enter starts a new line."""
+    """Enter sends, Shift+Enter starts a new line. A long paste and dropped files come
+    out as signals (attachments) instead of text in the box."""
 
     submitted = Signal()
+    long_paste = Signal(str)  # a text too long to type into the box
+    files_dropped = Signal(object)  # list[Path]
+
+    def canInsertFromMimeData(self, source: QMimeData) -> bool:
+        return bool(local_files(source)) or super().canInsertFromMimeData(source)
+
+    def insertFromMimeData(self, source: QMimeData) -> None:
+        files = local_files(source)
+        if files:
+            self.files_dropped.emit(files)
+        elif source.hasText() and is_long_paste(source.text()):
+            self.long_paste.emit(source.text())
+        else:
+            super().insertFromMimeData(source)
 
     def keyPressEvent(self, event: QKeyEvent) -> None:
         enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
@@ -36,11 +65,19 @@ class Composer(QPlainTextEdit):
         super().keyPressEvent(event)
 
 
+def local_files(source: QMimeData) -> list[Path]:
+    """The local files a drop or paste carries (a file manager's copy gives URLs)."""
+    if not source.hasUrls():
+        return []
+    return [Path(u.toLocalFile()) for u in source.urls() if u.isLocalFile()]
+
+
 class TranscriptView(QListView):
     """A list view whose rows wrap to its width (the delegate needs to know it); a click
     on a message's "‹" or "›" asks for its previous or next version."""
 
     version_clicked = Signal(int, int)  # message id, -1 (previous) or +1 (next)
+    sources_clicked = Signal(object)  # Sources: an answer's "Sources" line was clicked
 
     def __init__(self, delegate: MessageDelegate, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -64,6 +101,12 @@ class TranscriptView(QListView):
                 if rect.contains(event.position()):
                     self.version_clicked.emit(msg.id, step)
                     return
+        sources: Sources | None = index.data(SOURCES_ROLE) if msg is not None else None
+        where = self.message_delegate.sources_rect(self.visualRect(index), msg, sources,
+                                                   self.font()) if sources else None
+        if where is not None and where.contains(event.position()):
+            self.sources_clicked.emit(sources)
+            return
         fold = self.message_delegate.reasoning_rect(self.visualRect(index), msg, self.font()) \
             if msg is not None else None
         if fold is not None and fold.contains(event.position()):
@@ -84,6 +127,11 @@ COMPLETION_PLACEHOLDER = ("Text for the base model to continue (Enter sends, Shi
                           "new line)")
 
 
+DOCUMENT_FILTER = ("Documents (*.txt *.md *.markdown *.pdf *.docx *.html *.htm *.rst *.csv "
+                   "*.log *.json *.yaml *.yml *.toml *.py *.js *.ts *.c *.h *.cpp *.java "
+                   "*.go *.rs *.sh *.sql);;All files (*)")
+
+
 class ChatView(QWidget):
     """Emits what the user asks for; the controller decides what happens."""
 
@@ -93,16 +141,22 @@ class ChatView(QWidget):
     regenerate_requested = Signal()
     version_requested = Signal(int, int)  # message id, -1 or +1: show another version
     delete_version_requested = Signal(int)  # message id: delete it and what follows
+    attach_requested = Signal(object)  # list[Path]: files to read and attach
+    paste_requested = Signal(str)  # a long text pasted: attach it as a document
+    remove_attachment_requested = Signal(int)  # the i-th pending document
 
     def __init__(self, model: TranscriptModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.model = model
         self._busy = False
         self._editing: Message | None = None
+        self._reading = False  # a file is being read: sending waits for it
+        self.setAcceptDrops(True)
 
         self.delegate = MessageDelegate(self)
         self.transcript = TranscriptView(self.delegate)
         self.transcript.version_clicked.connect(self.version_requested)
+        self.transcript.sources_clicked.connect(self.show_sources)
         self.transcript.setModel(model)
         self.transcript.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.transcript.customContextMenuRequested.connect(self._context_menu)
@@ -134,6 +188,15 @@ class ChatView(QWidget):
         self.composer.setPlaceholderText(CHAT_PLACEHOLDER)
         self.composer.setFixedHeight(72)
         self.composer.submitted.connect(self.submit)
+        self.composer.long_paste.connect(self.paste_requested)
+        self.composer.files_dropped.connect(self.attach_requested)
+        self.attachments = AttachmentBar()
+        self.attachments.remove_requested.connect(self.remove_attachment_requested)
+        self.attach_button = QToolButton()
+        self.attach_button.setText("📎")
+        self.attach_button.setToolTip("Attach documents: text, Markdown, code, PDF, Word, "
+                                      "HTML (or drop files here)")
+        self.attach_button.clicked.connect(self.choose_files)
         self.send_button = QPushButton("Send")
         self.send_button.setDefault(True)
         self.send_button.clicked.connect(self.submit)
@@ -146,6 +209,7 @@ class ChatView(QWidget):
             buttons.addWidget(b)
         buttons.addStretch(1)
         composer_row = QHBoxLayout()
+        composer_row.addWidget(self.attach_button, 0, Qt.AlignmentFlag.AlignTop)
         composer_row.addWidget(self.composer, 1)
         composer_row.addLayout(buttons)
 
@@ -157,6 +221,7 @@ class ChatView(QWidget):
         layout.addWidget(self.transcript, 1)
         layout.addLayout(actions)
         layout.addWidget(self.edit_banner)
+        layout.addWidget(self.attachments)
         layout.addLayout(composer_row)
         self._update_actions()
         self._show_welcome_when_empty()
@@ -174,6 +239,12 @@ class ChatView(QWidget):
         self._busy = busy
         self._update_actions()
 
+    def set_reading(self, names: list[str]) -> None:
+        """Files being read: their chips say so, and Send waits until they are in."""
+        self._reading = bool(names)
+        self.attachments.set_reading(names)
+        self._update_actions()
+
     def selected_message(self) -> Message | None:
         rows = self.transcript.selectionModel().selectedRows()
         return rows[0].data(MESSAGE_ROLE) if rows else None
@@ -186,7 +257,7 @@ class ChatView(QWidget):
         self.regenerate_button.setEnabled(not self._busy and any(
             m.role == "user" for m in messages))
         self.stop_button.setEnabled(self._busy)
-        self.send_button.setEnabled(not self._busy)
+        self.send_button.setEnabled(not self._busy and not self._reading)
         self.cancel_edit_button.setVisible(self._editing is not None)
 
     def _show_welcome_when_empty(self, *_: object) -> None:
@@ -203,7 +274,7 @@ class ChatView(QWidget):
     # --- actions ---------------------------------------------------------------------
     def submit(self) -> None:
         text = self.composer.toPlainText().strip()
-        if not text or self._busy:
+        if (not text and not self.attachments.n_documents) or self._busy or self._reading:
             return
         self.composer.clear()
         editing, self._editing = self._editing, None
@@ -213,6 +284,28 @@ class ChatView(QWidget):
         else:
             self.send_requested.emit(text)
         self._update_actions()
+
+    def choose_files(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach documents", str(Path.home()),
+                                                DOCUMENT_FILTER)
+        if paths:
+            self.attach_requested.emit([Path(p) for p in paths])
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if local_files(event.mimeData()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        files = local_files(event.mimeData())
+        if files:
+            event.acceptProposedAction()
+            self.attach_requested.emit(files)
+
+    def show_sources(self, sources: Sources) -> SourcesDialog:
+        dialog = SourcesDialog(sources, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.show()
+        return dialog
 
     def copy_selected(self) -> None:
         msg = self.selected_message()
@@ -227,8 +320,11 @@ class ChatView(QWidget):
         self._editing = msg
         self.composer.setPlainText(msg.content)
         self.composer.setFocus()
+        documents = len(msg.info.get("attachments") or ())
+        kept = ("" if not documents else " Its document goes along." if documents == 1
+                else f" Its {documents} documents go along.")
         self.edit_banner.setText("Editing a message: Send makes a new version of it and "
-                                 "answers that; the old one stays (‹ › switches).")
+                                 f"answers that; the old one stays (‹ › switches).{kept}")
         self.edit_banner.show()
         self._update_actions()
 
@@ -250,6 +346,9 @@ class ChatView(QWidget):
         if self.regenerate_button.isEnabled():
             menu.addAction("Regenerate last answer", self.regenerate_requested.emit)
         msg = self.selected_message()
+        sources: Sources | None = index.data(SOURCES_ROLE)
+        if sources is not None:
+            menu.addAction("Show sources", lambda: self.show_sources(sources))
         if msg is not None and msg.n_siblings > 1 and not self._busy:
             where = f"{msg.sibling_index + 1}/{msg.n_siblings}"
             menu.addSeparator()

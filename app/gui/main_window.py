@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QCoreApplication, QEvent, Qt, QThread, QTimer, Signal, Slot
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
 from PySide6.QtWidgets import (
     QDockWidget,
     QFileDialog,
@@ -27,7 +27,7 @@ from app.conversation_export import import_into, read_import, write_export
 from app.conversation_store import ConversationStore
 from app.gui.api_switch import ApiServerSwitch
 from app.gui.chat_controller import ChatController
-from app.gui.chat_view import ChatView
+from app.gui.chat_view import ChatView, local_files
 from app.gui.conversation_list import ConversationList
 from app.gui.dashboard import DashboardWidget
 from app.gui.engine_panel import EnginePanel
@@ -66,6 +66,7 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("Tandem")
         self.setGeometry(initial_geometry(screen_area()))
         self.setMinimumSize(MINIMUM)
+        self.setAcceptDrops(True)  # files dropped on the window are attached
         self.default_model = default_model
         self.n_threads = n_threads
         self.store = ConversationStore(db_path)
@@ -203,6 +204,11 @@ class MainWindow(QMainWindow):
         self.chat.regenerate_requested.connect(c.regenerate)
         self.chat.version_requested.connect(c.switch_version)
         self.chat.delete_version_requested.connect(c.delete_version)
+        self.chat.attach_requested.connect(c.attach_files)
+        self.chat.paste_requested.connect(c.attach_text)
+        self.chat.remove_attachment_requested.connect(c.remove_pending)
+        c.attachments_changed.connect(self.chat.attachments.set_documents)
+        c.reading_changed.connect(self.chat.set_reading)
         self.conversations.selected.connect(c.open_conversation)
         self.conversations.new_requested.connect(c.new_conversation)
         self.conversations.delete_requested.connect(c.delete_conversation)
@@ -355,6 +361,7 @@ class MainWindow(QMainWindow):
     def _on_ready(self, ready: EngineReady) -> None:
         self.engine_info = ready  # the engine as loaded (what the widgets show)
         self.controller.engine_ready = True
+        self.controller.n_ctx = ready.n_ctx
         self.engine_panel.show_ready(ready)
         self.chat.set_completion_mode(ready.completion)
         self.settings_panel.set_thinking_switch(ready.thinking_switch)
@@ -410,6 +417,17 @@ class MainWindow(QMainWindow):
         self.conversations.set_conversations(self.store.conversations(),
                                              self.controller.current_id)
 
+    # --- files dropped anywhere on the window are attached -----------------------------
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if local_files(event.mimeData()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        files = local_files(event.mimeData())
+        if files:
+            event.acceptProposedAction()
+            self.controller.attach_files(files)
+
     # --- shutdown --------------------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
         self.shutdown()
@@ -422,6 +440,7 @@ class MainWindow(QMainWindow):
             return
         self._closed = True
         self.sampler.stop()
+        self.controller.documents.wait()  # a file being read: its thread ends first
         # The API server first: its requests use the engine the worker is about to close.
         self.api_switch.stop()
         self.worker_switch.stop()
