@@ -45,7 +45,9 @@ def attachment_names(msg: Message) -> list[str]:
     """The documents a user message brought (shown as chips under it)."""
     if msg.role != "user":
         return []
-    return [str(a.get("name", "")) for a in msg.info.get("attachments") or ()]
+    found = msg.info.get("attachments")
+    return [str(a.get("name", "")) for a in found if isinstance(a, dict)] \
+        if isinstance(found, list) else []
 
 
 def _small(font: QFont) -> QFont:
