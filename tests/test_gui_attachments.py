@@ -224,3 +224,26 @@ def test_send_waits_for_a_file_being_read(qtbot, db: Path, model_path: Path,
     assert any("reading" in c.label.text() for c in w.chat.attachments.chips)
     qtbot.waitUntil(lambda: w.chat.send_button.isEnabled(), timeout=ANSWER_TIMEOUT_MS)
     assert [d.name for d in w.controller.pending] == ["ledger.pdf"]
+
+
+def test_documents_that_fit_a_larger_context_reload_the_model_with_it(
+        qtbot, db: Path, model_path: Path, tmp_path: Path, monkeypatch) -> None:
+    # A tenth of the context per turn: ~2,300 characters outgrow 4,096 tokens' budget but
+    # fit 8,192's, the bundled model's trained length (a short prompt to read, 2 cores).
+    monkeypatch.setattr(document_turn, "TURN_SHARE", 0.1)
+    notes = tmp_path / "ferry.txt"
+    notes.write_text(" ".join(f"Ferry timetable entry {i}: the boat calls at pier {i % 7}."
+                              for i in range(44)) + " The captain is called Ada Marsh.")
+    w = open_window(qtbot, db, model_path, max_tokens=8)
+    assert (w.engine_info.n_ctx, w.engine_info.max_ctx) == (4096, 8192)
+    raised: list[tuple[int, str]] = []
+    w.controller.context_request.connect(lambda n, why: raised.append((n, why)))
+    w.controller.attach_files([notes])
+    qtbot.waitUntil(lambda: w.chat.attachments.n_documents == 1, timeout=30_000)
+    send_and_wait(qtbot, w, "Who is the captain?")
+    [(n_ctx, why)] = raised
+    assert 4096 < n_ctx <= 8192
+    assert why == f"Context raised to {n_ctx:,} tokens for the attached documents."
+    assert w.engine_info.n_ctx == n_ctx
+    user = w.store.messages(w.controller.current_id)[0]
+    assert user.info["whole"] is True and "Ada Marsh" in user.info["model_text"]

@@ -21,13 +21,15 @@ from app.conversation_store import (
     FAILED,
     STOPPED,
     STREAMING,
+    Attachment,
     ChatSettings,
+    Conversation,
     ConversationStore,
     Message,
 )
 from app.documents.reading import Document, DocumentError, document_from_text
 from app.gui.document_loader import DocumentLoader, paste_name
-from app.gui.document_turn import compose_user_turn, model_text
+from app.gui.document_turn import compose_user_turn, context_for_documents, model_text
 from app.gui.engine_worker import (
     Comparison,
     EngineFailure,
@@ -91,6 +93,7 @@ class ChatController(QObject):
     problem = Signal(str)  # something to tell the user
     attachments_changed = Signal(object)  # list[Document]: what the next message takes
     reading_changed = Signal(object)  # list[str]: files still being read
+    context_request = Signal(int, str)  # n_ctx, why: reload the engine with this context
 
     def __init__(self, store: ConversationStore, worker: EngineWorker,
                  transcript: TranscriptModel, save_interval_s: float = 0.5,
@@ -106,6 +109,7 @@ class ChatController(QObject):
         self.active: _Active | None = None
         self.engine_ready = False
         self.n_ctx: int | None = None  # the loaded engine's context (EngineReady.n_ctx)
+        self.max_ctx = 0  # the largest a reload may ask for (EngineReady.max_ctx)
         self._ids = itertools.count(1)
         self.pending: list[Document] = []  # attached, not sent yet
         self.documents = DocumentLoader(self)
@@ -220,11 +224,26 @@ class ChatController(QObject):
         if documents:
             self.attachments_changed.emit([])
         if attachments:
+            self._grow_context(conv, msg, attachments)
             info = compose_user_turn(self.store, conv, msg, attachments, self.n_ctx)
             self.store.update_message(msg.id, text, COMPLETE, info)
             msg = replace(msg, info=info)
         self.transcript.append(msg)
         return self._answer(conv.id)
+
+    def _grow_context(self, conv: Conversation, msg: Message,
+                      attachments: list[Attachment]) -> None:
+        """Documents that would fit whole in a larger context the model can take here:
+        ask for it (the engine reloads before it answers; the request waits in its
+        queue)."""
+        if self.n_ctx is None or not self.engine_ready:
+            return
+        grown = context_for_documents(self.store, conv, msg, attachments, self.n_ctx,
+                                      self.max_ctx)
+        if grown is not None:
+            self.n_ctx = grown
+            self.context_request.emit(grown, f"Context raised to {grown:,} tokens for the "
+                                             "attached documents.")
 
     def regenerate(self) -> bool:
         """Answer the last user message again; the answer it had stays a version."""

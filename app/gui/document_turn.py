@@ -9,7 +9,8 @@ edit's replay send exactly what the model saw the first time.
 from __future__ import annotations
 
 from app.conversation_store import Attachment, Conversation, ConversationStore, Message
-from app.documents.context import compose_turn
+from app.documents.context import compose_turn, tokens_wanted
+from app.gui.context_room import STEP
 from engine.runtime.context_fit import answer_room
 from engine.session import DEFAULT_CTX
 
@@ -63,13 +64,33 @@ def attachment_info(attachments: list[Attachment]) -> list[dict]:
              "pages": len(a.pages)} for a in attachments]
 
 
+def history_before(store: ConversationStore, msg: Message) -> list[Message]:
+    return [m for m in store.messages(msg.conversation_id) if m.position < msg.position]
+
+
+def context_for_documents(store: ConversationStore, conv: Conversation, msg: Message,
+                          attachments: list[Attachment], n_ctx: int, max_ctx: int
+                          ) -> int | None:
+    """The context to reload the model with so that ``attachments`` go whole with
+    ``msg``: the smallest step above ``n_ctx`` whose turn budget holds them; None when
+    they fit now, or would only past ``max_ctx`` (their best passages go then)."""
+    need = tokens_wanted(attachments, estimate_tokens) + estimate_tokens(msg.content)
+    rest = rest_tokens(conv, history_before(store, msg))
+    max_tokens = conv.settings.max_tokens
+    if need <= turn_budget(n_ctx, max_tokens, rest) or max_ctx <= n_ctx:
+        return None
+    for n in [*range((n_ctx // STEP + 1) * STEP, max_ctx, STEP), max_ctx]:
+        if turn_budget(n, max_tokens, rest) >= need:
+            return n
+    return None
+
+
 def compose_user_turn(store: ConversationStore, conv: Conversation, msg: Message,
                       attachments: list[Attachment], n_ctx: int | None) -> dict:
     """The info to store on ``msg`` (just added, with ``attachments``): the text the model
     reads for it and what of the documents that holds."""
-    history = [m for m in store.messages(conv.id) if m.position < msg.position]
     budget = turn_budget(n_ctx or DEFAULT_CTX, conv.settings.max_tokens,
-                         rest_tokens(conv, history))
+                         rest_tokens(conv, history_before(store, msg)))
     ids = [a.id for a in attachments]
     turn = compose_turn(msg.content, attachments, budget, estimate_tokens,
                         lambda query, limit: store.search_passages(conv.id, query, limit,

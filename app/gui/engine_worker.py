@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from PySide6.QtCore import QObject, Signal, Slot
 
+from app.gui.context_room import largest_context
 from engine.conversation import AnswerService, Question, failure_of
 from engine.decoding.budget import MAX_DRAFT
 from engine.decoding.generation import GenerationConfig, GenerationResult
@@ -85,6 +86,9 @@ class EngineReady:
     machine: str = ""  # this computer in one line (cores, memory, GPU)
     # Models that fit this machine, for a first start: (description, Hub repository)
     suggested: tuple[tuple[str, str], ...] = ()
+    # The largest context a reload could ask for here, for attached documents: within the
+    # model's trained length and the memory rule (app.gui.context_room); n_ctx when none.
+    max_ctx: int = 0
 
 
 @dataclass(frozen=True)
@@ -359,7 +363,11 @@ class EngineWorker(QObject):
                            plan_status=engine.plan_status(),
                            thinking_switch=target.template.thinking_switch,
                            threads=engine.threads_text, machine=machine_line(engine.hardware),
-                           suggested=self._suggested(engine.hardware))
+                           suggested=self._suggested(engine.hardware),
+                           max_ctx=largest_context(engine.model, engine.hardware,
+                                                   engine.config.kv_cache, target.n_ctx,
+                                                   target.n_gpu_layers,
+                                                   bool(engine.config.workers)))
 
     def _suggested(self, hardware: HardwareProfile) -> tuple[tuple[str, str], ...]:
         """Models that fit this machine, measured once per worker (a 0.1 s copy)."""

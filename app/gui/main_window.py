@@ -209,6 +209,7 @@ class MainWindow(QMainWindow):
         self.chat.remove_attachment_requested.connect(c.remove_pending)
         c.attachments_changed.connect(self.chat.attachments.set_documents)
         c.reading_changed.connect(self.chat.set_reading)
+        c.context_request.connect(self._raise_context)
         self.conversations.selected.connect(c.open_conversation)
         self.conversations.new_requested.connect(c.new_conversation)
         self.conversations.delete_requested.connect(c.delete_conversation)
@@ -279,6 +280,13 @@ class MainWindow(QMainWindow):
         self.controller.engine_ready = False
         self.engine_panel.show_loading("Loading the model…")
         self.load_request.emit(choice)
+
+    def _raise_context(self, n_ctx: int, why: str) -> None:
+        """Reload the engine with a larger context (the controller's answer waits in the
+        worker's queue behind the load); the notice shows once it is ready."""
+        self._notice = why
+        self.load_engine(replace(self.engine_panel.choice(), n_ctx=n_ctx))
+        self.statusBar().showMessage(why)
 
     def open_model_wizard(self, query: str = "") -> None:
         try:
@@ -361,7 +369,7 @@ class MainWindow(QMainWindow):
     def _on_ready(self, ready: EngineReady) -> None:
         self.engine_info = ready  # the engine as loaded (what the widgets show)
         self.controller.engine_ready = True
-        self.controller.n_ctx = ready.n_ctx
+        self.controller.n_ctx, self.controller.max_ctx = ready.n_ctx, ready.max_ctx
         self.engine_panel.show_ready(ready)
         self.chat.set_completion_mode(ready.completion)
         self.settings_panel.set_thinking_switch(ready.thinking_switch)
