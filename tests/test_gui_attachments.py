@@ -171,6 +171,13 @@ def test_a_long_pdf_gives_passages_and_the_dialog_shows_their_pages(
     text = dialogs[0].browser.toPlainText()
     assert "ledger.pdf, page 4" in text and "Orlando Vance" in text
 
+    # A follow-up without documents searches the PDF again for what it asks.
+    send_and_wait(qtbot, w, "Which section mentions line 7 of the harbour ledger?")
+    follow_up = w.store.messages(w.controller.current_id)[2]
+    assert "attachments" not in follow_up.info and follow_up.info["passages"]
+    assert "<passage document=\"ledger.pdf\"" in follow_up.info["model_text"]
+    assert "ledger.pdf" in w.transcript.index(3).data(SOURCES_ROLE).line()
+
 
 def test_pasting_a_long_text_attaches_it_and_a_chip_can_be_removed(qtbot, db: Path,
                                                                    model_path: Path) -> None:

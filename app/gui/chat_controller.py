@@ -29,7 +29,12 @@ from app.conversation_store import (
 )
 from app.documents.reading import Document, DocumentError, document_from_text
 from app.gui.document_loader import DocumentLoader, paste_name
-from app.gui.document_turn import compose_user_turn, context_for_documents, model_text
+from app.gui.document_turn import (
+    compose_user_turn,
+    context_for_documents,
+    model_text,
+    searched_again,
+)
 from app.gui.engine_worker import (
     Comparison,
     EngineFailure,
@@ -223,9 +228,12 @@ class ChatController(QObject):
         attachments += [self.store.add_attachment(conv.id, d, msg.id) for d in documents]
         if documents:
             self.attachments_changed.emit([])
-        if attachments:
-            self._grow_context(conv, msg, attachments)
-            info = compose_user_turn(self.store, conv, msg, attachments, self.n_ctx)
+        earlier = [] if attachments else searched_again(self.store, msg)
+        if attachments or earlier:
+            if attachments:
+                self._grow_context(conv, msg, attachments)
+            info = compose_user_turn(self.store, conv, msg, attachments or earlier,
+                                     self.n_ctx, own=bool(attachments))
             self.store.update_message(msg.id, text, COMPLETE, info)
             msg = replace(msg, info=info)
         self.transcript.append(msg)

@@ -85,16 +85,29 @@ def context_for_documents(store: ConversationStore, conv: Conversation, msg: Mes
     return None
 
 
+def searched_again(store: ConversationStore, msg: Message) -> list[Attachment]:
+    """Documents sent earlier on this branch that went as passages: a follow-up question
+    (``msg``, sent without documents) gets the passages that match it. Those that went
+    whole are in the conversation already."""
+    partial = {m.id for m in history_before(store, msg)
+               if m.role == "user" and m.info.get("attachments") and not m.info.get("whole")}
+    return [a for a in store.path_attachments(msg.conversation_id) if a.message_id in partial]
+
+
 def compose_user_turn(store: ConversationStore, conv: Conversation, msg: Message,
-                      attachments: list[Attachment], n_ctx: int | None) -> dict:
-    """The info to store on ``msg`` (just added, with ``attachments``): the text the model
-    reads for it and what of the documents that holds."""
+                      attachments: list[Attachment], n_ctx: int | None,
+                      own: bool = True) -> dict:
+    """The info to store on ``msg`` (just added): the text the model reads for it and
+    what of ``attachments`` that holds; ``own``: they came with it (its chips), else
+    they are earlier documents searched again."""
     budget = turn_budget(n_ctx or DEFAULT_CTX, conv.settings.max_tokens,
                          rest_tokens(conv, history_before(store, msg)))
     ids = [a.id for a in attachments]
     turn = compose_turn(msg.content, attachments, budget, estimate_tokens,
                         lambda query, limit: store.search_passages(conv.id, query, limit,
                                                                    attachment_ids=ids))
-    return {"attachments": attachment_info(attachments), "model_text": turn.text,
-            "passages": [p.to_dict() for p in turn.passages], "whole": turn.whole,
-            "budget_tokens": budget}
+    info = {"model_text": turn.text, "passages": [p.to_dict() for p in turn.passages],
+            "whole": turn.whole, "budget_tokens": budget}
+    if own:
+        info["attachments"] = attachment_info(attachments)
+    return info
