@@ -8,6 +8,7 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QToolButton, QWidget
 
 from app.documents.reading import Document
 from app.gui import theme
+from app.gui.paper_clip import paper_clip_pixmap
 
 KIND_NAMES = {"text": "text", "markdown": "Markdown", "code": "code", "pdf": "PDF",
               "docx": "Word", "html": "web page"}
@@ -45,7 +46,10 @@ class Chip(QFrame):
         row = QHBoxLayout(self)
         row.setContentsMargins(8, 2, 4, 2)
         row.setSpacing(4)
-        self.label = QLabel(f"📎 <b>{_escape(title)}</b> <span style='color:{colors.muted}'>"
+        clip = QLabel()
+        clip.setPixmap(paper_clip_pixmap(theme.color("muted"), 14))
+        row.addWidget(clip)
+        self.label = QLabel(f"<b>{_escape(title)}</b> <span style='color:{colors.muted}'>"
                             f"{_escape(detail)}</span>")
         self.label.setTextFormat(Qt.TextFormat.RichText)
         self.label.setToolTip(f"{title} ({detail})")

@@ -11,6 +11,7 @@ from PySide6.QtGui import (
     QGuiApplication,
     QKeyEvent,
     QMouseEvent,
+    QPalette,
     QResizeEvent,
 )
 from PySide6.QtWidgets import (
@@ -32,6 +33,7 @@ from app.gui import theme
 from app.gui.attachment_bar import AttachmentBar
 from app.gui.document_loader import is_long_paste
 from app.gui.message_delegate import MessageDelegate
+from app.gui.paper_clip import paper_clip_icon
 from app.gui.sources import Sources, SourcesDialog
 from app.gui.transcript_model import MESSAGE_ROLE, SOURCES_ROLE, TranscriptModel
 from app.gui.welcome import WelcomePanel
@@ -193,7 +195,10 @@ class ChatView(QWidget):
         self.attachments = AttachmentBar()
         self.attachments.remove_requested.connect(self.remove_attachment_requested)
         self.attach_button = QToolButton()
-        self.attach_button.setText("📎")
+        self.attach_button.setText("Attach")
+        self.attach_button.setIcon(paper_clip_icon(self.palette().color(
+            QPalette.ColorRole.ButtonText)))
+        self.attach_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
         self.attach_button.setToolTip("Attach documents: text, Markdown, code, PDF, Word, "
                                       "HTML (or drop files here)")
         self.attach_button.clicked.connect(self.choose_files)

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QStyle, QStyledItemDelegate, QStyleOptionViewItem,
 from app.conversation_store import FAILED, INTERRUPTED, STOPPED, STREAMING, Message
 from app.gui import theme
 from app.gui.markdown import render_markdown
+from app.gui.paper_clip import paper_clip_pixmap
 from app.gui.sources import Sources
 from app.gui.transcript_model import MESSAGE_ROLE, OUT_OF_CONTEXT_ROLE, SOURCES_ROLE
 from engine.runtime.reasoning import split_reasoning
@@ -176,11 +177,12 @@ class MessageDelegate(QStyledItemDelegate):
         fm = QFontMetrics(small)
         painter.setFont(small)
         x, right = card.x() + PAD, card.right() - PAD
+        clip = paper_clip_pixmap(QColor(colors.muted), fm.height())
         for i, name in enumerate(names):
-            text = f"📎 {name}"
-            w = fm.horizontalAdvance(text) + 2 * CHIP_PAD
+            text, icon = name, fm.height()
+            w = icon + fm.horizontalAdvance(text) + 2 * CHIP_PAD
             if x + w > right:  # no room: the rest as "+N"
-                text = f"+{len(names) - i}"
+                text, icon = f"+{len(names) - i}", 0
                 w = fm.horizontalAdvance(text) + 2 * CHIP_PAD
                 if x + w > right:
                     break
@@ -188,10 +190,12 @@ class MessageDelegate(QStyledItemDelegate):
             painter.setPen(QColor(colors.border))
             painter.setBrush(QColor(colors.bot_card))
             painter.drawRoundedRect(chip, 6, 6)
+            if icon:
+                painter.drawPixmap(int(x + CHIP_PAD / 2), int(y + CHIP_PAD / 2), clip)
             painter.setPen(QColor(colors.muted))
-            painter.drawText(chip, Qt.AlignmentFlag.AlignCenter, text)
+            painter.drawText(chip.adjusted(icon, 0, 0, 0), Qt.AlignmentFlag.AlignCenter, text)
             x += w + 6
-            if text.startswith("+"):
+            if not icon:
                 break
 
     def _card(self, rect: QRect, msg: Message) -> QRectF:

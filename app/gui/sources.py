@@ -10,6 +10,7 @@ the passages that best matched the question.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from html import escape
 
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QTextBrowser, QVBoxLayout, QWidget
 
@@ -57,7 +58,7 @@ class SourcesDialog(QDialog):
         self.resize(640, 480)
         self.browser = QTextBrowser()
         self.browser.setOpenLinks(False)
-        self.browser.setMarkdown(sources_markdown(sources))
+        self.browser.setHtml(sources_html(sources))
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
@@ -65,19 +66,24 @@ class SourcesDialog(QDialog):
         layout.addWidget(buttons)
 
 
-def sources_markdown(sources: Sources) -> str:
-    """The dialog's text: a heading per passage (name, page) and the passage quoted."""
+def sources_html(sources: Sources) -> str:
+    """The dialog's text: a heading per passage (name, page) and the passage as it was
+    given (escaped: a document's text is not markup)."""
+    n = len(sources.passages)
     if sources.whole:
-        intro = ("The model was given these documents whole with the question; here is "
-                 "how each begins.")
+        intro = ("The model was given these documents whole with the question; here is how "
+                 "each begins." if n != 1 else "The model was given this document whole "
+                 "with the question; here is how it begins.")
+    elif n == 1:
+        intro = ("The documents were too long to give whole: the model was given this "
+                 "passage, the one that best matched the question.")
     else:
-        n = len(sources.passages)
         intro = (f"The documents were too long to give whole: the model was given these {n} "
-                 f"passage{'s' if n != 1 else ''}, those that best matched the question.")
-    blocks = [intro]
+                 "passages, those that best matched the question.")
+    blocks = [f"<p>{escape(intro)}</p>"]
     for p in sources.passages:
         where = "" if sources.whole or p.page is None else f", page {p.page}"
         text = p.text.strip() + (" …" if sources.whole else "")
-        quoted = "\n".join(f"> {line}" if line.strip() else ">" for line in text.splitlines())
-        blocks.append(f"#### {p.name}{where}\n\n{quoted}")
-    return "\n\n".join(blocks)
+        blocks.append(f"<h4>{escape(p.name)}{where}</h4>"
+                      f"<blockquote style='white-space: pre-wrap'>{escape(text)}</blockquote>")
+    return "\n".join(blocks)
