@@ -254,3 +254,21 @@ def test_documents_that_fit_a_larger_context_reload_the_model_with_it(
     assert w.engine_info.n_ctx == n_ctx
     user = w.store.messages(w.controller.current_id)[0]
     assert user.info["whole"] is True and "Ada Marsh" in user.info["model_text"]
+
+
+def test_an_attached_source_file_is_sent_as_the_prediction(qtbot, db: Path, model_path: Path,
+                                                          tmp_path: Path, monkeypatch) -> None:
+    """Asking about an attached source file sends the file as the answer's prediction (the
+    engine drafts the unchanged lines from it); a chat without one sends none."""
+    code = tmp_path / "area.py"
+    code.write_text("def area(width, height):\n    return width * height\n\n\n"
+                    "def perimeter(width, height):\n    return 2 * (width + height)\n")
+    w = open_window(qtbot, db, model_path, max_tokens=8)
+    sent = []
+    w.controller.generate_request.connect(lambda request: sent.append(request))
+    send_and_wait(qtbot, w, "Say hello.")
+    attach_with_button(qtbot, w, monkeypatch, code)
+    outcome = send_and_wait(qtbot, w, "Rename area to surface in this file.")
+    assert outcome.text
+    assert sent[0].prediction == "" and sent[1].prediction == code.read_text()
+    w.close()

@@ -27,6 +27,7 @@ from app.conversation_store import (
     ConversationStore,
     Message,
 )
+from app.documents.edit_prediction import edit_prediction
 from app.documents.reading import Document, DocumentError, document_from_text
 from app.gui.document_loader import DocumentLoader, paste_name
 from app.gui.document_turn import (
@@ -354,8 +355,13 @@ class ChatController(QObject):
         turns = [(m.role, model_text(m)) for m in history if model_text(m)]
         if conv.system_prompt.strip():
             turns.insert(0, ("system", conv.system_prompt.strip()))
+        # The file an edit will likely repeat, drafted from (never changes the answer).
+        attached = [a for m in history if m.role == "user"
+                    for a in self.store.message_attachments(m.id)]
+        prediction = edit_prediction(attached, [m.content for m in history
+                                                if m.role == "assistant"])
         return GenerationRequest(next(self._ids), tuple(turns), sampling, s.max_tokens,
-                                 s.context_policy, s.thinking, grammar)
+                                 s.context_policy, s.thinking, grammar, prediction)
 
     def _answer(self, conversation_id: int) -> bool:
         request = self._request(conversation_id, self.store.messages(conversation_id))

@@ -23,7 +23,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.conversation_export import import_into, read_import, write_export
+from app.conversation_export import (
+    import_into,
+    message_attachments,
+    read_import,
+    write_export,
+)
 from app.conversation_store import ConversationStore
 from app.gui.api_switch import ApiServerSwitch
 from app.gui.chat_controller import ChatController
@@ -332,7 +337,9 @@ class MainWindow(QMainWindow):
         if cid is None:
             return False
         try:
-            kind = write_export(self.store.conversation(cid), self.store.messages(cid), path)
+            messages = self.store.messages(cid)
+            kind = write_export(self.store.conversation(cid), messages, path,
+                                message_attachments(self.store, messages))
         except OSError as exc:
             self.statusBar().showMessage(f"Could not export to {path}: "
                                          f"{exc.strerror or exc}", 15000)
