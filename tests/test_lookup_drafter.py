@@ -121,3 +121,19 @@ def test_sizes_not_verified_lately_keep_the_calibrated_price():
         model.observe(700, 1, 0.010)
         model.observe(700, 4, 0.010 + 2 * 0.009)
     assert model.at(700).ratio(16) == pytest.approx(1 + 2 * 4.1)
+
+
+def test_a_long_context_without_batches_measured_prices_attention_in_every_row():
+    """At a context whose batches were never verified, a batch is dearer than the
+    calibrated curve says by the attention each row pays there (measured on the bundled
+    model: c(16) 7.2 at 256 tokens, 10.7 at 3,000); once batches are measured there,
+    they decide."""
+    model = VerifyCostModel.from_curve({1: 0.005, 8: 0.005 * 4.47, 16: 0.005 * 7.22})
+    model.observe(100, 1, 0.005)
+    assert model.at(100).ratio(16) == pytest.approx(7.22)
+    model.observe(3000, 1, 0.0121)  # a token costs 7.1 ms more at 3,000 tokens
+    priced = model.at(3000).ratio(16)
+    assert priced == pytest.approx((7.22 * 0.005 + 16 * 0.0071) / 0.0121)
+    assert priced > 10.7  # never cheaper than measured there
+    model.observe(3000, 16, 0.0121 * 10.7)
+    assert model.at(3000).ratio(16) == pytest.approx(10.7)

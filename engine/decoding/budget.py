@@ -65,6 +65,7 @@ class VerifyCostModel:
 
     slope: float = 0.35  # prior extra cost per extra token, relative to one token
     prior: dict[int, float] = field(default_factory=dict)  # n -> calibrated ratio
+    prior_t1: float = 0.0  # the calibrated curve's one-token seconds (0: not known)
     window: int = 5  # decodes per median
     max_age: int = 64  # decodes of a bucket after which an unrefreshed ratio is forgotten
     learn: bool = True  # False: keep the prior (tests that want every node verified)
@@ -79,7 +80,7 @@ class VerifyCostModel:
         """Seeded with a calibrated curve (n -> seconds): its ratios are the prior."""
         t1 = curve.get(1)
         prior = {n: t / t1 for n, t in curve.items() if t1 and n > 1}
-        return cls(prior=prior)
+        return cls(prior=prior, prior_t1=t1 or 0.0)
 
     def at(self, n_past: int) -> VerifyCost:
         """The costs at a context of ``n_past`` cached tokens, read once: the budget asks
@@ -88,23 +89,45 @@ class VerifyCostModel:
         cached = self._tables.get(bucket)
         if cached is None or self._clock.get(bucket, 0) > cached[1]:
             fresh, expiry = self._fresh(bucket)
-            cached = self._tables[bucket] = (self._shaped(fresh), expiry)
+            if not fresh:  # priced from its one-token time: again after the next decode
+                expiry = self._clock.get(bucket, 0)
+            cached = self._tables[bucket] = (self._shaped(fresh, bucket), expiry)
         return VerifyCost(self.t1_in(bucket), cached[0], self.slope)
 
-    def _shaped(self, fresh: dict[int, float]) -> dict[int, float]:
+    def _shaped(self, fresh: dict[int, float], bucket: int) -> dict[int, float]:
         """Ratios for every size the calibration measured, at this context: the sizes
         verified lately as measured, the others from the calibrated curve with its extra
         cost scaled as the recent sizes' was (long contexts make batches dearer than at
         calibration). Sizes never verified must keep a fair price: priced by a guess,
-        a size the budget never picks is never measured, so the guess would stand."""
+        a size the budget never picks is never measured, so the guess would stand.
+
+        A context no batch was verified at yet, but whose one-token time is known, is
+        priced by attention's share: what a token costs above the calibration's one-token
+        time is its attention over the longer context, paid again by every row of a
+        batch, while the weights' part keeps the calibrated ratio (on the bundled model,
+        c(16) is 7.2 at 256 tokens and 10.7 at 3,000: this prices it 12.4, the curve 7.2)."""
         if not self.prior:
             return fresh
         excess = [(r - 1) / (self.prior[n] - 1) for n, r in fresh.items()
                   if self.prior.get(n, 1.0) > 1.0]
-        scale = statistics.median(excess) if excess else 1.0
-        table = {n: 1 + (r - 1) * scale for n, r in self.prior.items()}
+        if excess:
+            scale = statistics.median(excess)
+            table = {n: 1 + (r - 1) * scale for n, r in self.prior.items()}
+        else:
+            table = self._attention_priced(bucket)
         table.update(fresh)
         return table
+
+    def _attention_priced(self, bucket: int) -> dict[int, float]:
+        """The calibrated ratios at ``bucket``, each row paying the attention a token
+        there costs above the calibration's one-token time (the ratios as calibrated
+        where that is not known or not more)."""
+        t1_cal, known = self.prior_t1, self._t1.get(bucket)
+        extra = known.value - t1_cal if known is not None and t1_cal > 0 else 0.0
+        if extra <= 0:
+            return dict(self.prior)
+        t1 = known.value
+        return {n: (r * t1_cal + n * extra) / t1 for n, r in self.prior.items()}
 
     def observe(self, n_past: int, n_tokens: int, t_s: float) -> None:
         """A verification of ``n_tokens`` at ``n_past`` cached tokens took ``t_s``."""
