@@ -50,6 +50,7 @@ def _shoot(out: Path, model: Path | None, folder: Path, tag: str, dark: bool = F
     from app.gui import theme
     from app.gui.main_window import MainWindow
     from app.gui.screenshots import _settle, _wait
+    from app.gui.transcript_model import SOURCES_ROLE
     from app.gui.window_fit import cut_texts, outside
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
@@ -87,10 +88,45 @@ def _shoot(out: Path, model: Path | None, folder: Path, tag: str, dark: bool = F
     w.dashboard_toggle.setChecked(False)
     w.settings_toggle.setChecked(True)
     look("settings")
+    w.settings_toggle.setChecked(False)
+    _attach_and_ask(w, folder, _wait)
+    look("documents")
+    dialog = w.chat.show_sources(w.transcript.index(len(w.transcript.messages) - 1)
+                                 .data(SOURCES_ROLE))
+    _settle(300)
+    path = out / f"sources-{tag}.png"
+    dialog.grab().save(str(path))
+    print(path)
+    problems.extend(f"sources: {p}" for p in cut_texts(dialog))
+    dialog.close()
     w.shutdown()
     for line in problems:
         print(line, file=sys.stderr)
     return 1 if problems else 0
+
+
+def _attach_and_ask(w, folder: Path, wait) -> None:  # noqa: ANN001
+    """A chat with a 20-page PDF attached (too long to go whole: its passages go in), a
+    question about its page 13 answered."""
+    from fpdf import FPDF
+
+    pdf = FPDF()
+    pdf.set_font("Helvetica", size=11)
+    topics = ["the opening hours", "the ferry timetable", "the harbour master", "the fees"]
+    for i in range(1, 21):
+        topic = topics[i % len(topics)]
+        pdf.add_page()
+        pdf.multi_cell(0, 6, f"Page {i} of the Port Ellery guide covers {topic}. " + " ".join(
+            f"Line {k}: the harbour keeps its ledger of boats, nets and ropes." for k in
+            range(30)) + (" The harbour master is Orlando Vance, on duty from six." if i == 13
+                          else ""))
+    guide = folder / "port-ellery-guide.pdf"
+    pdf.output(str(guide))
+    w.controller.new_conversation()
+    w.controller.attach_files([guide])
+    wait(until=lambda: w.chat.attachments.n_documents == 1, timeout_ms=60_000)
+    w.controller.send("Who is the harbour master, and when is he on duty?")
+    wait(w.controller.answer_finished)
 
 
 if __name__ == "__main__":

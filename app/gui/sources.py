@@ -9,6 +9,7 @@ the passages that best matched the question.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from html import escape
 
@@ -66,6 +67,9 @@ class SourcesDialog(QDialog):
         layout.addWidget(buttons)
 
 
+_PDF_LINE_BREAK = re.compile(r"(?<!\n)\n(?!\n)")  # one line break: not a paragraph's
+
+
 def sources_html(sources: Sources) -> str:
     """The dialog's text: a heading per passage (name, page) and the passage as it was
     given (escaped: a document's text is not markup)."""
@@ -84,6 +88,8 @@ def sources_html(sources: Sources) -> str:
     for p in sources.passages:
         where = "" if sources.whole or p.page is None else f", page {p.page}"
         text = p.text.strip() + (" …" if sources.whole else "")
+        if p.page is not None:  # a PDF's text layer breaks lines where the page did
+            text = _PDF_LINE_BREAK.sub(" ", text)
         blocks.append(f"<h4>{escape(p.name)}{where}</h4>"
                       f"<blockquote style='white-space: pre-wrap'>{escape(text)}</blockquote>")
     return "\n".join(blocks)
