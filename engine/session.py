@@ -56,6 +56,7 @@ from engine.planning.calibration import CostProfile
 from engine.planning.draft_record import DraftRecord
 from engine.planning.drafter_follow import governor_for, record_key
 from engine.planning.first_setup import first_setup
+from engine.planning.kernels import KernelChoice
 from engine.planning.plan_check import PlanCheck, same_choice
 from engine.planning.plan_log import PlanEvent
 from engine.planning.plan_maker import PlanMaker, Setup
@@ -470,16 +471,8 @@ class Engine:
 
     @property
     def prediction_budget(self) -> int:
-        """The longest draft a prediction may make: none where speculation cannot be
-        exact (the model's header, or kernels the probe found inexact, unless a drafter
-        was asked for by name), else long drafts as far as the target takes them back."""
-        if self.model.why_plain is not None:
-            return 0
-        asked = self.config.drafter
-        if (self.kernels is None or not self.kernels.exact) and asked in (
-                DrafterKind.AUTO, DrafterKind.NONE):
-            return 0
-        return _capped(MAX_MEMORY_DRAFT, self.target.max_draft)
+        """The longest draft a prediction may make (``prediction_budget``)."""
+        return prediction_budget(self.model, self.kernels, self.config.drafter, self.target)
 
     def _follow_the_load(self) -> None:
         """The threads for this answer, from the machine's load in the seconds before it."""
@@ -567,6 +560,19 @@ def target_notes(name: str, target: Target) -> list[str]:
     elif target.template.origin != OWN_TEMPLATE:
         notes.append(f"{name} has no chat template: chat format {target.template.origin}")
     return notes
+
+
+def prediction_budget(model: ModelInfo, kernels: KernelChoice | None, asked: DrafterKind,
+                      target: Target) -> int:
+    """The longest draft a prediction may make: none where speculation cannot be exact
+    (the model's header, or kernels the probe found inexact, unless a drafter was asked
+    for by name), else long drafts as far as the target takes them back."""
+    if model.why_plain is not None:
+        return 0
+    if (kernels is None or not kernels.exact) and asked in (DrafterKind.AUTO,
+                                                            DrafterKind.NONE):
+        return 0
+    return _capped(MAX_MEMORY_DRAFT, target.max_draft)
 
 
 def _capped(budget: int, limit: int | None) -> int:

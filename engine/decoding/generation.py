@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -383,6 +383,9 @@ def _step(run: _Run, last: int, ahead_pool: ThreadPoolExecutor | None
     n_past = target.n_past
     cost = run.cost.at(n_past)
     draft, drafting = _draft(run, room, cost)
+    if not draft and _plain_in_c(run):
+        return _undrafted_run(run, last, room, n_past, drafting,
+                              time.perf_counter() - t_step, cost.t1)
     states: list[Grammar] = []
     if run.grammar is not None:
         draft, states = _grammar_states(run, draft)
@@ -445,7 +448,42 @@ PLAIN_RUN_SECONDS = 0.05
 PLAIN_RUN_MAX_TOKENS = 16
 
 
-def _plain_greedy_run(run: _Run, last: int, room: int
+def _plain_in_c(run: _Run) -> bool:
+    """Whether a step with nothing to verify can decode as plain decoding does, in C: a
+    plain greedy answer whose drafter reads no hidden states (they would be missing)."""
+    return run.plain_greedy and run.drafter is not None and not run.drafter.needs_features
+
+
+def _undrafted_run(run: _Run, last: int, room: int, n_past: int, asked: bool,
+                   t_draft_s: float, t1_s: float
+                   ) -> tuple[int, tuple[StepStats, ...], list[int], list[TokenLogprob]]:
+    """A step without a draft, decoded as plain decoding's run: one token when the
+    drafter was asked (it may draft after it), as many as the governor's pause leaves
+    when it was not; the drafter then reads the tokens. A single-token verification
+    through Python cost ~10% more a token than the C run at 1,000 tokens of context
+    (docs/benchmarks.md, "Documents and code edits"), so drafts that do not come cost
+    that much less."""
+    governor = run.governor
+    n = 1
+    if not asked and governor is not None:
+        n = min(_plain_run_length(run, room, n_past), 1 + governor.pause_left)
+        governor.pause_left -= n - 1
+        governor.n_paused += n - 1
+    last, steps, chosen, logprobs = _plain_greedy_run(run, last, room, n)
+    if asked:  # the drafter's time went for nothing: the governor weighs it
+        steps = tuple(replace(s, drafter_asked=True, t_draft_s=t_draft_s) for s in steps)
+        run.stats.steps[-len(steps):] = steps
+        if governor is not None:
+            governor.observe(0, t_draft_s, 0.0, t1_s, 0)
+    assert run.drafter is not None
+    try:
+        run.drafter.accept(list(chosen), None)
+    except Exception as exc:  # noqa: BLE001 - any drafter failure
+        run.drop_drafter(exc, "accept")
+    return last, steps, chosen, logprobs
+
+
+def _plain_greedy_run(run: _Run, last: int, room: int, n: int | None = None
                       ) -> tuple[int, tuple[StepStats, ...], list[int], list[TokenLogprob]]:
     """``_step`` without a drafter, greedy, on the raw logits, for a run of tokens: each the
     target's argmax after the one before, the token ``accept_greedy`` takes from the same
@@ -453,7 +491,8 @@ def _plain_greedy_run(run: _Run, last: int, room: int
     caches the decode had flushed, 0.1-0.2 ms a token (2-4% of a small model's)."""
     target = run.target
     n_past = target.n_past
-    chosen, seconds = target.decode_greedy(last, _plain_run_length(run, room, n_past))
+    chosen, seconds = target.decode_greedy(
+        last, _plain_run_length(run, room, n_past) if n is None else n)
     steps = []
     after = sum(seconds)
     for k, t_s in enumerate(seconds):
