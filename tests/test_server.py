@@ -436,8 +436,7 @@ def test_a_prediction_drafts_the_same_answer_and_counts_its_tokens(server: Serve
     details = out.usage.completion_tokens_details
     assert details.accepted_prediction_tokens > 0
     # Whether the changed line's draft is verified follows this machine's verification
-    # costs; tests/test_prediction.py counts rejections at a fixed cost curve.
-    assert details.rejected_prediction_tokens >= 0
+    # costs: tests/test_prediction.py counts rejections at a fixed cost curve.
     # Text completions take it too (not in the client's signature: extra_body).
     plain = client.completions.create(model="any", prompt="1, 2, 3, 4, 5,", max_tokens=24,
                                       temperature=0)
