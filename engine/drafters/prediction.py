@@ -127,6 +127,9 @@ class PredictionDrafter(Drafter):
         self.n_prompt = 0  # context tokens before the answer
         self._keys: dict[tuple[int, ...], RateKey] = {}  # path -> key, last draft
         self._verified: list[tuple[int, ...]] = []  # prediction paths in the last batch
+        # Where the context's tail is in the prediction (found once per step, in begin or
+        # accept: the next draft and the cursor read it)
+        self._found: tuple[int, int] | None = None
         self.accepted = 0
         self.rejected = 0
 
@@ -135,6 +138,7 @@ class PredictionDrafter(Drafter):
         self.n_prompt = len(context) - 1  # the context ends with the answer's first token
         self.source.cursor = 0
         self.local.reset()
+        self._found = self.source.find(self.context, len(self.context) - self.n_prompt)
         if self.base is not None:
             self.base.begin(context, features)
 
@@ -148,7 +152,7 @@ class PredictionDrafter(Drafter):
     def _draft_own(self, max_tokens: int) -> DraftTree:
         self._keys = {}
         tree = DraftTree()
-        found = self.source.find(self.context, len(self.context) - self.n_prompt)
+        found = self._found
         if found is None:
             return tree
         end, length = found
@@ -187,9 +191,9 @@ class PredictionDrafter(Drafter):
                 self.rates.update(key, hit)
         self._keys = {}
         self.context.extend(new_tokens)
-        found = self.source.find(self.context, len(self.context) - self.n_prompt)
-        if found is not None:
-            self.source.cursor = found[0]
+        self._found = self.source.find(self.context, len(self.context) - self.n_prompt)
+        if self._found is not None:
+            self.source.cursor = self._found[0]
         if self.base is not None:
             self.base.accept(new_tokens, features)
 
