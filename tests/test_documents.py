@@ -16,6 +16,7 @@ from app.documents.chunks import split_into_chunks
 from app.documents.context import compose_turn, tokens_wanted
 from app.documents.fts_query import match_expression
 from app.documents.reading import Document, DocumentError, document_from_text, read_document
+from tests.pdf_files import make_pdf
 
 TOPICS = ("The river Danube flows through Vienna.",
           "Photosynthesis turns sunlight into sugar in leaves.",
@@ -23,15 +24,7 @@ TOPICS = ("The river Danube flows through Vienna.",
 
 
 def _pdf(path: Path, pages: list[str]) -> Path:
-    from fpdf import FPDF
-
-    pdf = FPDF()
-    pdf.set_font("helvetica", size=12)
-    for text in pages:
-        pdf.add_page()
-        pdf.multi_cell(0, 8, text)
-    pdf.output(str(path))
-    return path
+    return make_pdf(path, pages, font_size=12, line_height=8)
 
 
 def _three_page_pdf(tmp_path: Path) -> Path:

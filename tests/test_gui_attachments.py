@@ -27,6 +27,7 @@ from tests.gui_helpers import (  # noqa: E402
     select_row,
     send_and_wait,
 )
+from tests.pdf_files import make_pdf  # noqa: E402
 
 NOTES = """# Harbour notes
 
@@ -39,18 +40,6 @@ The secret word of the harbour master is PELICAN.
 @pytest.fixture()
 def db(tmp_path: Path) -> Path:
     return tmp_path / "chat.sqlite3"
-
-
-def make_pdf(path: Path, pages: list[str]) -> Path:
-    from fpdf import FPDF
-
-    pdf = FPDF()
-    pdf.set_font("Helvetica", size=11)
-    for text in pages:
-        pdf.add_page()
-        pdf.multi_cell(0, 6, text)
-    pdf.output(str(path))
-    return path
 
 
 def ledger_pages() -> list[str]:
