@@ -20,10 +20,10 @@ CONFIG = TargetConfig(n_ctx=2048, n_threads=2, n_batch=N_BATCH, f16_prefill=Fals
                       prompt_kernels=False, prefill_copy=False)
 
 
-def _llama_cpp_python(path) -> llama_cpp.Llama:  # noqa: ANN001
+def _llama_cpp_python(path, flash_attn: bool) -> llama_cpp.Llama:  # noqa: ANN001
     return llama_cpp.Llama(model_path=str(path), n_ctx=CONFIG.n_ctx, n_threads=2,
                            n_threads_batch=2, n_batch=N_BATCH, n_ubatch=N_BATCH,
-                           flash_attn=CONFIG.flash_attn,
+                           flash_attn=flash_attn,
                            type_k=llama_cpp.GGML_TYPE_Q8_0 if CONFIG.type_k == "q8_0" else None,
                            type_v=llama_cpp.GGML_TYPE_F16 if CONFIG.type_v == "f16" else None,
                            verbose=False)
@@ -55,11 +55,12 @@ def test_plain_decoding_is_llama_cpp_decoding_one_token_at_a_time(weights, model
         prompts = [target.chat_prompt([{"role": "user", "content": r["turns"][0]}])
                    for r in rows]
         eog = target.model.eog_ids
+        flash_attn = target.flash_attn  # the target's rule (off on this CPU)
         ours = []
         for prompt in prompts:
             target.reset()
             ours.append(generate(target, prompt, None, GenerationConfig(MAX_TOKENS)).tokens)
-    llm = _llama_cpp_python(path)
+    llm = _llama_cpp_python(path, flash_attn)
     try:
         theirs = [_one_token_at_a_time(llm, prompt, eog) for prompt in prompts]
     finally:

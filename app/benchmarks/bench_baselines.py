@@ -170,4 +170,5 @@ def server_runner(name: str, target: Target, binary: str) -> Runner:
                 "reused": timing.get("cache_n", 0),
                 "text": out.get("content", ""), "tokens": tokens}
 
+    run.pid = server.proc.pid  # type: ignore[attr-defined]  # its memory, read by benches
     return run

@@ -52,12 +52,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         layouts = ["plain", "cpu"] + (["dovetail"] if hw.has_gpu else []) + (
             ["duodecoding"] if hw.has_gpu and hw.llama_gpu_offload else [])
         args.drafters = ",".join(sweep_specs(layouts))
+    if args.drafters is None:
+        args.drafters = ("none,auto" + (",server" if args.llama_server else "")
+                         if args.long_context is not None else "none,lookup")
     names = parse_drafter_list(args.drafters, (*ENGINE_DRAFTERS, *BASELINE_NAMES,
                                                *SERVER_NAMES))
     if any(n in SERVER_NAMES for n in names) and not args.llama_server:
         raise ValueError("the server baselines need --llama-server PATH")
+    if args.long_context is not None:
+        return _long_context(args, names)
     if args.documents is None and args.prompts is None:
-        raise ValueError("give --prompts FILE, or --documents for the document tasks")
+        raise ValueError("give --prompts FILE, --documents for the document tasks, or "
+                         "--long-context")
     if args.documents is not None and args.ctx is None:
         args.ctx = DOCUMENTS_CTX  # the largest documents and an edited file's answer
     # Tandem's memory starts empty (or warmed, --warm-memory) and fills as the run goes
@@ -156,6 +162,80 @@ def document_tasks(target: Target, categories: str) -> list[BenchPrompt]:
     return [p for p in prompts if not wanted or p.category in wanted]
 
 
+def _long_context(args: argparse.Namespace, names: list[str]) -> int:
+    """``--long-context``: a question after 2-32k tokens (as the model allows), each
+    runner's prompt and decode speed, and the peak memory at the largest prompt
+    (app.benchmarks.long_context)."""
+    from tqdm import tqdm
+
+    from app.benchmarks.bench import engine_runner, run_bench, runner_engine_config
+    from app.benchmarks.bench_baselines import SERVER_NAMES, server_runner
+    from app.benchmarks.long_context import (
+        LONG_SIZES,
+        bench_context,
+        engine_peak,
+        format_long_table,
+        long_prompts,
+        peak_bytes,
+    )
+    from engine.runtime.model_info import read_model_info
+
+    sizes = tuple(int(s) for s in args.long_context.split(",") if s.strip()) or LONG_SIZES
+    if args.threads is None:
+        args.threads = default_threads()
+    base = engine_config(args, drafter=DrafterKind.NONE)
+    from engine.hub.model_store import default_model_path
+
+    info = read_model_info(base.model_path or default_model_path())
+    n_train = info.header.context_length or max(sizes) + args.max_tokens
+    base = replace(base, n_ctx=args.ctx or bench_context(n_train, args.max_tokens, sizes),
+                   memory_dir=None)
+    if args.fresh and args.json and args.json.exists():
+        args.json.unlink()
+    engines: dict[str, Engine] = {}
+    servers: dict[str, int] = {}
+    try:
+        tandem = [n for n in names if n not in SERVER_NAMES]
+        for n in tandem or [DrafterKind.NONE]:
+            engines[n] = Engine(runner_engine_config(n, base))
+        target = next(iter(engines.values())).target
+        prompts = long_prompts(lambda text: len(target.tokenize(text, special=False)),
+                               n_train, args.max_tokens, sizes)
+        runners = {}
+        for n in names:
+            if n in SERVER_NAMES:
+                runners[n] = server_runner(n, target, args.llama_server)
+                servers[n] = runners[n].pid  # type: ignore[attr-defined]
+            else:
+                runners[n] = engine_runner(engines[n])
+        meta = {"model": str(target.path), "threads": target.n_threads, "n_ctx": target.n_ctx,
+                "max_tokens": args.max_tokens, "prompts": "long context", "sizes": sizes,
+                "drafters": names, "repeat": args.repeat, "kv_cache": args.kv_cache,
+                "flash_attn": target.flash_attn, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+        bar = tqdm(total=len(prompts) * len(names) * args.repeat, unit="run", file=sys.stderr)
+        payload = run_bench(target, prompts, runners, args.max_tokens, args.json, meta,
+                            progress_to(bar), resume=not args.fresh, repeat=args.repeat,
+                            pause_s=args.pause)
+        bar.close()
+        memory = {n: {"peak_bytes": peak_bytes(pid)} for n, pid in servers.items()}
+        largest = target.chat_prompt([{"role": "user", "content": prompts[-1].turns[0]}])
+    finally:
+        for engine in engines.values():
+            engine.close()
+    if not args.no_memory:
+        for n in tandem:
+            print(f"tandem: {n}: peak memory at {len(largest)} tokens, in a child process",
+                  file=sys.stderr)
+            memory[n] = engine_peak(n, base, largest, args.max_tokens)
+    print(format_long_table(payload, memory))
+    if args.json:
+        data = json.loads(args.json.read_text())
+        data["memory"] = memory
+        args.json.write_text(json.dumps(data, indent=1))
+        print(f"results written to {args.json}", file=sys.stderr)
+    return 0
+
+
 def _heal(args: argparse.Namespace) -> int:
     """``--heal N``: a plan made under load, then N answers on the quiet machine."""
     from app.benchmarks.heal_bench import format_heal, run_heal_bench
@@ -210,9 +290,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "and summaries over 1-8k-token documents, code edits sent with "
                         "the file as a prediction: give a runner NAME+prediction); "
                         "optionally only these comma-separated categories")
+    p.add_argument("--long-context", nargs="?", const="", default=None, metavar="SIZES",
+                   help="long prompts instead of --prompts: a question after 2k, 8k, 16k "
+                        "and 32k tokens of source code (or these comma-separated sizes), "
+                        "each where the model's context holds it; prompt and decode speed "
+                        "and the process's peak memory (default runners none,auto,server "
+                        "with --llama-server)")
+    p.add_argument("--no-memory", action="store_true",
+                   help="with --long-context: skip the peak-memory runs")
     p.add_argument("--per-category", type=int, default=None)
-    p.add_argument("--drafters", default="none,lookup",
-                   help="comma-separated: auto (the plan), auto@LAYOUT, none, memory, "
+    p.add_argument("--drafters", default=None,
+                   help="comma-separated (default none,lookup): auto (the plan), "
+                        "auto@LAYOUT, none, memory, "
                         "lookup, head, head-chain, head-multi, head-ahead, head+memory, "
                         "NAME:N (fixed budget of N); "
                         "baselines: lcp, lcp-lookup (llama-cpp-python's "

@@ -38,7 +38,7 @@ def lanes_allowed(engine: object, asked: int) -> tuple[int, str]:
     if not isinstance(engine, Engine):
         return 1, "the model runs in another process (workers): one answer at a time"
     kernels, target = engine.kernels, engine.target
-    if not target.trees:
+    if not target.arch.trees:
         return 1, "this model keeps recurrent state per sequence: one answer at a time"
     if target.arch.n_swa:
         return 1, ("this model's sliding-window cache is two caches, which lanes do not "

@@ -130,7 +130,10 @@ def exactness_key(model_path: Path, config: TargetConfig, n_threads: int,
              # build against the bundle's).
              cpu_build_identity(),
              f"tiled={settings['tiled_matmul'] is True}", f"fusion={settings['fusion']}",
-             config.type_k, config.type_v, str(config.flash_attn), str(n_threads),
+             config.type_k, config.type_v,
+             # None: the target's rule (engine.runtime.native_policy.choose_flash_attn).
+             f"fa={'rule1' if config.flash_attn is None else config.flash_attn}",
+             str(n_threads),
              # Since CPU targets keep every batch on the CPU (TargetConfig.op_offload):
              # verdicts from before, in builds that offload, saw the GPU's batches.
              "ops=cpu",

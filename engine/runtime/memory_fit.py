@@ -12,6 +12,8 @@ available RAM, which the OS, this app and the user's other programs share and gr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 # The weights: a tenth for what llama.cpp allocates beyond the file's bytes (alignment,
 # buffers sized by the weights); the margin the planner and the session placed targets by.
 WEIGHTS_MARGIN = 1.1
@@ -31,6 +33,64 @@ def target_need(weights_bytes: float, kv_bytes: float) -> int:
     """Bytes a target (or any model llama.cpp runs whole) needs on one device: weights
     with the margin, its KV cache and the compute buffers."""
     return int(weights_bytes * WEIGHTS_MARGIN + kv_bytes) + COMPUTE_OVERHEAD_BYTES
+
+
+# Bytes of one attention score: without flash attention llama.cpp writes a batch's
+# scores over the whole cache as F32 (its compute buffer grows with the context: the
+# bundled model at 8k, 256-token batches, 9 heads: 83 MiB off against 49 on).
+SCORE_BYTES = 4
+
+
+def attention_scores_bytes(n_batch: int, n_ctx: int, n_heads: int, flash_attn: bool) -> int:
+    """What a context's compute buffer holds beyond the allowance for a batch's attention
+    scores: ``n_batch`` rows over ``n_ctx`` cells per head without flash attention,
+    nothing with it (it walks the cells a block at a time)."""
+    return 0 if flash_attn else n_batch * n_ctx * n_heads * SCORE_BYTES
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    """What a loaded target and its drafters take of a device, in bytes, by part."""
+
+    weights: int  # the file's bytes with the margin
+    kv: int  # the decoding context's cache
+    prefill_kv: int = 0  # the F16 context long prompts are read in (its own cache)
+    attention: int = 0  # scores without flash attention, every context that runs it
+    drafters: int = 0  # a draft head's or a draft model's weights and cache
+    compute: int = COMPUTE_OVERHEAD_BYTES
+
+    @property
+    def total(self) -> int:
+        return (self.weights + self.kv + self.prefill_kv + self.attention + self.drafters
+                + self.compute)
+
+    def parts(self) -> dict[str, int]:
+        """Each part by name, and the total (for plans, JSON and the dashboard)."""
+        return {"weights": self.weights, "kv_cache": self.kv, "prefill_cache": self.prefill_kv,
+                "attention_scores": self.attention, "drafters": self.drafters,
+                "compute": self.compute, "total": self.total}
+
+    def describe(self) -> str:
+        """``1.2 GiB (weights 0.5, KV cache 0.4, ...)`` for a plan or a refusal."""
+        named = [("weights", self.weights), ("KV cache", self.kv),
+                 ("prompt cache", self.prefill_kv), ("attention scores", self.attention),
+                 ("drafters", self.drafters), ("buffers", self.compute)]
+        inner = ", ".join(f"{name} {n / 2**30:.2f}" for name, n in named if n)
+        return f"{self.total / 2**30:.2f} GiB ({inner})"
+
+
+def context_memory(weights_bytes: float, kv_bytes: float, *, prefill_kv_bytes: float = 0,
+                   n_batch: int = 0, n_ctx: int = 0, n_heads: int = 0,
+                   flash_attn: bool = True, drafter_bytes: float = 0) -> MemoryNeed:
+    """A target's need at its context, every part counted: the decoding cache, the F16
+    context's (``prefill_kv_bytes``; 0 where prompts are read in place), the attention
+    scores of each context without flash attention, and the drafters'."""
+    n_contexts = 2 if prefill_kv_bytes else 1
+    return MemoryNeed(
+        weights=int(weights_bytes * WEIGHTS_MARGIN), kv=int(kv_bytes),
+        prefill_kv=int(prefill_kv_bytes),
+        attention=n_contexts * attention_scores_bytes(n_batch, n_ctx, n_heads, flash_attn),
+        drafters=int(drafter_bytes))
 
 
 def draft_need(weights_bytes: float, kv_bytes: float) -> int:
@@ -70,5 +130,6 @@ def layers_that_fit(weights_bytes: float, kv_bytes: float, n_layers: int,
 
 
 __all__ = ["COMPUTE_OVERHEAD_BYTES", "DRAFT_MARGIN", "HEAD_MARGIN", "RAM_HEADROOM",
-           "WEIGHTS_MARGIN", "draft_need", "fits_gpu", "fits_ram", "head_need",
+           "SCORE_BYTES", "WEIGHTS_MARGIN", "MemoryNeed", "attention_scores_bytes",
+           "context_memory", "draft_need", "fits_gpu", "fits_ram", "head_need",
            "layers_that_fit", "target_need"]

@@ -52,14 +52,20 @@ from engine.runtime.native_model import (
     json_schema_gbnf,
     utf8_bytes,
 )
-from engine.runtime.native_policy import NativeContext, context_params, kernel_settings
+from engine.runtime.native_policy import (
+    NativeContext,
+    choose_flash_attn,
+    context_params,
+    kernel_settings,
+)
 from engine.runtime.native_quantize import FTYPE_Q4_0, FTYPES, ftype_named, quantize
 
 __all__ = [
     "CPU_VARIANT_ENV", "DECODE_GATE", "FTYPES", "FTYPE_Q4_0", "GREEDY_RUN_MAX",
     "PARTIAL_STATE", "TILED_MM_SET_BY_USER", "ContextParams", "DecodeGate", "GgmlRowKernels",
     "GreedyRun", "LlamaContext", "NativeBatch", "NativeContext", "NativeExtBatch",
-    "NativeGrammar", "NativeModel", "_on_native_log", "context_params", "control_tokens",
+    "NativeGrammar", "NativeModel", "_on_native_log", "choose_flash_attn", "context_params",
+    "control_tokens",
     "cpu_build_identity", "cpu_variants", "ensure_backend", "ftype_named",
     "ggml_cpu_library", "ggml_row_kernels", "json_object_gbnf", "json_schema_gbnf",
     "kernel_settings", "lib_dir", "llama_version", "loaded_cpu_variant", "mapped_library",

@@ -42,13 +42,7 @@ def context_params(model: NativeModel, n_ctx: int, n_batch: int, n_seq_max: int,
     (bit-identical logits here) at about F16's decode speed; Q8_0 V would cost more
     (docs/benchmarks.md: figures behind the code's rules, "The KV cache's types").
 
-    Flash attention: without it (llama-server's "auto" turns it on here too) one token
-    over a long cache is faster through the matrix kernels (a 1.7B-shaped Q4_K_M after
-    768 tokens: llama-bench 60.8 tok/s off, 52.6 on) and the probe's chains are exact,
-    but a drafted session then parted from plain decoding (the F32 case in tests/cases:
-    0.149), likely because softmax and V sum over the cells in SIMD lanes, where a parked
-    cell's hole shifts every later cell's lane. Targets keep it on
-    (TargetConfig.flash_attn)."""
+    Flash attention as ``choose_flash_attn`` decides for a target."""
     if model.latent_attention:
         # Its V is a view of K: llama.cpp refuses two types. Q8_0 for both keeps the
         # exact mode's one kernel for every batch size (the probe checks it).
@@ -63,6 +57,27 @@ def context_params(model: NativeModel, n_ctx: int, n_batch: int, n_seq_max: int,
         # llama.cpp's K shift of a latent-attention cache in a quantized type crashes
         # (deepseek2 Q8_0 K, the differential's long chats; F16 shifts): no shift then.
         shift=not (model.latent_attention and type_k not in _FLOAT_TYPES))
+
+
+def choose_flash_attn(asked: bool | None, model: NativeModel, type_v: str,
+                      on_cpu: bool) -> bool:
+    """Whether a target's context runs flash attention: as ``asked``, or (None) off where
+    its layers run on this machine's CPU with a float V cache, on elsewhere.
+
+    Without it (llama-server's "auto" turns it on here) one token over a long cache is
+    faster through the matrix kernels, and so is a long prompt (docs/benchmarks.md: long
+    contexts). Softmax and the V sum then run over the cells in SIMD lanes, so a cell's
+    lane is part of the sum: a tree's rows, which skip the other branches' cells, and
+    cells a tree left parked between kept ones, sum otherwise than one token at a time
+    does (the F32 case in tests/cases parted by 0.149). A chain's rows skip nothing but
+    the cells after them, and its rejected tail is freed where the next step refills it
+    in order, so the probe finds chains exact; a target without flash attention verifies
+    chains only (``Target.trees``). Quantized V needs flash attention (llama.cpp), a
+    latent-attention model's V is K's (Q8_0 in the exact mode), and on a GPU or a
+    worker the matrix path was never measured: those keep it on."""
+    if asked is not None:
+        return asked or type_v not in _FLOAT_TYPES
+    return on_cpu and type_v in _FLOAT_TYPES and not model.latent_attention
 
 
 class NativeContext(LlamaContext):

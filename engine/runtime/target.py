@@ -28,7 +28,13 @@ from engine.runtime.architecture import RS_ROLLBACK_TOKENS
 from engine.runtime.chat_template import chat_tokens
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.hardware import default_threads
-from engine.runtime.native import GreedyRun, NativeBatch, NativeContext, NativeModel
+from engine.runtime.native import (
+    GreedyRun,
+    NativeBatch,
+    NativeContext,
+    NativeModel,
+    choose_flash_attn,
+)
 from engine.runtime.native_rpc import cpu_overrides, device_array, worker_devices
 from engine.runtime.prefill import Prefill, PromptReader
 from engine.runtime.sequence import CachedSequence
@@ -77,6 +83,8 @@ class Target:
         self.n_threads = c.n_threads or default_threads()
         self.n_gpu_layers = c.n_gpu_layers
         self.model, self._worker_devices = _open_model(self.path, c)
+        self.flash_attn = choose_flash_attn(c.flash_attn, self.model, c.type_v,
+                                            on_cpu=not c.n_gpu_layers and not c.workers)
         try:
             self.arch = self.model.architecture()
             # Recurrent state is kept per sequence and per snapshot: a chain-only target
@@ -238,8 +246,10 @@ class Target:
 
     @property
     def trees(self) -> bool:
-        """Whether a draft tree can be verified (else chains only)."""
-        return self.arch.trees
+        """Whether a draft tree can be verified (else chains only): the architecture
+        allows it, and flash attention sums a tree's rows as one token's
+        (``choose_flash_attn``)."""
+        return self.arch.trees and self.flash_attn
 
     @property
     def max_draft(self) -> int | None:
@@ -435,4 +445,4 @@ def _context(target: Target, n_ctx: int, n_seq_max: int, n_rs_seq: int, features
     return NativeContext(target.model, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max,
                          n_rs_seq=n_rs_seq, n_threads=target.n_threads, features=features,
                          type_k=c.type_k, type_v=c.type_v, unified_kv=unified_kv,
-                         flash_attn=c.flash_attn, op_offload=op_offload)
+                         flash_attn=target.flash_attn, op_offload=op_offload)

@@ -21,9 +21,11 @@ class TargetConfig:
     # One KV buffer for all sequences (tree verification needs it); False gives each
     # sequence its own stream, cheaper for independent sequences (training data).
     unified_kv: bool = True
-    # On: without it one token over a long cache decodes faster, but a drafted session
-    # parted from plain decoding (NativeContext and docs/engine.md say more).
-    flash_attn: bool = True
+    # None: off where the target runs on this machine's CPU with a float V cache (one
+    # token over a long cache decodes faster through the matrix kernels, and prompts read
+    # faster), on elsewhere; off, drafts are verified as chains only
+    # (engine.runtime.native_policy.choose_flash_attn says why).
+    flash_attn: bool | None = None
     # Long prompts are prefilled in a second, F16/F16 context and moved into this one
     # (engine.runtime.kv_transfer says why); off, or when it cannot apply, they are prefilled here.
     f16_prefill: bool = True
