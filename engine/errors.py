@@ -11,6 +11,18 @@ class ModelLoadError(TandemError):
     """A GGUF file is missing, truncated, not a GGUF, or llama.cpp refused it."""
 
 
+class ContextTooLargeError(ModelLoadError):
+    """The context asked for needs more memory than this machine can give; says which
+    context fits (``n_ctx_fits``, 0 when none does)."""
+
+    def __init__(self, model: str, n_ctx: int, need: str, room: int, n_ctx_fits: int) -> None:
+        self.n_ctx, self.n_ctx_fits = n_ctx, n_ctx_fits
+        fits = (f"a context of at most {n_ctx_fits} tokens fits" if n_ctx_fits
+                else "no context fits: choose a smaller model")
+        super().__init__(f"{model} with a context of {n_ctx} tokens needs {need}, and this "
+                         f"machine has {room / 2**30:.2f} GiB to give it: {fits}")
+
+
 class ContextFullError(TandemError):
     """The prompt (plus what must follow it) does not fit the context. Recoverable:
     the engine is left as it was and a shorter prompt can be sent."""

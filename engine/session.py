@@ -57,6 +57,7 @@ from engine.planning.draft_record import DraftRecord
 from engine.planning.drafter_follow import governor_for, record_key
 from engine.planning.first_setup import first_setup
 from engine.planning.kernels import KernelChoice
+from engine.planning.memory_plan import engine_memory
 from engine.planning.plan_check import PlanCheck, same_choice
 from engine.planning.plan_log import PlanEvent
 from engine.planning.plan_maker import PlanMaker, Setup
@@ -68,6 +69,7 @@ from engine.runtime.chat_template import OWN_TEMPLATE
 from engine.runtime.context_fit import DEFAULT_POLICY, FittedPrompt, fit_messages
 from engine.runtime.hardware import HardwareProfile, check_device, default_threads, probe_hardware
 from engine.runtime.kv_cache import KV_MODES, KV_TRADE_OFF
+from engine.runtime.memory_fit import MemoryNeed
 from engine.runtime.model_info import ModelInfo, read_model_info
 from engine.runtime.native import prompt_kernels_available
 from engine.runtime.target import Target
@@ -165,7 +167,7 @@ class Engine:
                                self._cache_dir(), self.notes)
         self._target_config, self.kernels = target_settings(
             config, self.model, context_length(config, self.model), self.n_threads,
-            self.workers, self._cache_dir(), say, self.notes)
+            self.workers, self._cache_dir(), say, self.notes, self.hardware)
         # What runs; ``apply`` sets them all, in its one order.
         self.setup = Setup.plain()
         self.plan: Plan | None = None
@@ -573,6 +575,15 @@ def prediction_budget(model: ModelInfo, kernels: KernelChoice | None, asked: Dra
                                                             DrafterKind.NONE):
         return 0
     return _capped(MAX_MEMORY_DRAFT, target.max_draft)
+
+
+def loaded_memory(engine: object) -> MemoryNeed | None:
+    """What a loaded engine takes of memory by the plan's rule (engine.planning.
+    memory_plan), None for an engine in another process (its target on workers)."""
+    if not isinstance(engine, Engine):
+        return None
+    return engine_memory(engine.model, engine.target, engine.setup.spec,
+                         engine.config.draft_model)
 
 
 def _capped(budget: int, limit: int | None) -> int:

@@ -114,7 +114,8 @@ def test_a_long_prompts_cells_move_into_a_sliding_window_cache(arch: str,
     an own prefill gives, up to F16 against Q8_0 keys, and drafted decoding after it still
     gives plain decoding's tokens."""
     config = GenerationConfig(24, max_draft=16)
-    with Target(tiny_models[arch], TargetConfig(n_ctx=1024, n_threads=2)) as target:
+    with Target(tiny_models[arch], TargetConfig(n_ctx=1024, n_threads=2, flash_attn=True)
+                ) as target:
         prompt = target.tokenize(" ".join(PROMPTS * 12), special=False)
         assert len(prompt) > 8 * TinyShape().window
         target.reset(cold=True)
@@ -128,7 +129,7 @@ def test_a_long_prompts_cells_move_into_a_sliding_window_cache(arch: str,
         out = generate(target, prompt, MemoryDrafter(memory), config,
                        cost=VerifyCostModel(slope=0.0, learn=False), remember=False)
         assert out.tokens == plain and sum(s.n_accepted for s in out.stats.steps) > 8
-    own_config = TargetConfig(n_ctx=1024, n_threads=2, f16_prefill=False)
+    own_config = TargetConfig(n_ctx=1024, n_threads=2, f16_prefill=False, flash_attn=True)
     with Target(tiny_models[arch], own_config) as own:
         logits = own.prefill(prompt).logits
     assert moved.argmax() == logits.argmax()
@@ -145,7 +146,8 @@ def test_moved_cells_attend_as_the_caches_own(arch: str, tiny_models: dict[str, 
     prompt_text = " ".join(PROMPTS * 8)
     second, first = [], None
     for f16_prefill in (True, False):
-        config = TargetConfig(n_ctx=1024, n_threads=2, f16_prefill=f16_prefill)
+        config = TargetConfig(n_ctx=1024, n_threads=2, f16_prefill=f16_prefill,
+                              flash_attn=True)
         with Target(tiny_models[arch], config) as target:
             prompt = target.tokenize(prompt_text, special=False)
             assert len(prompt) >= 128
@@ -600,7 +602,8 @@ def test_a_sliding_window_prompt_going_back_past_the_window_reads_as_afresh(
     prompt, an edit) cannot go on from cells the window cache lacks: it is read again,
     and its logits are a fresh read's (gemma3 went on from there 4.8 apart). One that
     goes on from the end still reuses the cache."""
-    with Target(tiny_models[arch], TargetConfig(n_ctx=1024, n_threads=2)) as target:
+    with Target(tiny_models[arch], TargetConfig(n_ctx=1024, n_threads=2, flash_attn=True)
+                ) as target:
         long = target.tokenize(" ".join(f"word{i}" for i in range(200)), special=False)
         other = target.tokenize(" and then something else entirely", special=False)
         for shared in (20, len(long) - 10):

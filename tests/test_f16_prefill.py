@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -18,6 +19,14 @@ from engine.runtime.f16_prefill import F16_PREFILL_MIN_TOKENS, F16Prefill
 from engine.runtime.native import NativeContext
 from engine.runtime.target import Target, TargetConfig
 from tests.conftest import follow_up_with_features
+
+
+@pytest.fixture(scope="module")
+def target(model_path):
+    """A target with flash attention, whose long prompts go through the F16 context
+    (without it the target's own cache reads them: the last test here)."""
+    with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2, flash_attn=True)) as t:
+        yield t
 
 
 @pytest.fixture(scope="module")
@@ -88,11 +97,11 @@ def test_a_prompts_cells_do_not_depend_on_the_f16_contexts_history(model_path, l
     """Chunks start at multiples of n_batch, so a prompt gets the same cells whether the
     F16 context held a shorter version of it or nothing."""
     prompt = long_prompts[1]
-    with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2)) as cold:
+    with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2, flash_attn=True)) as cold:
         cold.prefill(prompt)
         cold.settle()
         want = cold.ctx.state_seq_get(0)
-    with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2)) as warm:
+    with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2, flash_attn=True)) as warm:
         warm.prefill(prompt[:300])
         warm.reset()
         warm.prefill(prompt)
@@ -201,7 +210,8 @@ def test_a_chats_next_turn_does_not_evaluate_the_last_answer_again(target, model
         return answer, logits
 
     answer, logits = second_turn(target)
-    with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2, f16_prefill=False)) as t:
+    own = TargetConfig(n_ctx=2048, n_threads=2, f16_prefill=False, flash_attn=True)
+    with Target(model_path, own) as t:
         want_answer, want_logits = second_turn(t)
     assert answer == want_answer
     np.testing.assert_array_equal(logits, want_logits)
@@ -240,14 +250,15 @@ def test_a_failed_move_falls_back_to_the_q8_0_prefill(model_path, long_prompts, 
     warning, and the next token is computed as a target without F16 prefill computes it
     (the first one was already chosen from the F16 prefill's logits)."""
     prompt = long_prompts[0]
-    with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2, f16_prefill=False)) as t:
+    own = TargetConfig(n_ctx=2048, n_threads=2, f16_prefill=False, flash_attn=True)
+    with Target(model_path, own) as t:
         want_first = t.prefill(prompt).logits
         first = int(want_first.argmax())
         want_next = t.verify(first, DraftTree()).logits[0].copy()
     real = kv_transfer.f16_to_q8_0_keys
     monkeypatch.setattr("engine.runtime.f16_prefill.f16_to_q8_0_keys",
                         lambda blob, *a, **k: real(blob, *a, **k)[:-1000])  # cut short
-    with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2)) as t:
+    with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2, flash_attn=True)) as t:
         with caplog.at_level(logging.WARNING, logger="engine.runtime.prefill"):
             got_first = t.prefill(prompt).logits
             assert not caplog.text  # the move waits for the first use of the cache
@@ -400,8 +411,23 @@ def test_features_near_the_contexts_end_do_not_refuse_a_prompt_that_fits(model_p
     tail: the features evaluated again beside the prompt take only the free cells, so the
     prompt is read as plain decoding reads it, not refused (the differential test found
     a ContextFullError here)."""
-    with Target(model_path, TargetConfig(n_ctx=256, n_threads=2)) as t:
+    with Target(model_path, TargetConfig(n_ctx=256, n_threads=2, flash_attn=True)) as t:
         words = t.tokenize(" the sea and the lighthouse" * 60, special=False)
         plain, (drafted,) = follow_up_with_features(t, words[:240], words[:250])
         np.testing.assert_array_equal(drafted.logits, plain)
         assert drafted.features is not None and 1 <= len(drafted.features) <= 256 - 250
+
+
+def test_a_target_without_flash_attention_reads_prompts_in_its_own_cache(model_path,
+                                                                         long_prompts):
+    """Without flash attention (the CPU's default) a long prompt is read in the target's
+    own cache: no F16 context is opened, no cells wait to move after the first token, and
+    its logits are the ones a target told to read there gets."""
+    config = TargetConfig(n_ctx=2048, n_threads=2, flash_attn=False)
+    with Target(model_path, config) as own:
+        assert not own.flash_attn and own.prompts.f16.ctx is None
+        assert "flash attention" in (own.f16_prefill_off or "")
+        logits = own.prefill(long_prompts[0]).logits.copy()
+        assert own.sequence._pending is None  # nothing to move
+    with Target(model_path, replace(config, f16_prefill=False)) as asked:
+        assert np.array_equal(asked.prefill(long_prompts[0]).logits, logits)

@@ -112,3 +112,53 @@ def test_with_a_draft_model_the_label_and_the_placement_agree(delta: int) -> Non
 def test_too_large_for_both() -> None:
     memory = MachineMemory(ram_total=16 * GiB, ram_available=8 * GiB, vram_free=4 * GiB)
     assert estimate_fit(8 * GiB, 0, N_CTX, FACTS, memory).label == TOO_LARGE
+
+
+def _model_info(facts: GGUFFacts, size_bytes: int):  # noqa: ANN202
+    from pathlib import Path
+
+    from engine.runtime.model_info import ModelInfo
+
+    return ModelInfo(Path("/models/seven-b.gguf"), size_bytes, facts, 32000, None,  # type: ignore[arg-type]
+                     frozenset())
+
+
+def test_a_context_counts_its_attention_scores_and_the_f16_context_by_the_targets_rules(
+) -> None:
+    """On the CPU with a float V the target runs without flash attention: a batch's
+    scores over the whole cache are counted (256 rows x n_ctx x 32 heads of F32), no F16
+    context; with a quantized V (flash attention) the F16 context's cache instead."""
+    from engine.planning.memory_plan import planned_memory
+
+    info = _model_info(FACTS, 4 * GiB)
+    cpu = planned_memory(info, N_CTX, "q8_0", "f16")
+    assert cpu.attention == 256 * N_CTX * 32 * 4 and cpu.prefill_kv == 0
+    assert cpu.kv == kv_cache_bytes(FACTS, N_CTX, 4 * GiB, "q8_0", "f16")
+    quantized = planned_memory(info, N_CTX, "q8_0", "q8_0")
+    assert quantized.attention == 0
+    assert quantized.prefill_kv == kv_cache_bytes(FACTS, N_CTX, 4 * GiB, "f16", "f16")
+    assert cpu.total == (int(4 * GiB * WEIGHTS_MARGIN) + cpu.kv + cpu.attention
+                         + COMPUTE_OVERHEAD_BYTES)
+    # Twice the context: the cache and the scores twice, the weights the same.
+    double = planned_memory(info, 2 * N_CTX, "q8_0", "f16")
+    assert double.total - cpu.total == cpu.kv + cpu.attention
+
+
+def test_a_context_larger_than_memory_is_refused_with_the_one_that_fits() -> None:
+    from engine.errors import ContextTooLargeError, ModelLoadError
+    from engine.planning.memory_plan import check_context_fits, planned_memory
+
+    info = _model_info(FACTS, 4 * GiB)
+    need = planned_memory(info, 8192, "q8_0", "f16").total
+    ram = int(need / RAM_HEADROOM) - 1  # one byte short of the 8192-token context
+    with pytest.raises(ContextTooLargeError) as refused:
+        check_context_fits(info, 8192, "q8_0", "f16", ram)
+    fits = refused.value.n_ctx_fits
+    assert 0 < fits < 8192 and fits % 256 == 0
+    assert f"at most {fits} tokens" in str(refused.value)
+    assert isinstance(refused.value, ModelLoadError)  # callers' fallbacks catch it
+    assert check_context_fits(info, fits, "q8_0", "f16", ram).total <= ram * RAM_HEADROOM
+    with pytest.raises(ContextTooLargeError):
+        check_context_fits(info, fits + 256, "q8_0", "f16", ram)
+    with pytest.raises(ContextTooLargeError, match="no context fits"):
+        check_context_fits(info, 8192, "q8_0", "f16", GiB)

@@ -130,10 +130,14 @@ def _answer_in_child(spec: str, base: Any, prompt: list[int], max_tokens: int,
     from engine.session import Engine
 
     try:
+        import torch  # noqa: F401  # as the app runs: the interpreter and torch before a model
+
+        start = peak_bytes(os.getpid())
         with Engine(runner_engine_config(spec, base)) as engine:
             loaded = peak_bytes(os.getpid())
             engine.generate(prompt, GenerationConfig(max_tokens=max_tokens), remember=False)
             out.put({"peak_bytes": peak_bytes(os.getpid()), "loaded_bytes": loaded,
+                     "start_bytes": start,
                      "predicted": engine_memory(engine.model, engine.target, engine.setup.spec,
                                                 engine.config.draft_model).parts()})
     except Exception as exc:  # a runner that fails here is a row, not the bench's end
@@ -197,19 +201,22 @@ def format_long_table(payload: dict[str, Any], memory: dict[str, dict[str, Any]]
             lines.append(f"{category:<9}{name:<10}{r['n_prompt']:>7}{pp:>16}{first:>18}"
                          f"{decode:>16}{same:>6}")
     if memory:
-        lines += ["", "peak memory of the process at the largest prompt, MiB "
-                  "(x = peak / predicted)"]
+        lines += ["", "peak memory of the process at the largest prompt, MiB (Tandem's "
+                  "model's part: the peak less the process before it loads)"]
         for name, m in memory.items():
             if "error" in m:
                 lines.append(f"  {name:<10} failed: {m['error']}")
                 continue
             text = f"  {name:<10} {m['peak_bytes'] / 2**20:8.0f}"
+            start = m.get("start_bytes", 0)
             if m.get("loaded_bytes"):
-                text += f"  (after load {m['loaded_bytes'] / 2**20:.0f})"
+                text += (f"  (before the model {start / 2**20:.0f}, after its load "
+                         f"{m['loaded_bytes'] / 2**20:.0f})")
             predicted = m.get("predicted", {}).get("total")
             if predicted:
-                text += (f"  predicted {predicted / 2**20:.0f}, "
-                         f"{m['peak_bytes'] / predicted:.2f}x")
+                text += (f"  model's part {(m['peak_bytes'] - start) / 2**20:.0f} against "
+                         f"{predicted / 2**20:.0f} predicted, "
+                         f"{(m['peak_bytes'] - start) / predicted:.2f}x")
             lines.append(text)
     lines.append("ratios: to llama-server (prompt and decode: higher is faster; first "
                  "token: its time over ours)")

@@ -11,6 +11,7 @@ from app.cli.common import add_head_args, add_model_args, add_plan_args, open_en
 from app.cli.profile import print_candidates, show_profile_plan
 from engine.drafters.kinds import DrafterKind
 from engine.runtime.target import Target
+from engine.session import loaded_memory
 
 
 def _measure_acceptance(args: argparse.Namespace, target: Target) -> int:
@@ -75,6 +76,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         arch_text = engine.target.arch.describe()
         status = engine.plan_status()
         workers = engine.workers
+        memory = loaded_memory(engine)
     if plan is None or costs is None:  # nothing to weigh: this model decodes plainly
         return _show_plain(args.json, notes, kernels, architecture, arch_text)
     if args.json:
@@ -83,6 +85,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                           "kv_cache": kv_text,
                           "exactness": kernels.to_json() if kernels else None,
                           "architecture": architecture, "status": status,
+                          "memory": memory.parts() if memory else None,
                           "workers": [w.describe() for w in workers]},
                          indent=1))
         return 0
@@ -91,6 +94,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if kernels is not None:
         print(f"Output:   {kernels.describe()}")
     print(f"Model:    {arch_text}")
+    if memory is not None:
+        print(f"Memory:   {memory.describe()}")
     for worker in workers:
         print(f"Worker:   {worker.describe()}")
     cached = "measured now" if calibrated_now else "cached; --recalibrate measures again"

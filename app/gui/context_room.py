@@ -9,9 +9,10 @@ keeps its context: a larger cache would move layers, which is the planner's call
 
 from __future__ import annotations
 
+from engine.planning.memory_plan import planned_memory
 from engine.runtime.hardware import HardwareProfile
 from engine.runtime.kv_cache import KV_MODES
-from engine.runtime.memory_fit import fits_gpu, fits_ram, target_need
+from engine.runtime.memory_fit import fits_gpu, fits_ram
 from engine.runtime.model_info import ModelInfo
 
 STEP = 1024  # contexts are offered in whole KiB of tokens
@@ -29,7 +30,7 @@ def largest_context(model: ModelInfo, hardware: HardwareProfile, kv_cache: str,
     gpu = hardware.best_gpu
 
     def fits(n: int) -> bool:
-        need = target_need(model.size_bytes, model.kv_bytes(n, type_k, type_v))
+        need = planned_memory(model, n, type_k, type_v, on_cpu=not n_gpu_layers).total
         if n_gpu_layers:
             return gpu is not None and fits_gpu(need, gpu.free_bytes)
         return fits_ram(need, hardware.ram_available_bytes)

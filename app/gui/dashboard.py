@@ -189,12 +189,13 @@ class DashboardWidget(QScrollArea):
             threads = ready.threads or f"{ready.n_threads} CPU threads"
             self.set_plan(PlanInfo(f"{plan['layout_text']}; {threads}; {device}", budget,
                                    f"{why} {ready.note} {_sentence(ready.kv_cache)} "
-                                   f"{_guarantee(ready.guarantee)}".strip(),
+                                   f"{_memory(ready)}{_guarantee(ready.guarantee)}".strip(),
                                    _sentence(str(status.get("costs") or "")) or "–",
                                    _sentence(str(status.get("last_change") or "")) or "–"))
             return
         reason = (ready.note or f"Drafter “{ready.drafter}” as chosen ({ready.requested}).") \
-            + " " + _sentence(ready.kv_cache) + " " + _guarantee(ready.guarantee)
+            + " " + _sentence(ready.kv_cache) + " " + _memory(ready) \
+            + _guarantee(ready.guarantee)
         self.set_plan(PlanInfo(f"target and {ready.drafter} drafter on the CPU "
                                f"({ready.n_threads} threads); {device}", budget, reason))
 
@@ -282,3 +283,8 @@ def _budget_text(budget: dict) -> str:
     from engine.planning.planner import Budget
 
     return Budget(**budget).describe()
+
+
+def _memory(ready: EngineReady) -> str:
+    """``Memory: 1.2 GiB (...). `` for the plan's reason, or nothing."""
+    return f"Memory: {ready.memory}. " if ready.memory else ""

@@ -36,7 +36,7 @@ from engine.planning.planner import Overrides
 from engine.runtime.context_fit import DEFAULT_POLICY
 from engine.runtime.hardware import HardwareProfile, machine_line
 from engine.runtime.target import Target
-from engine.session import Engine, EngineConfig
+from engine.session import Engine, EngineConfig, loaded_memory
 from engine.session_process import EngineProcess
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,8 @@ class EngineReady:
     # The largest context a reload could ask for here, for attached documents: within the
     # model's trained length and the memory rule (app.gui.context_room); n_ctx when none.
     max_ctx: int = 0
+    # What the model, its context and drafters take of memory, by the plan's rule.
+    memory: str = ""
 
 
 @dataclass(frozen=True)
@@ -367,7 +369,8 @@ class EngineWorker(QObject):
                            max_ctx=largest_context(engine.model, engine.hardware,
                                                    engine.config.kv_cache, target.n_ctx,
                                                    target.n_gpu_layers,
-                                                   bool(engine.config.workers)))
+                                                   bool(engine.config.workers)),
+                           memory=_memory_text(engine))
 
     def _suggested(self, hardware: HardwareProfile) -> tuple[tuple[str, str], ...]:
         """Models that fit this machine, measured once per worker (a 0.1 s copy)."""
@@ -452,3 +455,9 @@ def _failure(request_id: int, exc: Exception) -> EngineFailure:
                              "here; the model reopens on this machine if it fits")
     kind = "engine" if failure.kind == "worker" else failure.kind
     return EngineFailure(request_id, kind, failure.message)
+
+
+def _memory_text(engine: object) -> str:
+    """``1.2 GiB (weights ..., KV cache ...)``, or nothing for a model on workers."""
+    need = loaded_memory(engine)
+    return need.describe() if need is not None else ""

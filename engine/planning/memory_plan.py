@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.drafters.kinds import Need
-from engine.runtime.memory_fit import DRAFT_MARGIN, MemoryNeed, context_memory, head_need
+from engine.errors import ContextTooLargeError
+from engine.runtime.memory_fit import (
+    DRAFT_MARGIN,
+    RAM_HEADROOM,
+    MemoryNeed,
+    context_memory,
+    fits_ram,
+    head_need,
+)
 from engine.runtime.model_info import ModelInfo, read_model_info
 
 if TYPE_CHECKING:
@@ -53,3 +61,49 @@ def engine_memory(model: ModelInfo, target: Target, spec: DrafterSpec,
     return target_memory(model, target.n_ctx, c.type_k, c.type_v, c.n_batch,
                          target.flash_attn, target.prompts.f16_off is None,
                          drafter_bytes(spec, draft_model, target.n_ctx))
+
+
+def planned_memory(model: ModelInfo, n_ctx: int, type_k: str, type_v: str,
+                   on_cpu: bool = True, n_batch: int = 256, drafter: int = 0) -> MemoryNeed:
+    """The need foreseen before the weights load, by the rules the target will apply:
+    without flash attention on the CPU with a float V (``choose_flash_attn``; a
+    latent-attention model, unknown from the header alone, is counted so too, the larger
+    need), where prompts are read in the target's own cache; with it, in the F16 context
+    unless the model keeps recurrent state."""
+    flash_attn = not (on_cpu and type_v in ("f16", "f32", "bf16"))
+    # Recurrent state (plain-only, or a hybrid's capped drafts) has no cells to move.
+    f16_context = flash_attn and model.why_plain is None and model.max_draft is None
+    return target_memory(model, n_ctx, type_k, type_v, n_batch, flash_attn, f16_context,
+                         drafter)
+
+
+# The steps a context is offered in when the one asked for does not fit.
+CONTEXT_STEP = 256
+
+
+def largest_context_that_fits(model: ModelInfo, room: int, type_k: str, type_v: str,
+                              on_cpu: bool = True) -> int:
+    """The largest context (a multiple of ``CONTEXT_STEP``, up to the trained length)
+    whose need is at most ``room`` bytes; 0 when not even the smallest fits."""
+    trained = model.header.context_length or 1 << 20
+    lo, hi = 0, trained // CONTEXT_STEP
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if planned_memory(model, mid * CONTEXT_STEP, type_k, type_v, on_cpu).total <= room:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * CONTEXT_STEP
+
+
+def check_context_fits(model: ModelInfo, n_ctx: int, type_k: str, type_v: str,
+                       available_ram: int) -> MemoryNeed:
+    """The need at ``n_ctx`` on this machine's CPU; raises ContextTooLargeError, naming
+    the context that fits, when it is more than the RAM this app may take
+    (``memory_fit.fits_ram``): llama.cpp would fail to allocate, or the machine swap."""
+    need = planned_memory(model, n_ctx, type_k, type_v)
+    if not fits_ram(need.total, available_ram):
+        room = int(available_ram * RAM_HEADROOM)
+        fits = largest_context_that_fits(model, room, type_k, type_v)
+        raise ContextTooLargeError(model.path.name, n_ctx, need.describe(), room, fits)
+    return need

@@ -14,6 +14,8 @@ from engine.drafters.kinds import DrafterKind, Need
 from engine.planning.calibration import CalibrationCache
 from engine.planning.kernels import KernelChoice, choose_kernels
 from engine.planning.machine_load import count_as_own
+from engine.planning.memory_plan import check_context_fits
+from engine.runtime.hardware import HardwareProfile
 from engine.runtime.kv_cache import KV_MODES
 from engine.runtime.model_info import ModelInfo
 from engine.runtime.target import TargetConfig
@@ -33,12 +35,17 @@ class TargetAsked(Protocol):
 
 def target_settings(asked: TargetAsked, model: ModelInfo, n_ctx: int, n_threads: int,
                     workers: tuple[WorkerInfo, ...], cache_dir: Path,
-                    say: Callable[[str], None], notes: list[str]
+                    say: Callable[[str], None], notes: list[str],
+                    hardware: HardwareProfile | None = None
                     ) -> tuple[TargetConfig, KernelChoice | None]:
     """The target's settings and the kernels chosen for it (None where the model decodes
     plainly anyway); ``workers`` are the probed ``asked.workers``; ``notes`` get where
-    the layers run."""
+    the layers run. Raises ContextTooLargeError (naming the context that fits) where the
+    target can only run in this machine's RAM and its need at ``n_ctx`` is more than
+    the RAM can give."""
     type_k, type_v = KV_MODES[asked.kv_cache]
+    if not workers and hardware is not None and not hardware.has_gpu:
+        check_context_fits(model, n_ctx, type_k, type_v, hardware.ram_available_bytes)
     config = TargetConfig(n_ctx=n_ctx, n_threads=n_threads, type_k=type_k, type_v=type_v,
                           # No drafts to take back: no state snapshots to pay.
                           state_snapshots=asked.drafter.drafts)

@@ -148,19 +148,32 @@ class F16Prefill:
             return "layers run on a GPU"
         if c.workers:
             return "layers run on workers (the cell move would cross the network twice)"
+        if not self.sequence.ctx.flash_attn and self._copy_layout() is None:
+            # Without flash attention a prompt goes through the matrix kernels in either
+            # cache, and the target's reads it as fast with no cells to move after it
+            # (docs/benchmarks.md: long contexts; the move of 8k tokens took 100-160 ms).
+            return "without flash attention the target's own cache reads prompts as fast"
         return None
 
-    def _open_prefill_model(self) -> NativeModel:
-        """The weights the F16 context prefills with: the target's own, or a copy in the
-        layout its prompts prefill fastest with (``TargetConfig.prefill_copy``)."""
+    def _copy_layout(self) -> bool | None:
+        """The layout (repacked or not) of a copy of the weights prompts would prefill
+        faster with (``TargetConfig.prefill_copy``), None when the target's own serve."""
         c = self.config
         if not c.prefill_copy:
-            return self.model
+            return None
         # Without the prompt kernels only repacking speeds a prompt up.
         repack = prompts_prefer_repacked(self.path) if fast_prompts(self.config) else True
         if repack is None or repack == c.repack:
-            return self.model
+            return None
         if repack and not _room_for_a_copy(self.path):  # plain weights are mmapped
+            return None
+        return repack
+
+    def _open_prefill_model(self) -> NativeModel:
+        """The weights the F16 context prefills with: the target's own, or a copy in the
+        layout its prompts prefill fastest with (``_copy_layout``)."""
+        repack = self._copy_layout()
+        if repack is None:
             return self.model
         try:
             self.prefill_model = NativeModel(self.path, repack=repack)
