@@ -71,7 +71,10 @@ def test_the_tables_match_llama_cpp(tiny_models: dict[str, Path]) -> None:
             # A long prompt's cells move from an F16 cache out of KV caches, windowed or
             # not; recurrent state has no such move.
             assert table["f16_prefill"] == (memory != "hybrid")
-            assert (target.f16_prefill_off is None) == (memory != "hybrid")
+            # Opened where cells can move and flash attention runs (latent attention
+            # keeps it on the CPU too); without it the target's cache reads prompts.
+            assert (target.f16_prefill_off is None) == (memory != "hybrid"
+                                                         and target.flash_attn)
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -645,3 +648,22 @@ def test_a_hybrid_prompt_parting_inside_a_drafted_answers_last_batch_reads_as_pl
                        cost=VerifyCostModel(slope=0.0, learn=False), remember=False)
         assert out.tokens == plain and out.stats.steps[-1].n_accepted >= 3
         assert np.array_equal(target.prefill(parted).logits, expected), arch
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gpt-oss"])
+def test_a_regenerate_after_a_window_of_answer_reuses_the_whole_prompt(
+        arch: str, tiny_models: dict[str, Path]) -> None:
+    """On the CPU (no flash attention) a long prompt is read in the target's own cache,
+    whose window cache is full size: a regenerate after an answer longer than the window
+    goes on from the whole prompt, not from what a moved window left (116 of 376 tokens
+    when long prompts were moved in from the F16 context), and answers as the first."""
+    with Target(tiny_models[arch], TargetConfig(n_ctx=1024, n_threads=2)) as target:
+        assert not target.flash_attn
+        prompt = target.tokenize(" ".join(PROMPTS * 6), special=False)
+        assert len(prompt) > 4 * TinyShape().window
+        first = generate(target, prompt, None, GenerationConfig(3 * TinyShape().window))
+        assert len(first.tokens) > TinyShape().window
+        again = generate(target, prompt, None, GenerationConfig(3 * TinyShape().window))
+        assert again.stats.n_prompt_reused == len(prompt) - 1 or \
+            again.stats.n_prompt_reused == len(prompt)
+        assert again.tokens == first.tokens

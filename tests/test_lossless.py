@@ -11,6 +11,7 @@ from engine.drafters.base import Drafter
 from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
 from engine.drafters.memory import MemoryDrafter
 from engine.runtime.draft_tree import DraftTree
+from engine.runtime.target import Target, TargetConfig
 from tests.conftest import drafted_equals_plain, pick_per_category, plain_answers, second_turn
 
 MAX_TOKENS = 40
@@ -76,23 +77,41 @@ def test_lookup_greedy_equals_plain(target, prompts_and_plain, branches):
     assert n_proposed > n_accepted  # and some were wrong, so rejection was exercised
 
 
-def test_noisy_tree_drafts_equal_plain(target, prompts_and_plain):
-    rows, plain = prompts_and_plain
-    for seed, row in enumerate(rows[:10]):
+@pytest.fixture(scope="module")
+def tree_target(model_path):
+    """A target with flash attention, which verifies trees (the CPU's default target
+    runs without it and verifies each tree's best chain: Target.trees)."""
+    with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2, flash_attn=True)) as t:
+        yield t
+
+
+@pytest.mark.parametrize("trees", [False, True], ids=["best-chain", "tree"])
+def test_noisy_tree_drafts_equal_plain(target, tree_target, prompts_and_plain, trees):
+    verifier = tree_target if trees else target
+    assert verifier.trees is trees
+    rows = prompts_and_plain[0][:10]
+    # Flash attention sums otherwise: the tree target's own plain answers.
+    plain = plain_answers(verifier, rows, MAX_TOKENS) if trees else prompts_and_plain[1]
+    for seed, row in enumerate(rows):
         prompt, ref = plain[row["question_id"]]
-        target.reset()
-        out = generate(target, prompt, NoisyDrafter(ref, seed), GenerationConfig(MAX_TOKENS))
+        verifier.reset()
+        out = generate(verifier, prompt, NoisyDrafter(ref, seed), GenerationConfig(MAX_TOKENS))
         assert out.tokens == ref, f"question {row['question_id']}"
-        assert any(s.n_accepted for s in out.stats.steps)
-        assert any(s.n_accepted < s.n_proposed for s in out.stats.steps)
+        if trees:  # every leaf and commit path (a best chain may be the dead branch)
+            assert any(s.n_accepted for s in out.stats.steps)
+            assert any(s.n_accepted < s.n_proposed for s in out.stats.steps)
 
 
-def test_multi_turn_prefix_reuse_equals_cold_start(target, prompts_and_plain):
-    """With every prompt prefilled in the Q8_0 cache, the cache's history does not
-    matter: a second turn on a warm cache writes what it writes from a cold one."""
-    rows, plain = prompts_and_plain
+def test_multi_turn_prefix_reuse_equals_cold_start(tree_target, prompts_and_plain):
+    """With every prompt prefilled in the Q8_0 cache by flash attention, the cache's
+    history does not matter: a second turn on a warm cache writes what it writes from a
+    cold one. (Without flash attention the prompt kernels sum a prompt's attention too,
+    so cells read as a prompt differ from cells decoded, as the F16 context's do: drafted
+    and plain sessions share the history, so they stay identical.)"""
+    target = tree_target
+    rows = prompts_and_plain[0]
     row = next(r for r in rows if len(r["turns"]) == 2)
-    prompt, first = plain[row["question_id"]]
+    prompt, first = plain_answers(target, [row], MAX_TOKENS)[row["question_id"]]
     second_prompt, _ = second_turn(target, row, first, MAX_TOKENS)
     target.f16_prefill_off = "test: every prompt in the Q8_0 cache"
     try:

@@ -61,3 +61,19 @@ def test_the_wrapper_makes_what_it_is_given(model_path: Path):
                 ctx.check_decode(-1)
             with pytest.raises(NativeError, match="llama_process"):
                 ctx.check_decode(2, 1, "head batch", call="llama_process")
+
+
+def test_a_cpu_target_with_a_float_v_runs_without_flash_attention(model_path) -> None:  # noqa: ANN001
+    """The rule (``choose_flash_attn``): off on the CPU with a float V, on with a quantized
+    V (llama.cpp needs it), on a GPU or workers, and as asked."""
+    from engine.runtime.native import NativeModel, choose_flash_attn
+
+    model = NativeModel(model_path)
+    try:
+        assert choose_flash_attn(None, model, "f16", on_cpu=True) is False
+        assert choose_flash_attn(None, model, "q8_0", on_cpu=True) is True
+        assert choose_flash_attn(None, model, "f16", on_cpu=False) is True
+        assert choose_flash_attn(True, model, "f16", on_cpu=True) is True
+        assert choose_flash_attn(False, model, "q8_0", on_cpu=True) is True  # V needs it
+    finally:
+        model.close()

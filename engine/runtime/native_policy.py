@@ -77,7 +77,7 @@ def choose_flash_attn(asked: bool | None, model: NativeModel, type_v: str,
     worker the matrix path was never measured: those keep it on."""
     if asked is not None:
         return asked or type_v not in _FLOAT_TYPES
-    return on_cpu and type_v in _FLOAT_TYPES and not model.latent_attention
+    return not (on_cpu and type_v in _FLOAT_TYPES and not model.latent_attention)
 
 
 class NativeContext(LlamaContext):
