@@ -20,6 +20,16 @@ PENALTIES = SamplingParams(repeat_penalty=1.3, frequency_penalty=0.4, presence_p
 MAX_TOKENS = 40
 
 
+@pytest.fixture(scope="module")
+def target(model_path):
+    """A target with flash attention, which verifies the noisy drafter's trees (the
+    CPU's default verifies their best chain: Target.trees)."""
+    from engine.runtime.target import Target, TargetConfig
+
+    with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2, flash_attn=True)) as t:
+        yield t
+
+
 def test_penalties_follow_llama_cpp():
     logits = np.array([2.0, -1.0, 0.5, 3.0], dtype=np.float32)
     p = SamplingParams(repeat_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)

@@ -3,6 +3,8 @@ drafted equal to plain decoding under that grammar."""
 
 from __future__ import annotations
 
+import pytest
+
 from engine.decoding.budget import VerifyCostModel
 from engine.decoding.generation import GenerationConfig, generate
 from engine.drafters.memory import MemoryDrafter
@@ -27,7 +29,18 @@ def test_calls_are_read_back_only_when_the_answer_is_a_call() -> None:
     assert read_calls(call_text(sent), [TIME]) == [ToolCall("get_time", {"city": "Oslo"})]
 
 
-def test_a_required_call_is_valid_and_drafting_changes_nothing(target) -> None:  # noqa: ANN001
+@pytest.fixture(scope="module")
+def attention_target(model_path):  # noqa: ANN001, ANN201
+    """The bundled model with flash attention: its sums end this call where the CPU's
+    default (without it) repeats the calls to the token limit, a weak model's loop."""
+    from engine.runtime.target import Target, TargetConfig
+
+    with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2, flash_attn=True)) as t:
+        yield t
+
+
+def test_a_required_call_is_valid_and_drafting_changes_nothing(attention_target) -> None:  # noqa: ANN001
+    target = attention_target
     grammar = calls_grammar([WEATHER, TIME])
     messages = [{"role": "system", "content": tools_prompt([WEATHER, TIME], True)},
                 {"role": "user", "content": "What is the weather in Paris?"}]
