@@ -136,7 +136,9 @@ def test_a_context_counts_its_attention_scores_and_the_f16_context_by_the_target
     assert cpu.kv == kv_cache_bytes(FACTS, N_CTX, 4 * GiB, "q8_0", "f16")
     quantized = planned_memory(info, N_CTX, "q8_0", "q8_0")
     assert quantized.attention == 0
-    assert quantized.prefill_kv == kv_cache_bytes(FACTS, N_CTX, 4 * GiB, "f16", "f16")
+    f16 = kv_cache_bytes(FACTS, N_CTX, 4 * GiB, "f16", "f16")
+    # Its cache, and a move's two buffers: the F16 cells and the converted ones.
+    assert quantized.prefill_kv == 2 * f16 + quantized.kv
     assert cpu.total == (int(4 * GiB * WEIGHTS_MARGIN) + cpu.kv + cpu.attention
                          + COMPUTE_OVERHEAD_BYTES)
     # Twice the context: the cache and the scores twice, the weights the same.

@@ -19,6 +19,7 @@ from engine.runtime.memory_fit import (
     head_need,
 )
 from engine.runtime.model_info import ModelInfo, read_model_info
+from engine.runtime.prompt_weights import prompts_prefer_repacked
 
 if TYPE_CHECKING:
     from engine.drafters.spec import DrafterSpec
@@ -26,13 +27,18 @@ if TYPE_CHECKING:
 
 
 def target_memory(model: ModelInfo, n_ctx: int, type_k: str, type_v: str, n_batch: int,
-                  flash_attn: bool, prefill_in_f16: bool, drafter_bytes: int = 0
-                  ) -> MemoryNeed:
-    """A target's need at ``n_ctx`` with these settings (``prefill_in_f16``: long prompts
-    are read in a second, F16 context of the same size)."""
+                  flash_attn: bool, prefill_in_f16: bool, drafter_bytes: int = 0,
+                  prefill_copy: bool = False) -> MemoryNeed:
+    """A target's need at ``n_ctx`` with these settings. ``prefill_in_f16``: long prompts
+    are read in a second, F16 context of the same size, and their cells moved in through
+    two buffers (the F16 cells' blob and the converted one: the 1.7B shape's process
+    peaked 600 MB above its load at 8k tokens); ``prefill_copy``: that context reads with
+    a second copy of the weights (mmapped: its pages count once a prompt touches them)."""
+    f16_kv = model.kv_bytes(n_ctx, "f16", "f16") if prefill_in_f16 else 0
+    kv = model.kv_bytes(n_ctx, type_k, type_v)
+    move = f16_kv + kv if prefill_in_f16 else 0
     return context_memory(
-        model.size_bytes, model.kv_bytes(n_ctx, type_k, type_v),
-        prefill_kv_bytes=model.kv_bytes(n_ctx, "f16", "f16") if prefill_in_f16 else 0,
+        model.size_bytes * (2 if prefill_copy else 1), kv, prefill_kv_bytes=f16_kv + move,
         n_batch=n_batch, n_ctx=n_ctx, n_heads=model.header.n_heads or 0,
         flash_attn=flash_attn, drafter_bytes=drafter_bytes)
 
@@ -60,7 +66,8 @@ def engine_memory(model: ModelInfo, target: Target, spec: DrafterSpec,
     c = target.config
     return target_memory(model, target.n_ctx, c.type_k, c.type_v, c.n_batch,
                          target.flash_attn, target.prompts.f16_off is None,
-                         drafter_bytes(spec, draft_model, target.n_ctx))
+                         drafter_bytes(spec, draft_model, target.n_ctx),
+                         prefill_copy=target.prompts.f16.prefill_model is not None)
 
 
 def planned_memory(model: ModelInfo, n_ctx: int, type_k: str, type_v: str,
@@ -71,10 +78,16 @@ def planned_memory(model: ModelInfo, n_ctx: int, type_k: str, type_v: str,
     need), where prompts are read in the target's own cache; with it, in the F16 context
     unless the model keeps recurrent state."""
     flash_attn = not (on_cpu and type_v in ("f16", "f32", "bf16"))
+    # Without flash attention the F16 context opens only to read with a plain copy of
+    # repacked K-quant weights (their prompts' fast layout: engine.runtime.prompt_weights;
+    # the target repacks them, the probe allowing, as it does on x86).
+    copy = (not flash_attn and model.path.is_file()
+            and prompts_prefer_repacked(model.path) is False)
     # Recurrent state (plain-only, or a hybrid's capped drafts) has no cells to move.
-    f16_context = flash_attn and model.why_plain is None and model.max_draft is None
+    f16_context = ((flash_attn or copy) and model.why_plain is None
+                   and model.max_draft is None)
     return target_memory(model, n_ctx, type_k, type_v, n_batch, flash_attn, f16_context,
-                         drafter)
+                         drafter, prefill_copy=copy and f16_context)
 
 
 # The steps a context is offered in when the one asked for does not fit.

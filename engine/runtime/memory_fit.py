@@ -54,7 +54,8 @@ class MemoryNeed:
 
     weights: int  # the file's bytes with the margin
     kv: int  # the decoding context's cache
-    prefill_kv: int = 0  # the F16 context long prompts are read in (its own cache)
+    # the F16 context long prompts are read in: its cache and the buffers of a move
+    prefill_kv: int = 0
     attention: int = 0  # scores without flash attention, every context that runs it
     drafters: int = 0  # a draft head's or a draft model's weights and cache
     compute: int = COMPUTE_OVERHEAD_BYTES
