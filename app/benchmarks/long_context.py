@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sysconfig
+import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -151,7 +152,8 @@ def engine_peak(spec: str, base: Any, prompt: list[int], max_tokens: int) -> dic
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     child = ctx.Process(target=_answer_in_child,
-                        args=(spec, replace(base, memory_dir=None), prompt, max_tokens, queue))
+                        args=(spec, replace(base, memory_dir=Path(tempfile.mkdtemp(
+                            prefix="tandem-peak-memory-"))), prompt, max_tokens, queue))
     child.start()
     try:
         result = queue.get(timeout=3600)

@@ -188,8 +188,14 @@ def _long_context(args: argparse.Namespace, names: list[str]) -> int:
 
     info = read_model_info(base.model_path or default_model_path())
     n_train = info.header.context_length or max(sizes) + args.max_tokens
+    # Each runner's memory starts empty and fills as the run goes (beside the results, as
+    # the main bench keeps it): never the user's own, which may hold these very answers.
+    memory_dir = (args.json.with_name(args.json.name + ".memory") if args.json
+                  else Path(tempfile.mkdtemp(prefix="tandem-bench-memory-")))
+    if args.fresh or not (args.json and args.json.exists()):
+        shutil.rmtree(memory_dir, ignore_errors=True)
     base = replace(base, n_ctx=args.ctx or bench_context(n_train, args.max_tokens, sizes),
-                   memory_dir=None)
+                   memory_dir=memory_dir)
     if args.fresh and args.json and args.json.exists():
         args.json.unlink()
     engines: dict[str, Engine] = {}
