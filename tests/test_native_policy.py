@@ -64,16 +64,18 @@ def test_the_wrapper_makes_what_it_is_given(model_path: Path):
 
 
 def test_a_cpu_target_with_a_float_v_runs_without_flash_attention(model_path) -> None:  # noqa: ANN001
-    """The rule (``choose_flash_attn``): off on the CPU with a float V, on with a quantized
-    V (llama.cpp needs it), on a GPU or workers, and as asked."""
+    """The rule (``choose_flash_attn``): off on the CPU with the exact mode's Q8_0 K and
+    F16 V, on with a quantized V (llama.cpp needs it) or an F16 K (the fast mode), on a
+    GPU or workers, and as asked."""
     from engine.runtime.native import NativeModel, choose_flash_attn
 
     model = NativeModel(model_path)
     try:
-        assert choose_flash_attn(None, model, "f16", on_cpu=True) is False
-        assert choose_flash_attn(None, model, "q8_0", on_cpu=True) is True
-        assert choose_flash_attn(None, model, "f16", on_cpu=False) is True
-        assert choose_flash_attn(True, model, "f16", on_cpu=True) is True
-        assert choose_flash_attn(False, model, "q8_0", on_cpu=True) is True  # V needs it
+        assert choose_flash_attn(None, model, "q8_0", "f16", on_cpu=True) is False
+        assert choose_flash_attn(None, model, "q8_0", "q8_0", on_cpu=True) is True
+        assert choose_flash_attn(None, model, "f16", "f16", on_cpu=True) is True  # fast mode
+        assert choose_flash_attn(None, model, "q8_0", "f16", on_cpu=False) is True
+        assert choose_flash_attn(True, model, "q8_0", "f16", on_cpu=True) is True
+        assert choose_flash_attn(False, model, "q8_0", "q8_0", on_cpu=True) is True  # V
     finally:
         model.close()

@@ -74,6 +74,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         kernels = engine.kernels
         architecture = engine.architecture
         arch_text = engine.target.arch.describe()
+        if engine.target.arch.trees and not getattr(engine.target, "trees", True):
+            arch_text = arch_text.replace("chains and trees",
+                                          "chains only (no flash attention on this CPU)")
         status = engine.plan_status()
         workers = engine.workers
         memory = loaded_memory(engine)

@@ -73,11 +73,12 @@ def engine_memory(model: ModelInfo, target: Target, spec: DrafterSpec,
 def planned_memory(model: ModelInfo, n_ctx: int, type_k: str, type_v: str,
                    on_cpu: bool = True, n_batch: int = 256, drafter: int = 0) -> MemoryNeed:
     """The need foreseen before the weights load, by the rules the target will apply:
-    without flash attention on the CPU with a float V (``choose_flash_attn``; a
+    without flash attention on the CPU with a Q8_0 K and float V (``choose_flash_attn``; a
     latent-attention model, unknown from the header alone, is counted so too, the larger
     need), where prompts are read in the target's own cache; with it, in the F16 context
     unless the model keeps recurrent state."""
-    flash_attn = not (on_cpu and type_v in ("f16", "f32", "bf16"))
+    floats = ("f16", "f32", "bf16")
+    flash_attn = not (on_cpu and type_v in floats and type_k not in floats)
     # Without flash attention the F16 context opens only to read with a plain copy of
     # repacked K-quant weights (their prompts' fast layout: engine.runtime.prompt_weights;
     # the target repacks them, the probe allowing, as it does on x86).

@@ -17,10 +17,11 @@ KV_MODES = {
 }
 KV_TRADE_OFF = {
     "exact": ("K cache in Q8_0: every batch size runs one attention kernel, so speculative "
-              "output is identical to plain decoding; long prompts are prefilled in an F16 "
-              "context and moved in, so their first token comes ~1.3x sooner than in Q8_0 "
-              "(rag prompts: 0.55 s vs 0.75 s on 2 cores); with llama.cpp's prompt kernels "
-              "(make install's patch) as soon as llama-server's or sooner"),
+              "output is identical to plain decoding; on the CPU attention runs without "
+              "flash attention (faster over long contexts; drafts verified as chains) and "
+              "long prompts are read in this cache with llama.cpp's prompt kernels (make "
+              "install's patch), 1.7-2.9x llama-server's speed at 2-8k tokens; with flash "
+              "attention (a GPU) they are read in an F16 context and moved in"),
     "fast": ("K and V in F16, as llama-server: the first token of a long prompt as fast as "
              "llama-server's, but past 512 cached tokens llama.cpp computes single-token "
              "steps on another kernel than batches (logits differ by up to ~0.7), so an "

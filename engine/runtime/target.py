@@ -83,7 +83,7 @@ class Target:
         self.n_threads = c.n_threads or default_threads()
         self.n_gpu_layers = c.n_gpu_layers
         self.model, self._worker_devices = _open_model(self.path, c)
-        self.flash_attn = choose_flash_attn(c.flash_attn, self.model, c.type_v,
+        self.flash_attn = choose_flash_attn(c.flash_attn, self.model, c.type_k, c.type_v,
                                             on_cpu=not c.n_gpu_layers and not c.workers)
         try:
             self.arch = self.model.architecture()
