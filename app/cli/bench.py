@@ -66,13 +66,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          "--long-context")
     if args.documents is not None and args.ctx is None:
         args.ctx = DOCUMENTS_CTX  # the largest documents and an edited file's answer
-    # Tandem's memory starts empty (or warmed, --warm-memory) and fills as the run goes
-    # (as llama-server's n-gram pool does); it lives beside the results so a resumed run
-    # keeps it.
-    memory_dir = (args.json.with_name(args.json.name + ".memory") if args.json
-                  else Path(tempfile.mkdtemp(prefix="tandem-bench-memory-")))
-    if args.fresh or not (args.json and args.json.exists()):
-        shutil.rmtree(memory_dir, ignore_errors=True)
+    memory_dir = _runs_memory_dir(args)
     if args.threads is None:
         # A fixed count for every runner: following the machine's load would read the
         # peer's spinning threads (llama-server's, after its run) as a busy machine and
@@ -148,6 +142,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _runs_memory_dir(args: argparse.Namespace) -> Path:
+    """Where the runners' memories live: Tandem's memory starts empty and fills as the run
+    goes (as llama-server's n-gram pool does), never the user's own (which may hold these
+    very answers); beside the results, so a resumed run keeps it."""
+    memory_dir = (args.json.with_name(args.json.name + ".memory") if args.json
+                  else Path(tempfile.mkdtemp(prefix="tandem-bench-memory-")))
+    if args.fresh or not (args.json and args.json.exists()):
+        shutil.rmtree(memory_dir, ignore_errors=True)
+    return memory_dir
+
+
 # The document tasks' context: their largest documents (~7k tokens) and answers fit.
 DOCUMENTS_CTX = 8192
 
@@ -188,14 +193,8 @@ def _long_context(args: argparse.Namespace, names: list[str]) -> int:
 
     info = read_model_info(base.model_path or default_model_path())
     n_train = info.header.context_length or max(sizes) + args.max_tokens
-    # Each runner's memory starts empty and fills as the run goes (beside the results, as
-    # the main bench keeps it): never the user's own, which may hold these very answers.
-    memory_dir = (args.json.with_name(args.json.name + ".memory") if args.json
-                  else Path(tempfile.mkdtemp(prefix="tandem-bench-memory-")))
-    if args.fresh or not (args.json and args.json.exists()):
-        shutil.rmtree(memory_dir, ignore_errors=True)
     base = replace(base, n_ctx=args.ctx or bench_context(n_train, args.max_tokens, sizes),
-                   memory_dir=memory_dir)
+                   memory_dir=_runs_memory_dir(args))
     if args.fresh and args.json and args.json.exists():
         args.json.unlink()
     engines: dict[str, Engine] = {}

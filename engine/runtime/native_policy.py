@@ -80,8 +80,15 @@ def choose_flash_attn(asked: bool | None, model: NativeModel, type_k: str, type_
     after 8k tokens took 34.9 ms against 23.5 with a Q8_0 K."""
     if asked is not None:
         return asked or type_v not in _FLOAT_TYPES
+    return flash_attn_by_rule(type_k, type_v, on_cpu, model.latent_attention)
+
+
+def flash_attn_by_rule(type_k: str, type_v: str, on_cpu: bool, latent_attention: bool
+                       ) -> bool:
+    """``choose_flash_attn``'s rule from the settings alone (the memory plan applies it
+    before the weights load)."""
     return not (on_cpu and type_v in _FLOAT_TYPES and type_k not in _FLOAT_TYPES
-                and not model.latent_attention)
+                and not latent_attention)
 
 
 class NativeContext(LlamaContext):
