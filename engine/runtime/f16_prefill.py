@@ -17,6 +17,7 @@ behind the thresholds: docs/benchmarks.md ("Reading prompts").
 from __future__ import annotations
 
 import logging
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -148,16 +149,18 @@ class F16Prefill:
             return "layers run on a GPU"
         if c.workers:
             return "layers run on workers (the cell move would cross the network twice)"
-        if not self.sequence.ctx.flash_attn and self._copy_layout() is None:
+        if not self.sequence.ctx.flash_attn and self.copy_layout is None:
             # Without flash attention a prompt goes through the matrix kernels in either
             # cache, and the target's reads it as fast with no cells to move after it
             # (docs/benchmarks.md: long contexts; the move of 8k tokens took 100-160 ms).
             return "without flash attention the target's own cache reads prompts as fast"
         return None
 
-    def _copy_layout(self) -> bool | None:
+    @cached_property
+    def copy_layout(self) -> bool | None:
         """The layout (repacked or not) of a copy of the weights prompts would prefill
-        faster with (``TargetConfig.prefill_copy``), None when the target's own serve."""
+        faster with (``TargetConfig.prefill_copy``), None when the target's own serve
+        (worked out once: it reads the file's tensor table and the free memory)."""
         c = self.config
         if not c.prefill_copy:
             return None
@@ -171,8 +174,8 @@ class F16Prefill:
 
     def _open_prefill_model(self) -> NativeModel:
         """The weights the F16 context prefills with: the target's own, or a copy in the
-        layout its prompts prefill fastest with (``_copy_layout``)."""
-        repack = self._copy_layout()
+        layout its prompts prefill fastest with (``copy_layout``)."""
+        repack = self.copy_layout
         if repack is None:
             return self.model
         try:
