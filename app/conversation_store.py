@@ -113,6 +113,9 @@ class ChatSettings:
     thinking: bool = True  # a thinking model thinks (where its template has a switch)
     answer_json: bool = False  # answers are JSON: an object, or matching ``json_schema``
     json_schema: str = ""  # a JSON schema's text (with answer_json)
+    use_tools: bool = True  # offer the running tool servers' tools (Settings > Tools)
+    tool_rounds: int = 6  # answers in a row that may call tools before one must answer
+    tool_choice: str = "auto"  # "required": each answer calls a tool, up to tool_rounds
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -429,6 +432,19 @@ class ConversationStore(AttachmentTables):
                                   (message_id,)).fetchone()
             if row is not None:
                 self._touch(row[0])
+
+    def tool_call_records(self, conversation_id: int) -> list[dict]:
+        """Every tool call kept in the conversation's answers, all versions, oldest first
+        (app.tools.turns: a regenerate replays their results)."""
+        rows = self.db.execute(
+            "SELECT info FROM messages WHERE conversation_id = ? AND role = 'assistant'"
+            " AND info LIKE '%\"tool_calls\"%' ORDER BY id", (conversation_id,)).fetchall()
+        found: list[dict] = []
+        for (info,) in rows:
+            calls = json.loads(info or "{}").get("tool_calls")
+            found += [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) \
+                else []
+        return found
 
     def branch_at(self, conversation_id: int, position: int) -> None:
         """Cut the branch on show back to before ``position`` (regenerate, edit and

@@ -44,7 +44,10 @@ from app.gui.engine_worker import (
     GenerationRequest,
 )
 from app.gui.loop_monitor import LoopLagMonitor
+from app.gui.tool_loop import ToolLoop
+from app.gui.tool_servers import ToolServers
 from app.gui.transcript_model import TranscriptModel
+from app.tools.turns import calls_of, expand
 from engine.decoding.json_grammar import json_object_grammar, json_schema_text_grammar
 from engine.decoding.sampling import SamplingParams
 from engine.decoding.stats import GenerationStats
@@ -75,6 +78,7 @@ class _Active:
     content: str = ""
     t_saved: float = 0.0
     n_unsaved: int = 0
+    tool_limit: int = 0  # the loop's limit, when this answer was offered no tools for it
 
 
 def summary_line(stats: GenerationStats, finish_reason: str) -> str:
@@ -100,10 +104,12 @@ class ChatController(QObject):
     attachments_changed = Signal(object)  # list[Document]: what the next message takes
     reading_changed = Signal(object)  # list[str]: files still being read
     context_request = Signal(int, str)  # n_ctx, why: reload the engine with this context
+    approval_needed = Signal(object)  # PendingCall (app.gui.tool_loop), None: none waits
 
     def __init__(self, store: ConversationStore, worker: EngineWorker,
                  transcript: TranscriptModel, save_interval_s: float = 0.5,
-                 save_every: int = 16, parent: QObject | None = None) -> None:
+                 save_every: int = 16, parent: QObject | None = None,
+                 tool_servers: ToolServers | None = None) -> None:
         super().__init__(parent)
         self.store = store
         self.worker = worker
@@ -117,11 +123,20 @@ class ChatController(QObject):
         self.n_ctx: int | None = None  # the loaded engine's context (EngineReady.n_ctx)
         self.max_ctx = 0  # the largest a reload may ask for (EngineReady.max_ctx)
         self._ids = itertools.count(1)
+        self._tool_limit = 0  # set by _request: the limit when it withheld the tools
+        self._loop_start: int | None = None  # the first answer of the loop in progress
         self.pending: list[Document] = []  # attached, not sent yet
         self.documents = DocumentLoader(self)
         self.documents.loaded.connect(self._add_pending)
         self.documents.failed.connect(self.problem)
         self.documents.reading_changed.connect(self.reading_changed)
+        # Tool calls between answers: approvals, runs, results (app.gui.tool_loop)
+        self.tools = ToolLoop(store, tool_servers, self)
+        self.tools.approval_needed.connect(self.approval_needed)
+        self.tools.message_changed.connect(self._on_card)
+        self.tools.round_done.connect(lambda cid: self._answer(cid, continuing=True))
+        self.tools.ended.connect(self._done)
+        self.replay_tools = True  # a regenerate gives earlier calls' results back
         worker.text.connect(self._on_text)
         worker.finished.connect(self._on_finished)
         worker.compared.connect(self._on_compared)
@@ -129,7 +144,7 @@ class ChatController(QObject):
 
     @property
     def busy(self) -> bool:
-        return self.active is not None
+        return self.active is not None or self.tools.running
 
     # --- conversations ---------------------------------------------------------------
     def open_conversation(self, conversation_id: int) -> None:
@@ -254,10 +269,13 @@ class ChatController(QObject):
             self.context_request.emit(grown, f"Context raised to {grown:,} tokens for the "
                                              "attached documents.")
 
-    def regenerate(self) -> bool:
-        """Answer the last user message again; the answer it had stays a version."""
+    def regenerate(self, run_tools_again: bool = False) -> bool:
+        """Answer the last user message again; the answer it had stays a version. Tool
+        calls the answer makes again get their earlier results back, unless
+        ``run_tools_again``."""
         if self.busy or self.current_id is None:
             return False
+        self.replay_tools = not run_tools_again
         users = [m for m in self.transcript.messages if m.role == "user"]
         if not users:
             return False
@@ -279,6 +297,7 @@ class ChatController(QObject):
 
     def abandon(self) -> None:
         """The app is closing: save the answer being written as stopped, now."""
+        self.tools.stop()
         a = self.active
         if a is not None and a.message is not None:
             info = {"summary": "stopped: Tandem was closed", "finish_reason": "cancelled"}
@@ -287,8 +306,18 @@ class ChatController(QObject):
         self.loop_monitor.stop()
 
     def stop(self) -> None:
+        """Stop the answer being written, or the tool loop between answers (at once)."""
         if self.active is not None:
             self.worker.request_stop(self.active.request_id)
+        else:
+            self.tools.stop()
+
+    def approve_call(self, always: bool = False) -> None:
+        """Run the call waiting for approval (``always``: this tool never asks again)."""
+        self.tools.approve(always)
+
+    def refuse_call(self) -> None:
+        self.tools.refuse()
 
     def compare(self) -> bool:
         """Run the last prompt with the drafter and with plain decoding (no store write)."""
@@ -352,26 +381,34 @@ class ChatController(QObject):
             self.problem.emit(str(exc))
             return None
         # A user message that brought documents: the text the model read with it.
-        turns = [(m.role, model_text(m)) for m in history if model_text(m)]
+        turns = [turn for m in history if model_text(m) or calls_of(m.info)
+                 for turn in expand(m.role, model_text(m), m.info)]
         if conv.system_prompt.strip():
-            turns.insert(0, ("system", conv.system_prompt.strip()))
+            turns.insert(0, {"role": "system", "content": conv.system_prompt.strip()})
         # The file an edit will likely repeat, drafted from (never changes the answer).
         attached = [a for m in history if m.role == "user"
                     for a in self.store.message_attachments(m.id)]
         prediction = edit_prediction(attached, [m.content for m in history
                                                 if m.role == "assistant"])
+        tools, at_limit = self.tools.tools_for(s, history) if grammar is None else ((), False)
+        self._tool_limit = s.tool_rounds if at_limit else 0
         return GenerationRequest(next(self._ids), tuple(turns), sampling, s.max_tokens,
-                                 s.context_policy, s.thinking, grammar, prediction)
+                                 s.context_policy, s.thinking, grammar, prediction, tools,
+                                 s.tool_choice)
 
-    def _answer(self, conversation_id: int) -> bool:
+    def _answer(self, conversation_id: int, continuing: bool = False) -> bool:
+        """Answer the conversation as it stands; ``continuing``: the next answer of a
+        tool loop, after its calls' results."""
         request = self._request(conversation_id, self.store.messages(conversation_id))
         if request is None:
             return False
         msg = self.store.add_message(conversation_id, "assistant", "", STREAMING)
+        if not continuing:  # not a loop's next answer: a loop may start here
+            self._loop_start = msg.id
         if conversation_id == self.current_id:
             self.transcript.append(msg)
         self.active = _Active(request.request_id, "answer", conversation_id, msg,
-                              t_saved=time.monotonic())
+                              t_saved=time.monotonic(), tool_limit=self._tool_limit)
         self._set_busy()
         self.started.emit(request.request_id, "answer")
         if not self.engine_ready:
@@ -411,18 +448,35 @@ class ChatController(QObject):
             return
         status = STOPPED if outcome.finish_reason == "cancelled" else COMPLETE
         summary = summary_line(outcome.stats, outcome.finish_reason)
+        if a.tool_limit:
+            summary = (f"{a.tool_limit} rounds of tool calls (the limit, in Settings): "
+                       f"answered without tools · {summary}")
         if outcome.n_dropped:  # the window marks what the model no longer saw
             summary = (f"the {outcome.n_dropped} oldest messages were left out to fit the "
                        f"context · {summary}")
         info = {"summary": summary, "finish_reason": outcome.finish_reason,
                 "stats": outcome.stats.summary(), "context_dropped": outcome.n_dropped}
         self.store.update_message(a.message.id, outcome.text, status, info)
+        finished = replace(a.message, content=outcome.text, status=status, info=info)
         if self._is_current(a):
-            self.transcript.replace_last(replace(a.message, content=outcome.text,
-                                                 status=status, info=info))
+            self.transcript.replace_last(finished)
+        if outcome.calls and status == COMPLETE:
+            # The loop goes on: calls, approvals and results, then the next answer.
+            self.active = None
+            self.tools.begin(finished, outcome.call_content or "", outcome.calls,
+                             self.replay_tools, self._loop_start or finished.id)
+            self.answer_finished.emit(outcome)
+            return
+        self.replay_tools = True
         self._done()
         self.conversations_changed.emit()
         self.answer_finished.emit(outcome)
+
+    def _on_card(self, message: Message) -> None:
+        """A tool call's card changed (decided, running, answered): show it."""
+        if message.conversation_id == self.current_id and self.transcript.messages and \
+                self.transcript.messages[-1].id == message.id:
+            self.transcript.replace_last(message)
 
     def _on_compared(self, comparison: Comparison) -> None:
         if self.active is not None and self.active.request_id == comparison.request_id:

@@ -35,6 +35,7 @@ from app.gui.document_loader import is_long_paste
 from app.gui.message_delegate import MessageDelegate
 from app.gui.paper_clip import paper_clip_icon
 from app.gui.sources import Sources, SourcesDialog
+from app.gui.tool_approval import ToolApprovalBar
 from app.gui.transcript_model import MESSAGE_ROLE, SOURCES_ROLE, TranscriptModel
 from app.gui.welcome import WelcomePanel
 
@@ -193,6 +194,7 @@ class ChatView(QWidget):
         self.composer.long_paste.connect(self.paste_requested)
         self.composer.files_dropped.connect(self.attach_requested)
         self.attachments = AttachmentBar()
+        self.approval = ToolApprovalBar()  # a tool call waiting for the user
         self.attachments.remove_requested.connect(self.remove_attachment_requested)
         self.attach_button = QToolButton()
         self.attach_button.setText("Attach")
@@ -226,6 +228,7 @@ class ChatView(QWidget):
         layout.addWidget(self.transcript, 1)
         layout.addLayout(actions)
         layout.addWidget(self.edit_banner)
+        layout.addWidget(self.approval)
         layout.addWidget(self.attachments)
         layout.addLayout(composer_row)
         self._update_actions()

@@ -14,13 +14,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
 from PySide6.QtCore import QObject, Signal, Slot
 
 from app.gui.context_room import largest_context
+from app.tools.model_support import tool_support_note
 from engine.conversation import AnswerService, Question, failure_of
 from engine.decoding.budget import MAX_DRAFT
 from engine.decoding.generation import GenerationConfig, GenerationResult
@@ -32,12 +33,15 @@ from engine.errors import TandemError, WorkerLostError
 from engine.hub.fit import MachineMemory
 from engine.hub.model_store import data_dir
 from engine.hub.suggestions import memory_bandwidth, suggestions
+from engine.planning.measure_progress import Measuring
 from engine.planning.planner import Overrides
 from engine.runtime.context_fit import DEFAULT_POLICY
 from engine.runtime.hardware import HardwareProfile, machine_line
 from engine.runtime.target import Target
 from engine.session import Engine, EngineConfig, loaded_memory
 from engine.session_process import EngineProcess
+from engine.tool_calls import Tool, ToolCall
+from engine.tool_syntax import GENERIC, ToolSyntax, tool_syntax_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -91,12 +95,16 @@ class EngineReady:
     max_ctx: int = 0
     # What the model, its context and drafters take of memory, by the plan's rule.
     memory: str = ""
+    # How the model is offered tools, and how well it uses them (app.tools.model_support)
+    tools: str = ""
 
 
 @dataclass(frozen=True)
 class GenerationRequest:
     request_id: int
-    messages: tuple[tuple[str, str], ...]  # (role, content), system prompt first
+    # The API's messages (engine.tool_syntax.Message), system prompt first: role and
+    # content; an answer's tool_calls and the tool messages after it (app.tools.turns)
+    messages: tuple[dict, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 512
     context_policy: str = DEFAULT_POLICY  # engine.runtime.context_fit
@@ -104,6 +112,9 @@ class GenerationRequest:
     grammar: str | None = None  # GBNF every token obeys (the chat's "Answer as JSON")
     # Text the answer should repeat (an attached file being edited): drafted from
     prediction: str = ""
+    # Functions the answer may call (the chat's tool servers'), in the model's syntax
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str = "auto"  # or "required": the answer is a call (held by a grammar)
 
 
 @dataclass(frozen=True)
@@ -127,6 +138,11 @@ class GenerationOutcome:
     token_texts: tuple[str, ...]  # the answer split per token (UTF-8 joined correctly)
     token_kinds: tuple[str, ...]  # per token: "draft" (accepted) or "target"
     n_dropped: int = 0  # oldest messages left out to fit the context
+    # Where tools were offered and the answer calls them: the calls, and the text the
+    # model wrote before them (None: none)
+    calls: tuple[ToolCall, ...] = ()
+    call_content: str | None = None
+    tool_syntax: str = ""  # how the model was offered them (engine.tool_syntax names)
 
 
 @dataclass(frozen=True)
@@ -161,6 +177,7 @@ class EngineWorker(QObject):
     thread."""
 
     status = Signal(str)  # progress text (model preparation, loading)
+    measuring = Signal(object)  # Measuring: how far measuring this machine is, from 0 to 1
     ready = Signal(object)  # EngineReady
     text = Signal(int, str)  # request id, text delta
     step = Signal(object)  # StepEvent
@@ -175,6 +192,7 @@ class EngineWorker(QObject):
         super().__init__()
         self._service: AnswerService | None = None
         self._suggestions: tuple[tuple[str, str], ...] | None = None
+        self._tool_model: str | None = None  # a suggestion that calls tools
         self._requested: str = DrafterKind.AUTO  # the drafter the user chose for the loaded engine
         # Held while the engine loads, generates or closes: the local API server
         # (app.server) runs its requests under it too, so they take turns with the chat.
@@ -270,6 +288,8 @@ class EngineWorker(QObject):
             self.failed.emit(EngineFailure(-1, "internal", f"{type(exc).__name__}: {exc}"))
 
     def _progress(self, what: str) -> None:
+        if isinstance(what, Measuring):  # the first start's measurement: a progress bar
+            self.measuring.emit(what)
         self.status.emit(what[:1].upper() + what[1:] + "…")
 
     @Slot(object)
@@ -370,7 +390,17 @@ class EngineWorker(QObject):
                                                    engine.config.kv_cache, target.n_ctx,
                                                    target.n_gpu_layers,
                                                    bool(engine.config.workers)),
-                           memory=_memory_text(engine))
+                           memory=_memory_text(engine),
+                           tools=self._tool_note(target))
+
+    def _tool_note(self, target: Target) -> str:
+        """How the model calls tools; for a small one, a model here that calls them."""
+        try:
+            size = Path(target.path).stat().st_size
+        except OSError:
+            size = 0
+        return tool_support_note(tool_syntax_of(target.template.source).name, size,
+                                 Path(target.path).name, self._tool_model)
 
     def _suggested(self, hardware: HardwareProfile) -> tuple[tuple[str, str], ...]:
         """Models that fit this machine, measured once per worker (a 0.1 s copy)."""
@@ -382,8 +412,11 @@ class EngineWorker(QObject):
                 bandwidth = memory_bandwidth(data_dir() / "cache")
             except OSError:  # a read-only disk: measured each time
                 bandwidth = memory_bandwidth()
-            self._suggestions = tuple((s.describe(), s.model.repo)
-                                      for s in suggestions(memory, bandwidth))
+            found = suggestions(memory, bandwidth)
+            self._suggestions = tuple((s.describe(), s.model.repo) for s in found)
+            self._tool_model = next((f"{s.model.name} ({s.model.repo}, about "
+                                     f"{s.tok_per_s:.0f} tokens/s here)"
+                                     for s in found if s.model.tools), None)
         return self._suggestions
 
     def _plan_moved(self) -> None:
@@ -398,12 +431,10 @@ class EngineWorker(QObject):
             raise TandemError("no model is loaded")
         rid = request.request_id
         t_start = time.perf_counter()
-        question = Question.chat([{"role": r, "content": c} for r, c in request.messages],
-                                 GenerationConfig(max_tokens=request.max_tokens,
-                                                  sampling=request.sampling,
-                                                  grammar=request.grammar,
-                                                  prediction=request.prediction),
-                                 request.context_policy, request.thinking)
+        generation = GenerationConfig(max_tokens=request.max_tokens,
+                                      sampling=request.sampling, grammar=request.grammar,
+                                      prediction=request.prediction)
+        required = bool(request.tools) and request.tool_choice == "required"
 
         def on_step(step: StepStats) -> None:
             t_end = time.perf_counter() - step.reported_after_s
@@ -411,6 +442,15 @@ class EngineWorker(QObject):
             self.step.emit(StepEvent(rid, t_verify - step.t_draft_s, t_verify, t_end, step))
 
         with self.engine_lock:
+            engine = service.current()
+            syntax = tool_syntax_of(engine.target.template.source) \
+                if engine is not None else GENERIC
+            messages, offered = _with_tools(request, syntax, required)
+            if required:
+                generation = replace(generation,
+                                     grammar=syntax.grammar(list(request.tools), False))
+            question = Question.chat(messages, generation, request.context_policy,
+                                     request.thinking, tools=offered)
             answer = service.answer(question,
                                     on_text=(lambda s: self.text.emit(rid, s)) if stream
                                     else None,
@@ -420,8 +460,13 @@ class EngineWorker(QObject):
             assert engine is not None
             texts, kinds = _token_kinds(engine.target, answer.result)
         result = answer.result
+        read = syntax.read(result.text, list(request.tools)) \
+            if request.tools and result.finish_reason != "cancelled" else None
         return GenerationOutcome(rid, result.text, result.finish_reason, result.stats,
-                                 t_start, texts, kinds, answer.n_dropped)
+                                 t_start, texts, kinds, answer.n_dropped,
+                                 tuple(read.calls) if read else (),
+                                 read.content if read else None,
+                                 syntax.name if request.tools else "")
 
     def _forget(self, request_id: int) -> None:
         with self._lock:
@@ -446,6 +491,20 @@ def _token_kinds(target: Target, result: GenerationResult
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     texts = tuple(decoder.decode(target.token_bytes(t)) for t in result.tokens)
     return texts, tuple(kinds[:len(texts)])
+
+
+def _with_tools(request: GenerationRequest, syntax: ToolSyntax, required: bool
+                ) -> tuple[list[dict], tuple[dict, ...]]:
+    """The conversation as the chat template takes it, and the tools the template is
+    given: earlier calls and results in the model's syntax, the tools offered where the
+    request has any."""
+    messages = [dict(m) for m in request.messages]
+    if not request.tools and not any(m.get("tool_calls") or m["role"] == "tool"
+                                     for m in messages):
+        return messages, ()
+    prepared, offered = syntax.prepare(messages, list(request.tools), bool(request.tools),
+                                       required)
+    return prepared, tuple(offered or ())
 
 
 def _failure(request_id: int, exc: Exception) -> EngineFailure:

@@ -45,6 +45,8 @@ from app.gui.engine_worker import (
 )
 from app.gui.resource_sampler import ResourceSampler
 from app.gui.settings_panel import SettingsPanel
+from app.gui.tool_servers import ToolServers
+from app.gui.tools_panel import ToolsPanel
 from app.gui.transcript_model import TranscriptModel
 from app.gui.window_fit import MINIMUM, initial_geometry, screen_area
 from app.gui.worker_switch import WorkerSwitch
@@ -85,11 +87,15 @@ class MainWindow(QMainWindow):
         self.thread_.finished.connect(self.worker.deleteLater)
 
         self.transcript = TranscriptModel(parent=self)
-        self.controller = ChatController(self.store, self.worker, self.transcript, parent=self)
+        # MCP servers: started with the window, stopped with it (app.gui.tool_servers)
+        self.tool_servers = ToolServers(self.store, parent=self)
+        self.controller = ChatController(self.store, self.worker, self.transcript, parent=self,
+                                         tool_servers=self.tool_servers)
         self.chat = ChatView(self.transcript)
         self.conversations = ConversationList()
         self.engine_panel = EnginePanel(self.store)
         self.settings_panel = SettingsPanel()
+        self.tools_panel = ToolsPanel(self.tool_servers)
         self.api_switch = ApiServerSwitch(self.worker, self.store)
         self.worker_switch = WorkerSwitch(self.store)
         self.sampler = ResourceSampler(parent=self)
@@ -108,6 +114,7 @@ class MainWindow(QMainWindow):
         self._wire()
         self._menus()
         self.thread_.start()
+        self.tool_servers.start_all()
         self.sampler.start()
         self._start_conversations()
         self.load_engine(self.engine_panel.choice())
@@ -133,12 +140,13 @@ class MainWindow(QMainWindow):
         column.setContentsMargins(4, 4, 4, 0)
         column.addLayout(top)
         column.addWidget(self.engine_panel.note)  # why a choice fell back, in sight
+        column.addWidget(self.engine_panel.measure_bar)  # a first start's measurement
         column.addWidget(self.chat, 1)
 
         drawer = QWidget()
         drawer_layout = QVBoxLayout(drawer)
-        for part in (self.settings_panel, self.engine_panel, self.api_switch,
-                     self.worker_switch):
+        for part in (self.settings_panel, self.tools_panel, self.engine_panel,
+                     self.api_switch, self.worker_switch):
             drawer_layout.addWidget(part)
         drawer_layout.addStretch(1)
         self.settings_drawer = QScrollArea()
@@ -189,6 +197,7 @@ class MainWindow(QMainWindow):
         c.generate_request.connect(w.generate)
         c.compare_request.connect(w.compare)
         w.status.connect(self._on_status)
+        w.measuring.connect(self.engine_panel.show_measuring)
         w.ready.connect(self._on_ready)
         w.failed.connect(self._on_failed)
         w.step.connect(self.dashboard.on_step)
@@ -215,6 +224,9 @@ class MainWindow(QMainWindow):
         c.attachments_changed.connect(self.chat.attachments.set_documents)
         c.reading_changed.connect(self.chat.set_reading)
         c.context_request.connect(self._raise_context)
+        c.approval_needed.connect(self.chat.approval.show_call)
+        self.chat.approval.approved.connect(c.approve_call)
+        self.chat.approval.refused.connect(c.refuse_call)
         self.conversations.selected.connect(c.open_conversation)
         self.conversations.new_requested.connect(c.new_conversation)
         self.conversations.delete_requested.connect(c.delete_conversation)
@@ -244,6 +256,8 @@ class MainWindow(QMainWindow):
         self._action(chat_menu, "&Stop", self.controller.stop, QKeySequence("Esc"))
         self._action(chat_menu, "&Regenerate", self.controller.regenerate,
                      QKeySequence("Ctrl+R"))
+        self._action(chat_menu, "Regenerate, running &tools again",
+                     lambda: self.controller.regenerate(run_tools_again=True))
         self._action(chat_menu, "&Compare with plain decoding", self.controller.compare)
         self._action(chat_menu, "Choose the &model…", self.open_model_picker,
                      QKeySequence("Ctrl+K"))
@@ -380,6 +394,7 @@ class MainWindow(QMainWindow):
         self.engine_panel.show_ready(ready)
         self.chat.set_completion_mode(ready.completion)
         self.settings_panel.set_thinking_switch(ready.thinking_switch)
+        self.tools_panel.show_model(ready.tools)
         self.dashboard.on_engine_ready(ready)
         self.chat.welcome.show_engine(ready.machine, self.engine_panel.model_box.currentText(),
                                       ready.suggested)
@@ -466,4 +481,5 @@ class MainWindow(QMainWindow):
         # answer), so the store gets the final state rather than the last throttled save.
         QCoreApplication.sendPostedEvents(None, QEvent.Type.MetaCall)
         self.controller.abandon()
+        self.tool_servers.close()  # their processes end with the app
         self.store.close()

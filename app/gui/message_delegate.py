@@ -14,6 +14,7 @@ from app.gui.markdown import render_markdown
 from app.gui.paper_clip import paper_clip_pixmap
 from app.gui.sources import Sources
 from app.gui.transcript_model import MESSAGE_ROLE, OUT_OF_CONTEXT_ROLE, SOURCES_ROLE
+from app.tools.turns import calls_of, describe_call
 from engine.runtime.reasoning import split_reasoning
 
 _Index = QModelIndex | QPersistentModelIndex
@@ -75,7 +76,15 @@ class MessageDelegate(QStyledItemDelegate):
 
     def shown_text(self, msg: Message) -> str:
         """The Markdown a message shows: a thinking model's reasoning folds to one line
-        (a click on it unfolds it)."""
+        (a click on it unfolds it); an answer's tool calls follow as cards."""
+        text = self._answer_text(msg)
+        calls = calls_of(msg.info) if msg.role == "assistant" else []
+        if not calls:
+            return text
+        cards = "\n\n---\n\n".join(describe_call(c) for c in calls)
+        return f"{text}\n\n{cards}" if text.strip() else cards
+
+    def _answer_text(self, msg: Message) -> str:
         if msg.role != "assistant":
             return msg.content
         parts = split_reasoning(msg.content)

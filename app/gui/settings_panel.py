@@ -74,6 +74,16 @@ class SettingsPanel(QGroupBox):
                                             '"properties": {"city": {"type": "string"}}}')
         self.json_schema.setFixedHeight(64)
         self.json_schema.setEnabled(False)
+        self.use_tools = QCheckBox("Offer the tool servers' tools")
+        self.use_tools.setToolTip("The model may call the tools of the running MCP servers "
+                                  "(Tools, below); you approve each call")
+        self.tool_rounds = QSpinBox()
+        self.tool_rounds.setRange(0, 50)
+        self.tool_rounds.setToolTip("Answers in a row that may call tools; then the model "
+                                    "answers with what it has")
+        self.tools_required = QCheckBox("Every answer calls a tool (up to the rounds)")
+        self.tools_required.setToolTip("For models that do not call tools on their own: "
+                                       "each answer is a call, held by a grammar")
         form = QFormLayout()
         form.addRow("Temperature", self.temperature)
         form.addRow("Top-p", self.top_p)
@@ -87,15 +97,22 @@ class SettingsPanel(QGroupBox):
         form.addRow("Long chats", self.context_policy)
         form.addRow("Thinking", self.thinking)
         form.addRow("Format", self.answer_json)
+        tools = QFormLayout()
+        tools.addRow("Tools", self.use_tools)
+        tools.addRow("Tool rounds", self.tool_rounds)
+        tools.addRow("", self.tools_required)
         layout = QVBoxLayout(self)
         layout.addWidget(self.system_prompt)
         layout.addLayout(form)
         layout.addWidget(self.json_schema)
+        layout.addLayout(tools)
         self.system_prompt.textChanged.connect(self._emit)
         for box in (self.temperature, self.top_p, self.top_k, self.max_tokens, self.seed,
                     self.min_p, self.repeat_penalty, self.frequency_penalty,
-                    self.presence_penalty):
+                    self.presence_penalty, self.tool_rounds):
             box.valueChanged.connect(self._emit)
+        self.use_tools.toggled.connect(self._emit)
+        self.tools_required.toggled.connect(self._emit)
         self.context_policy.currentIndexChanged.connect(self._emit)
         self.thinking.toggled.connect(self._emit)
         self.answer_json.toggled.connect(self.json_schema.setEnabled)
@@ -121,6 +138,9 @@ class SettingsPanel(QGroupBox):
             self.thinking.setChecked(settings.thinking)
             self.answer_json.setChecked(settings.answer_json)
             self.json_schema.setPlainText(settings.json_schema)
+            self.use_tools.setChecked(settings.use_tools)
+            self.tool_rounds.setValue(settings.tool_rounds)
+            self.tools_required.setChecked(settings.tool_choice == "required")
         finally:
             self._loading = False
 
@@ -137,7 +157,11 @@ class SettingsPanel(QGroupBox):
                             context_policy=self.context_policy.currentData(),
                             thinking=self.thinking.isChecked(),
                             answer_json=self.answer_json.isChecked(),
-                            json_schema=self.json_schema.toPlainText().strip())
+                            json_schema=self.json_schema.toPlainText().strip(),
+                            use_tools=self.use_tools.isChecked(),
+                            tool_rounds=self.tool_rounds.value(),
+                            tool_choice="required" if self.tools_required.isChecked()
+                            else "auto")
 
     def set_thinking_switch(self, available: bool) -> None:
         """Offer the thinking switch only where the model's chat template has one."""

@@ -36,24 +36,26 @@ class Suggested:
     quant: str
     size_bytes: int
     drafts: str  # in words: "its own MTP layers", "Qwen3-0.6B as a draft model"...
+    # How its chat template writes tool calls (engine.tool_syntax), "" when it has none
+    tools: str = ""
 
 
 # Popular instruct models of 0.5-8 B parameters, smallest first (sizes of the Q4_K_M files).
 SUGGESTED = (
     Suggested("Qwen3 1.7B", "unsloth/Qwen3-1.7B-GGUF", "Q4_K_M", 1_110_000_000,
-              "Qwen3-0.6B as a draft model, or an EAGLE-3 head"),
+              "Qwen3-0.6B as a draft model, or an EAGLE-3 head", "hermes"),
     Suggested("Gemma 3 1B", "unsloth/gemma-3-1b-it-GGUF", "Q4_K_M", 806_000_000,
               "earlier answers"),
     Suggested("Llama 3.2 3B", "unsloth/Llama-3.2-3B-Instruct-GGUF", "Q4_K_M", 2_020_000_000,
-              "Llama 3.2 1B as a draft model"),
+              "Llama 3.2 1B as a draft model", "llama3"),
     Suggested("Qwen3 4B", "unsloth/Qwen3-4B-GGUF", "Q4_K_M", 2_500_000_000,
-              "Qwen3-0.6B as a draft model, or an EAGLE-3 head"),
+              "Qwen3-0.6B as a draft model, or an EAGLE-3 head", "hermes"),
     Suggested("Phi-3 mini", "microsoft/Phi-3-mini-4k-instruct-gguf", "Q4_K_M",
               2_390_000_000, "earlier answers"),
     Suggested("Llama 3.1 8B", "unsloth/Meta-Llama-3.1-8B-Instruct-GGUF", "Q4_K_M",
-              4_920_000_000, "an EAGLE-3 head, or Llama 3.2 1B as a draft model"),
+              4_920_000_000, "an EAGLE-3 head, or Llama 3.2 1B as a draft model", "llama3"),
     Suggested("Qwen3 8B", "unsloth/Qwen3-8B-GGUF", "Q4_K_M", 5_030_000_000,
-              "Qwen3-0.6B as a draft model, or an EAGLE-3 head"),
+              "Qwen3-0.6B as a draft model, or an EAGLE-3 head", "hermes"),
 )
 SUGGESTED_CTX = 4096  # the context a suggestion's KV cache is counted for: a chat's
 

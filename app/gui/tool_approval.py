@@ -1,0 +1,66 @@
+"""The bar above the composer that asks before a tool runs: which tool, which server,
+with which arguments; Allow once, Always allow this tool, or Refuse."""
+
+from __future__ import annotations
+
+import json
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+
+from app.gui import theme
+from app.gui.tool_loop import PendingCall
+
+MAX_ARGS_CHARS = 400
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+class ToolApprovalBar(QFrame):
+    approved = Signal(bool)  # always: this tool never asks again
+    refused = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("toolApproval")
+        self.setStyleSheet(f"#toolApproval {{ background: {theme.current().banner}; "
+                           "border-radius: 4px; }")
+        self.question = QLabel()
+        self.question.setWordWrap(True)
+        self.question.setTextFormat(Qt.TextFormat.RichText)
+        self.question.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.allow_button = QPushButton("Allow once")
+        self.always_button = QPushButton("Always allow")
+        self.refuse_button = QPushButton("Refuse")
+        self.allow_button.clicked.connect(lambda: self.approved.emit(False))
+        self.always_button.clicked.connect(lambda: self.approved.emit(True))
+        self.refuse_button.clicked.connect(self.refused)
+        buttons = QHBoxLayout()
+        buttons.addStretch(1)
+        for b in (self.allow_button, self.always_button, self.refuse_button):
+            buttons.addWidget(b)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 6, 8, 6)
+        layout.addWidget(self.question)
+        layout.addLayout(buttons)
+        self.hide()
+
+    def show_call(self, pending: PendingCall | None) -> None:
+        """Ask about ``pending``; None hides the bar."""
+        if pending is None:
+            self.hide()
+            return
+        call = pending.call
+        args = json.dumps(call.get("arguments", {}), ensure_ascii=False, indent=None)
+        if len(args) > MAX_ARGS_CHARS:
+            args = args[:MAX_ARGS_CHARS - 1] + "…"
+        tool = _escape(str(call.get("tool", "")))
+        self.question.setText(
+            f"The model wants to run <b>{tool}</b> of the server "
+            f"<i>{_escape(str(call.get('server', '')))}</i> with "
+            f"<code>{_escape(args)}</code>. It runs with your rights on this computer.")
+        self.always_button.setText(f"Always allow {call.get('tool', '')}")
+        self.show()
+        self.allow_button.setFocus()
