@@ -21,6 +21,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("folder", type=Path)
     parser.add_argument("--http", type=int)
+    parser.add_argument("--only", help="offer only these tools (comma-separated)")
     args = parser.parse_args()
     server = make_server(args.folder)
     counter = args.folder / ".count"
@@ -45,6 +46,11 @@ def main() -> None:
         counter.write_text(str(n))
         return f"count is {n}"
 
+    if args.only:
+        keep = set(args.only.split(","))
+        for name in [t.name for t in server._tool_manager.list_tools()]:
+            if name not in keep:
+                server.remove_tool(name)
     serve(server, args.http)
 
 
