@@ -15,10 +15,13 @@ from engine.decoding.json_grammar import json_schema_text_grammar
 from engine.decoding.sampling import CHAT_DEFAULTS, SamplingParams
 from engine.decoding.stats import GenerationStats
 from engine.drafters.kinds import CHOICES, DrafterKind, is_plain
+from engine.planning.measure_progress import Measuring
 from engine.planning.planner import LAYOUTS, Overrides
 from engine.session import Engine, EngineConfig
 from engine.session_process import EngineProcess
 from engine.workers.endpoints import parse_workers
+
+MEASURE_STEPS = 1000  # the measurement's bar: 0.1% a step
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -79,8 +82,42 @@ def engine_config(args: argparse.Namespace, drafter: DrafterKind | str | None = 
                         worker_layers=getattr(args, "worker_layers", None))
 
 
-def _progress(what: str) -> None:
-    print(f"tandem: {what}...", file=sys.stderr, flush=True)
+class LoadProgress:
+    """The engine's progress on stderr: a line per message, and a bar (with the time
+    left) while it measures this machine, on a first start with auto
+    (engine.planning.measure_progress); lines only where stderr is no terminal."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+        self._said = ""
+
+    def __call__(self, what: str) -> None:
+        if not isinstance(what, Measuring):
+            self._line(what)
+            return
+        if what.done >= 1.0:
+            if self.bar is not None:
+                self.bar.n = MEASURE_STEPS
+                self.bar.close()
+                self.bar = None
+            self._line(what)
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=MEASURE_STEPS, desc="tandem: measuring this machine",
+                            file=sys.stderr, disable=None,
+                            bar_format="{desc}: {percentage:3.0f}%|{bar}| "
+                                       "[{elapsed}<{remaining}]{postfix}")
+        if not self.bar.disable:
+            self.bar.n = round(what.done * MEASURE_STEPS)
+            self.bar.set_postfix_str(what)
+        elif what != self._said:
+            self._line(what)
+
+    def _line(self, what: str) -> None:
+        self._said = what
+        print(f"tandem: {what}...", file=sys.stderr, flush=True)
 
 
 def _say(note: str) -> None:
@@ -91,7 +128,7 @@ def open_service(args: argparse.Namespace, drafter: DrafterKind | str | None = N
                  ) -> AnswerService:
     """The engine as asked (``auto``: as planned) behind the one answer path, its notes
     on stderr; a lost worker's model reopens here, said on stderr too."""
-    service = AnswerService.open(engine_config(args, drafter), _progress, on_note=_say)
+    service = AnswerService.open(engine_config(args, drafter), LoadProgress(), on_note=_say)
     engine = service.engine
     assert engine is not None
     if engine.plan is not None and getattr(args, "verbose", False):

@@ -18,7 +18,7 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +32,7 @@ from engine.drafters.kinds import DrafterKind
 from engine.drafters.native_head import HeadChainConfig, NativeHeadDrafter
 from engine.errors import TandemError
 from engine.planning.machine_load import LoadMeter
+from engine.planning.measure_progress import MeasureSteps
 from engine.runtime.draft_tree import DraftTree
 from engine.runtime.target import Target, TargetConfig
 
@@ -51,6 +52,10 @@ SPOT_SIZES = (1, 2, 4, 8)
 # decode well over (docs/benchmarks.md: figures behind the code's rules, "Measuring on a
 # busy machine").
 SPREAD_LIMIT = 0.2
+# Each step's rough share of a measurement's time, for its progress bar (a 2-core CPU,
+# the bundled model: the verification curves 4 s, the draft head 5.5 s with its loading,
+# the EAGLE-3 head 0.3 s).
+VERIFY_WEIGHT, HEAD_WEIGHT, DRAFT_MODEL_WEIGHT, NATIVE_HEAD_WEIGHT = 4.0, 5.0, 2.0, 0.5
 # A neutral filler for the calibration context: the cost of a decode depends on how
 # many tokens are cached, not on which.
 _FILLER = ("The engine measures how long the model takes to check a batch of tokens. "
@@ -248,12 +253,15 @@ def _verifiable_sizes(target: Target, sizes: tuple[int, ...]) -> tuple[int, ...]
 
 def measure_verify_curve(target: Target, context: int = 256,
                          sizes: tuple[int, ...] = VERIFY_SIZES, repeats: int = 5,
-                         timings: dict[str, float] | None = None) -> dict[int, float]:
+                         timings: dict[str, float] | None = None,
+                         on_round: Callable[[float], None] | None = None
+                         ) -> dict[int, float]:
     """Median seconds of a verification decode of each size, ``context`` tokens cached.
     The target's cache is left empty. With ``timings`` given, ``timings["prefill_s"]``
     gets the time the context took to prefill (a first token's wait) and
     ``timings["spread"]`` how much the repeats of a size disagreed (the median over sizes
-    of their interquartile range relative to their median)."""
+    of their interquartile range relative to their median). ``on_round`` gets the share
+    of the rounds done after each."""
     sizes = _verifiable_sizes(target, sizes)
     filler = target.tokenize(_FILLER * (1 + context // 16), special=False)[:context]
     target.reset()
@@ -262,7 +270,7 @@ def measure_verify_curve(target: Target, context: int = 256,
     if timings is not None:
         timings["prefill_s"] = time.perf_counter() - t0
     times = _time_batches(target, filler[-1], filler[:max(sizes)], sizes, repeats,
-                          restore=False)
+                          restore=False, on_round=on_round)
     target.reset()
     if timings is not None:
         timings["spread"] = repeat_spread(times.values())
@@ -279,10 +287,12 @@ def spot_check(target: Target, root: int, tokens: list[int],
 
 
 def _time_batches(target: Target, root: int, tokens: list[int], sizes: tuple[int, ...],
-                  repeats: int, restore: bool = True) -> dict[int, list[float]]:
+                  repeats: int, restore: bool = True,
+                  on_round: Callable[[float], None] | None = None
+                  ) -> dict[int, list[float]]:
     """Seconds of each repeat of each size: ``root`` and a chain of ``tokens``, verified,
     committed and rolled back to the cache as it was (``restore``; else the caller
-    resets it)."""
+    resets it). ``on_round`` gets the share of the rounds done after each."""
     n_keep = target.n_past
     tokens = (tokens * (1 + max(sizes) // max(1, len(tokens))))[:max(sizes)]
     # Recurrent state takes back the drafts of the last batch, never its root: each
@@ -302,11 +312,13 @@ def _time_batches(target: Target, root: int, tokens: list[int], sizes: tuple[int
     # quiet moment looked almost free next to its neighbour, and the budget drafted
     # exactly that many tokens every step).
     times: dict[int, list[float]] = {n: [] for n in sizes}
-    for _ in range(repeats):
+    for i in range(repeats):
         for n in sizes:
             t0 = time.perf_counter()
             once(n)
             times[n].append(time.perf_counter() - t0)
+        if on_round is not None:
+            on_round((i + 1) / repeats)
     if keep_roots and restore:
         target.rollback(n_keep)
     return times
@@ -442,24 +454,35 @@ def calibrate(target: Target, head_dir: Path | None, head_devices: list[str],
               context: int = 256, progress: Callable[[str], None] | None = None,
               fingerprint: TargetFingerprint | None = None,
               draft_model: Path | None = None, draft_on_gpu: bool = False,
-              mtp: bool = False, eagle3: Path | None = None) -> CostProfile:
+              mtp: bool = False, eagle3: Path | None = None,
+              then: Sequence[tuple[str, Callable[[CostProfile], None]]] = ()
+              ) -> CostProfile:
     """Measure everything the planner needs for ``target`` as it is loaded (and for the
     draft model, on the CPU and, with ``draft_on_gpu``, offloaded; with ``mtp``, the
     model's own MTP block; with ``eagle3``, that EAGLE-3 head), and the conditions of the
-    measurement: how busy the machine was, how stable the repeats."""
+    measurement: how busy the machine was, how stable the repeats. ``then``: what the
+    caller measures after (what, a function filling the profile), outside the
+    conditions. ``progress`` gets a ``Measuring`` value (engine.planning.measure_progress)
+    as each step begins and as the verification rounds go, and a last one at 1.0."""
     t0 = time.perf_counter()
     profile = CostProfile(context=context, measured_at=time.time())
-    note = progress or (lambda _m: None)
+    devices = head_devices if head_dir is not None else []
+    n_drafts = (2 if draft_on_gpu else 1) if draft_model is not None else 0
+    steps = MeasureSteps(progress or (lambda _m: None),
+                         [VERIFY_WEIGHT] + [HEAD_WEIGHT] * len(devices)
+                         + [DRAFT_MODEL_WEIGHT] * n_drafts
+                         + [NATIVE_HEAD_WEIGHT] * (mtp + (eagle3 is not None))
+                         + [VERIFY_WEIGHT] * len(then))
     with LoadMeter(target.n_threads) as meter:
-        _measure_all(profile, target, head_dir, head_devices, note, fingerprint, draft_model,
+        _measure_all(profile, target, head_dir, devices, steps, fingerprint, draft_model,
                      draft_on_gpu)
         # Heads llama.cpp runs beside the target are timed where the target runs.
         device = "gpu" if getattr(target, "n_gpu_layers", 0) else "cpu"
         if mtp:
-            note("the model's MTP block")
+            steps.begin("the model's MTP block")
             profile.mtp_level_s[device], profile.mtp_update_s[device] = measure_mtp(target)
         if eagle3 is not None:
-            note("the EAGLE-3 head")
+            steps.begin("the EAGLE-3 head")
             try:
                 level, update = measure_eagle3(target, eagle3)
             except TandemError:  # a head this target cannot run is left out
@@ -469,19 +492,23 @@ def calibrate(target: Target, head_dir: Path | None, head_devices: list[str],
     assert meter.reading is not None
     profile.others_cores, profile.busy = meter.reading.others_cores, meter.reading.busy
     profile.measured_s = time.perf_counter() - t0
+    for what, measure in then:
+        steps.begin(what)
+        measure(profile)
+    steps.finish()
     return profile
 
 
 def _measure_all(profile: CostProfile, target: Target, head_dir: Path | None,
-                 head_devices: list[str], note: Callable[[str], None],
+                 head_devices: list[str], steps: MeasureSteps,
                  fingerprint: TargetFingerprint | None, draft_model: Path | None,
                  draft_on_gpu: bool) -> None:
     context = profile.context
     device = "gpu" if getattr(target, "n_gpu_layers", 0) else "cpu"
-    note("target verification cost")
+    steps.begin("target verification cost")
     timings: dict[str, float] = {}
     profile.verify_s[device] = measure_verify_curve(target, context, repeats=7,
-                                                    timings=timings)
+                                                    timings=timings, on_round=steps.part)
     profile.spread = timings["spread"]
     target.set_features(True)
     try:
@@ -494,7 +521,7 @@ def _measure_all(profile: CostProfile, target: Target, head_dir: Path | None,
         with_features[n] / base[n] for n in with_features if n in base) - 1.0)
     if head_dir is not None:
         for dev in head_devices:
-            note(f"draft head on {dev}")
+            steps.begin(f"draft head on {dev}")
             try:
                 lvl, upd, tr = measure_head(target, head_dir, dev, fingerprint=fingerprint)
             except Exception:  # noqa: BLE001 - a device that cannot run the head is skipped
@@ -504,7 +531,7 @@ def _measure_all(profile: CostProfile, target: Target, head_dir: Path | None,
             profile.transfer_s[dev] = tr
     if draft_model is not None:
         for key, layers in (("cpu", 0), ("gpu", -1))[:2 if draft_on_gpu else 1]:
-            note(f"draft model on the {key.upper()}")
+            steps.begin(f"draft model on the {key.upper()}")
             try:
                 token_s, sync_s = measure_draft_model(draft_model, target.n_threads,
                                                       context, layers)

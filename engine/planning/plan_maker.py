@@ -288,15 +288,16 @@ class PlanMaker:
         """Everything the planner prices, measured now with ``target`` (on the CPU), and
         the target on the GPU where it fits."""
         hw, options = self.hardware, self.options
-        costs = calibrate(target, options.head_dir, ["cpu"] + [g.device for g in hw.gpus],
-                          progress=say, fingerprint=self.model.fingerprint,
-                          draft_model=options.draft_model,
-                          draft_on_gpu=bool(hw.best_gpu and hw.llama_gpu_offload),
-                          mtp=options.mtp is not None,
-                          eagle3=options.eagle3[0] if options.eagle3 else None)
+        then: list[tuple[str, Callable[[CostProfile], None]]] = []
         if self.gpu_can_hold_target(target_config):
-            self._measure_gpu_target(costs, target_config, say)
-        return costs
+            then.append(("target verification cost on the GPU",
+                         lambda costs: self._measure_gpu_target(costs, target_config)))
+        return calibrate(target, options.head_dir, ["cpu"] + [g.device for g in hw.gpus],
+                         progress=say, fingerprint=self.model.fingerprint,
+                         draft_model=options.draft_model,
+                         draft_on_gpu=bool(hw.best_gpu and hw.llama_gpu_offload),
+                         mtp=options.mtp is not None,
+                         eagle3=options.eagle3[0] if options.eagle3 else None, then=then)
 
     def keep_measured(self, costs: CostProfile, plan_in_use: Plan) -> Plan:
         """Costs measured again on a quiet machine replace the cached ones; returns the
@@ -336,10 +337,8 @@ class PlanMaker:
         return bool(gpu and self.hardware.llama_gpu_offload and
                     fits_gpu(target_need(self.model.size_bytes, kv), gpu.free_bytes))
 
-    def _measure_gpu_target(self, costs: CostProfile, target_config: TargetConfig,
-                            say: Say) -> None:
+    def _measure_gpu_target(self, costs: CostProfile, target_config: TargetConfig) -> None:
         """The verification curve with every layer on the GPU, as the plan would run it."""
-        say("target verification cost on the GPU")
         try:
             with Target(self.model.path, replace(target_config, n_gpu_layers=-1)) as target:
                 costs.verify_s["gpu"] = measure_verify_curve(target, costs.context)
