@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 from app.conversation_store import ConversationStore
 from app.gui import theme
 from app.gui.engine_worker import EngineChoice, EngineReady
+from app.gui.measure_bar import MeasureBar
 from engine.drafters.kinds import OFFERED, DrafterKind
 from engine.errors import InvalidSettingError
 from engine.gguf.eagle3 import is_eagle3_head
@@ -43,6 +44,7 @@ from engine.hub.fit import human_bytes
 from engine.hub.local_models import ModelRegistry
 from engine.hub.model_store import PREPARED_FILE
 from engine.planning.drafter_options import DrafterOption, drafter_options
+from engine.planning.measure_progress import Measuring
 from engine.runtime.model_info import read_model_info
 from engine.workers.endpoints import parse_workers
 
@@ -158,6 +160,8 @@ class EnginePanel(QGroupBox):
         self.note.setWordWrap(True)
         self.note.setStyleSheet(f"color: {theme.current().note};")
         self.note.hide()
+        # The first start's measurement of this machine (the window places it in sight).
+        self.measure_bar = MeasureBar()
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addWidget(self.state)
@@ -380,7 +384,12 @@ class EnginePanel(QGroupBox):
     def show_loading(self, text: str) -> None:
         self.state.setText(text)
 
+    def show_measuring(self, progress: Measuring) -> None:
+        """How far measuring this machine is, and about how long is left."""
+        self.measure_bar.show_progress(progress)
+
     def show_ready(self, ready: EngineReady) -> None:
+        self.measure_bar.finish()
         threads = f"{ready.n_threads} CPU thread{'s' * (ready.n_threads != 1)}"
         self.state.setText(f"Ready: {Path(ready.model_path).name}, drafter "
                            f"{ready.drafter}, {threads}, context {ready.n_ctx} tokens.")
@@ -403,5 +412,6 @@ class EnginePanel(QGroupBox):
         self.model_box.blockSignals(False)
 
     def show_failure(self, message: str) -> None:
+        self.measure_bar.finish()
         self.state.setText(f"Could not load the model: {message}")
         self.note.hide()
