@@ -27,8 +27,8 @@ def main() -> None:
     counter = args.folder / ".count"
 
     @server.tool(description="Always fails.")
-    def broken(reason: str = "it always does") -> str:
-        raise RuntimeError(f"broken failed: {reason}")
+    def broken() -> str:
+        raise RuntimeError("broken failed, as it always does")
 
     @server.tool(description="Ends this server's process at once.")
     def crash() -> str:
