@@ -447,6 +447,8 @@ class Engine:
                 decoded_before_change = False
             if on_step is not None:
                 on_step(step)
+        if governor is not None:
+            governor.new_request()
         try:
             result = generate(self.target, prompt, drafter, config,
                               on_text=on_text,

@@ -42,3 +42,20 @@ def test_drafting_resumes_when_it_pays_again():
     pause = gov.pause_left
     drafted, _ = _run(gov, pause + 600, accepted=3, t_draft=0.002, t_verify=1.5 * T1)
     assert drafted == 600  # every step after the pause drafts again
+
+
+def test_a_new_prompt_ends_the_pause_of_drafts_read_from_the_context():
+    """A tool loop's next answer repeats a call or quotes a result the last answer never
+    saw: drafters that read the context are probed again at once (a probe's few steps),
+    a draft model keeps its pause."""
+    looks_back = SpeculationGovernor(tolerance=0.05, max_pause=32, resume_on_new_request=True)
+    model = SpeculationGovernor()
+    for gov in (looks_back, model):
+        _run(gov, 8, accepted=0, t_draft=0.0001, t_verify=1.8 * T1)
+        assert gov.pause_left > 0
+        gov.new_request()
+    assert looks_back.pause_left == 0 and looks_back.should_draft()
+    assert model.pause_left > 0 and not model.should_draft()
+    # The probe that follows is short: three losing steps pause it again.
+    drafted, _ = _run(looks_back, 10, accepted=0, t_draft=0.0001, t_verify=1.8 * T1)
+    assert drafted == 3 and looks_back.pause_left > 0

@@ -54,13 +54,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.drafters = ",".join(sweep_specs(layouts))
     if args.drafters is None:
         args.drafters = ("none,auto" + (",server" if args.llama_server else "")
-                         if args.long_context is not None else "none,lookup")
+                         if args.long_context is not None else
+                         "none,auto" if args.tool_loop else "none,lookup")
     names = parse_drafter_list(args.drafters, (*ENGINE_DRAFTERS, *BASELINE_NAMES,
                                                *SERVER_NAMES))
     if any(n in SERVER_NAMES for n in names) and not args.llama_server:
         raise ValueError("the server baselines need --llama-server PATH")
     if args.long_context is not None:
         return _long_context(args, names)
+    if args.tool_loop:
+        return _tool_loop(args, names)
     if args.documents is None and args.prompts is None:
         raise ValueError("give --prompts FILE, --documents for the document tasks, or "
                          "--long-context")
@@ -241,6 +244,61 @@ def _long_context(args: argparse.Namespace, names: list[str]) -> int:
     return 0
 
 
+def _tool_loop(args: argparse.Namespace, names: list[str]) -> int:
+    """``--tool-loop``: questions answered through an MCP server over a folder made for
+    them, each runner on the same loop (app.benchmarks.tool_loop)."""
+    from tqdm import tqdm
+
+    from app.benchmarks.bench import runner_engine_config
+    from app.benchmarks.tool_loop import (
+        SERVER_NAME,
+        TOOL_ROUNDS,
+        TOOL_TASKS,
+        bench_meta,
+        format_tool_table,
+        make_tool_folder,
+        run_tool_bench,
+    )
+    from app.tools.mcp_host import RUNNING, McpHost
+    from app.tools.server_config import ServerConfig
+    from engine.conversation import AnswerService
+
+    if args.threads is None:
+        args.threads = default_threads()
+    base = replace(engine_config(args, drafter=DrafterKind.NONE),
+                   memory_dir=_runs_memory_dir(args))
+    folder = make_tool_folder(Path(tempfile.mkdtemp(prefix="tandem-tool-loop-")) / "files")
+    host = McpHost()
+    services: dict[str, AnswerService] = {}
+    try:
+        host.start(ServerConfig(SERVER_NAME, sys.executable,
+                                ("-m", "app.tools.files_server", str(folder))))
+        status = host.wait_started(SERVER_NAME)
+        if status.state != RUNNING:
+            raise RuntimeError(f"the files server did not start: {status.message}")
+        for n in names:
+            config = runner_engine_config(n, base)
+            services[n] = AnswerService(Engine(config), config)
+        tasks = list(TOOL_TASKS)
+        with tqdm(total=len(tasks) * len(names), unit="loop", file=sys.stderr) as bar:
+            out = run_tool_bench(services, host, tasks, TOOL_ROUNDS, args.max_tokens,
+                                 lambda _what: bar.update())
+        first = next(iter(services.values())).engine
+        assert first is not None
+        out["meta"] = bench_meta(str(first.target.path), first.target.n_threads,
+                                 TOOL_ROUNDS, args.max_tokens, names)
+    finally:
+        for service in services.values():
+            service.close()
+        host.close()
+        shutil.rmtree(folder.parent, ignore_errors=True)
+    print(format_tool_table(out))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+        print(f"results written to {args.json}", file=sys.stderr)
+    return 0
+
+
 def _heal(args: argparse.Namespace) -> int:
     """``--heal N``: a plan made under load, then N answers on the quiet machine."""
     from app.benchmarks.heal_bench import format_heal, run_heal_bench
@@ -301,6 +359,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "each where the model's context holds it; prompt and decode speed "
                         "and the process's peak memory (default runners none,auto,server "
                         "with --llama-server)")
+    p.add_argument("--tool-loop", action="store_true",
+                   help="questions about a folder of files answered through a real MCP "
+                        "server (list, read, search): the first answers of each call "
+                        "tools, the last answers; tok/s over the whole loop and by turn "
+                        "(default runners none,auto)")
     p.add_argument("--no-memory", action="store_true",
                    help="with --long-context: skip the peak-memory runs")
     p.add_argument("--per-category", type=int, default=None)

@@ -22,6 +22,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 from app.gui.context_room import largest_context
 from app.tools.model_support import tool_support_note
+from app.tools.turns import for_model
 from engine.conversation import AnswerService, Question, failure_of
 from engine.decoding.budget import MAX_DRAFT
 from engine.decoding.generation import GenerationConfig, GenerationResult
@@ -41,7 +42,7 @@ from engine.runtime.target import Target
 from engine.session import Engine, EngineConfig, loaded_memory
 from engine.session_process import EngineProcess
 from engine.tool_calls import Tool, ToolCall
-from engine.tool_syntax import GENERIC, ToolSyntax, tool_syntax_of
+from engine.tool_syntax import GENERIC, tool_syntax_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -445,12 +446,11 @@ class EngineWorker(QObject):
             engine = service.current()
             syntax = tool_syntax_of(engine.target.template.source) \
                 if engine is not None else GENERIC
-            messages, offered = _with_tools(request, syntax, required)
-            if required:
-                generation = replace(generation,
-                                     grammar=syntax.grammar(list(request.tools), False))
-            question = Question.chat(messages, generation, request.context_policy,
-                                     request.thinking, tools=offered)
+            turn = for_model(list(request.messages), list(request.tools), syntax, required)
+            if turn.grammar is not None:
+                generation = replace(generation, grammar=turn.grammar)
+            question = Question.chat(turn.messages, generation, request.context_policy,
+                                     request.thinking, tools=turn.template_tools)
             answer = service.answer(question,
                                     on_text=(lambda s: self.text.emit(rid, s)) if stream
                                     else None,
@@ -491,20 +491,6 @@ def _token_kinds(target: Target, result: GenerationResult
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     texts = tuple(decoder.decode(target.token_bytes(t)) for t in result.tokens)
     return texts, tuple(kinds[:len(texts)])
-
-
-def _with_tools(request: GenerationRequest, syntax: ToolSyntax, required: bool
-                ) -> tuple[list[dict], tuple[dict, ...]]:
-    """The conversation as the chat template takes it, and the tools the template is
-    given: earlier calls and results in the model's syntax, the tools offered where the
-    request has any."""
-    messages = [dict(m) for m in request.messages]
-    if not request.tools and not any(m.get("tool_calls") or m["role"] == "tool"
-                                     for m in messages):
-        return messages, ()
-    prepared, offered = syntax.prepare(messages, list(request.tools), bool(request.tools),
-                                       required)
-    return prepared, tuple(offered or ())
 
 
 def _failure(request_id: int, exc: Exception) -> EngineFailure:

@@ -17,7 +17,7 @@ from PySide6.QtCore import QObject, Signal
 from app.conversation_store import COMPLETE, ChatSettings, ConversationStore, Message
 from app.gui.tool_servers import ToolServers
 from app.tools import turns
-from app.tools.mcp_host import ToolCallError, ToolInfo, ToolOutcome
+from app.tools.mcp_host import ToolCallError, ToolOutcome
 from engine.tool_calls import Tool, ToolCall
 
 
@@ -37,12 +37,6 @@ class _Round:
     calls: list[dict[str, Any]]
     replay: dict[str, dict[str, Any]]
     running: tuple[int, int] | None = None  # the key of the call on its server
-
-
-def offered_tools(tools: list[ToolInfo]) -> tuple[Tool, ...]:
-    """The servers' tools as the engine offers them to the model."""
-    return tuple(Tool(t.public_name, t.description, t.schema or
-                      {"type": "object", "properties": {}}) for t in tools)
 
 
 class ToolLoop(QObject):
@@ -77,7 +71,7 @@ class ToolLoop(QObject):
         rounds = turns.rounds_since_user([(m.role, m.info) for m in history])
         if rounds >= max(0, settings.tool_rounds):
             return (), True
-        return offered_tools(tools), False
+        return tuple(t.as_tool() for t in tools), False
 
     def begin(self, message: Message, content: str, calls: tuple[ToolCall, ...],
               replay: bool, loop_start: int) -> None:

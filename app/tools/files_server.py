@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import MCPServer
+from mcp.types import ToolAnnotations
+from pydantic import Field
 
 MAX_READ_CHARS = 12_000
 MAX_HITS = 20
+MAX_CHOICES = 200  # paths offered as a list to choose from
+MAX_SEARCH_CHARS = 40
 
 
 class OutsideFolder(ValueError):
@@ -33,20 +38,27 @@ def _text_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
 
 
+def _choice(values: list[str]) -> Any:
+    """A parameter type that admits only ``values`` (a JSON schema enum, which holds a
+    small model's arguments to what exists), or any text when there are too many."""
+    return Literal[tuple(values)] if 0 < len(values) <= MAX_CHOICES else str
+
+
 def make_server(root: Path) -> MCPServer:
+    """The server over ``root``: its paths as a list the arguments choose from, taken
+    when it starts (up to MAX_CHOICES files; past that any path is accepted)."""
     root = Path(root).resolve()
     server = MCPServer("tandem-files", instructions=f"Reads the text files under {root}.")
+    files = [str(p.relative_to(root)) for p in _text_files(root)]
+    folders = sorted({str(Path(f).parent) for f in files} - {"."})
+    read_only = ToolAnnotations(read_only_hint=True)
 
-    @server.tool(description="List the files in the folder (or a subfolder), one path a "
-                             "line with its size in bytes.")
     def list_files(folder: str = "") -> str:
         base = _inside(root, folder)
         lines = [f"{p.relative_to(root)} ({p.stat().st_size} bytes)"
                  for p in _text_files(base)]
         return "\n".join(lines) or "(no files)"
 
-    @server.tool(description="Read a text file of the folder, by its path as list_files "
-                             "gives it.")
     def read_file(path: str) -> str:
         file = _inside(root, path)
         if not file.is_file():
@@ -56,8 +68,6 @@ def make_server(root: Path) -> MCPServer:
             text = text[:MAX_READ_CHARS] + f"\n… ({len(text) - MAX_READ_CHARS} more characters)"
         return text
 
-    @server.tool(description="Find the lines that contain a text (case-insensitive) in "
-                             "the folder's files: path:line: text.")
     def search_files(text: str) -> str:
         needle, hits = text.lower(), []
         for p in _text_files(root):
@@ -69,6 +79,21 @@ def make_server(root: Path) -> MCPServer:
                         return "\n".join(hits)
         return "\n".join(hits) or f"no line contains {text!r}"
 
+    list_files.__annotations__ = {"folder": _choice(["", *folders]) if folders else str,
+                                  "return": str}
+    read_file.__annotations__ = {"path": _choice(files), "return": str}
+    search_files.__annotations__ = {
+        "text": Annotated[str, Field(min_length=1, max_length=MAX_SEARCH_CHARS)],
+        "return": str}
+    server.add_tool(list_files, annotations=read_only,
+                    description="List the files in the folder (or a subfolder), one path "
+                                "a line with its size in bytes.")
+    server.add_tool(read_file, annotations=read_only,
+                    description="Read a text file of the folder, by its path as "
+                                "list_files gives it.")
+    server.add_tool(search_files, annotations=read_only,
+                    description="Find the lines that contain a text (case-insensitive) "
+                                "in the folder's files: path:line: text.")
     return server
 
 

@@ -30,6 +30,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from app.tools.server_config import ServerConfig
+from engine.tool_calls import Tool
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,11 @@ class ToolInfo:
     description: str
     schema: dict
     public_name: str = ""
+
+    def as_tool(self) -> Tool:
+        """The tool as the engine offers it to the model."""
+        return Tool(self.public_name or self.name, self.description,
+                    self.schema or {"type": "object", "properties": {}})
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,18 @@ in its ``info["tool_calls"]`` (tool, arguments, the user's decision, the result)
 model is given them back as the API's messages: the assistant's ``tool_calls``, then one
 ``tool`` message per call (engine.tool_syntax writes both in the model's syntax).
 
-No Qt and no MCP here: the window's loop (app.gui.tool_loop) and the tests share it.
+No Qt and no MCP here: the window's loop (app.gui.tool_loop), its worker, the tool-loop
+benchmark and the tests share it.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
+
+from engine.tool_calls import Tool
+from engine.tool_syntax import ToolSyntax
 
 # A call's state in the card.
 WAITING = "waiting"  # for the user's approval
@@ -115,3 +120,26 @@ def describe_call(call: dict[str, Any]) -> str:
         shown = result if len(result) <= 600 else result[:600] + "…"
         lines.append("```\n" + shown.replace("```", "ʼʼʼ") + "\n```")
     return "\n\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ModelTurn:
+    """A conversation as the chat template takes it: the messages (earlier calls and
+    results in the model's syntax), the tools the template is given, and the grammar that
+    holds the answer to a call where one is required (None: free)."""
+
+    messages: list[dict[str, Any]]
+    template_tools: tuple[dict, ...]
+    grammar: str | None
+
+
+def for_model(messages: list[dict[str, Any]], tools: list[Tool], syntax: ToolSyntax,
+              required: bool) -> ModelTurn:
+    """``messages`` (the API's, as ``expand`` writes them) ready for the model, offered
+    ``tools`` (none: it answers), a call ``required`` or not."""
+    messages = [dict(m) for m in messages]
+    if not tools and not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+        return ModelTurn(messages, (), None)
+    prepared, offered = syntax.prepare(messages, tools, bool(tools), required and bool(tools))
+    grammar = syntax.grammar(tools, False) if required and tools else None
+    return ModelTurn(prepared, tuple(offered or ()), grammar)

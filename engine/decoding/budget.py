@@ -257,11 +257,22 @@ class SpeculationGovernor:
     probe_window: int = 3
     min_pause: int = 4
     max_pause: int = 2000
+    # A new prompt ends a pause (then a probe's few steps judge it): for drafters that
+    # read the context, whose hits come with what the prompt brings (a tool's result
+    # quoted, an earlier call repeated), which the last request's losses say nothing of.
+    resume_on_new_request: bool = False
     pause_left: int = 0
     n_paused: int = 0  # plain steps taken because drafting did not pay
     _saved_s: float = 0.0  # seconds saved over the current window (negative: lost)
     _n: int = 0
     _needed: int = 0
+
+    def new_request(self) -> None:
+        """A generation after a new prompt starts."""
+        if self.resume_on_new_request and self.pause_left > 0:
+            self.pause_left = 0
+            self._needed = self.probe_window
+            self._saved_s, self._n = 0.0, 0
 
     def should_draft(self) -> bool:
         if self.pause_left > 0:

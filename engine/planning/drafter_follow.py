@@ -27,7 +27,8 @@ def governor_for(drafter: Drafter) -> SpeculationGovernor:
     """The governor of a drafter ``auto`` chose. A head or draft model whose drafts cost
     time and are not accepted is paused and probed again. Drafts from memory cost
     microseconds and their hits come in bursts: they are let off 5% of a token and
-    paused 32 steps at most, so a repeat is not missed for long."""
+    paused 32 steps at most, so a repeat is not missed for long, and a new prompt ends
+    their pause (what it brings is judged by a probe of its own)."""
     if drafter.is_draft_model:
         return SpeculationGovernor()
-    return SpeculationGovernor(tolerance=0.05, max_pause=32)
+    return SpeculationGovernor(tolerance=0.05, max_pause=32, resume_on_new_request=True)
