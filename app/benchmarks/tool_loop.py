@@ -109,6 +109,8 @@ class LoopTurn:
     decode_s: float  # after the first token
     total_s: float
     mean_accepted: float
+    n_proposed: int = 0  # draft tokens sent to the target
+    n_accepted: int = 0  # of them kept
     calls: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -141,7 +143,8 @@ def run_loop(service: AnswerService, host: McpHost, question: str, rounds: int,
             tools=turn.template_tools), plain=plain)
         s = answer.result.stats
         done = LoopTurn(answer.result.text, s.n_new, s.t_total_s - s.ttft_s, s.t_total_s,
-                        s.mean_accepted)
+                        s.mean_accepted, sum(st.n_proposed for st in s.steps),
+                        sum(st.n_accepted for st in s.steps))
         turns.append(done)
         read = syntax.read(answer.result.text, tools) if required else None
         if read is None:
