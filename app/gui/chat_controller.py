@@ -449,8 +449,9 @@ class ChatController(QObject):
         status = STOPPED if outcome.finish_reason == "cancelled" else COMPLETE
         summary = summary_line(outcome.stats, outcome.finish_reason)
         if a.tool_limit:
-            summary = (f"{a.tool_limit} rounds of tool calls (the limit, in Settings): "
-                       f"answered without tools · {summary}")
+            rounds = "1 round" if a.tool_limit == 1 else f"{a.tool_limit} rounds"
+            summary = (f"{rounds} of tool calls (the limit, in Settings): answered "
+                       f"without tools · {summary}")
         if outcome.n_dropped:  # the window marks what the model no longer saw
             summary = (f"the {outcome.n_dropped} oldest messages were left out to fit the "
                        f"context · {summary}")

@@ -99,10 +99,38 @@ def _shoot(out: Path, model: Path | None, folder: Path, tag: str, dark: bool = F
     print(path)
     problems.extend(f"sources: {p}" for p in cut_texts(dialog))
     dialog.close()
+    _tool_servers(w, folder, _wait)
+    w.settings_toggle.setChecked(True)
+    w.settings_drawer.ensureWidgetVisible(w.tools_panel)
+    look("tools-settings")
+    w.settings_toggle.setChecked(False)
+    w.controller.new_conversation()
+    w.settings_panel.tools_required.setChecked(True)
+    w.settings_panel.tool_rounds.setValue(1)
+    w.settings_panel.max_tokens.setValue(60)
+    w.controller.send("What does the lighthouse note say about the keeper's duties?")
+    _wait(until=w.chat.approval.isVisible, timeout_ms=120_000)
+    look("tool-approval")
+    w.chat.approval.allow_button.click()
+    _wait(until=lambda: not w.controller.busy, timeout_ms=120_000)
+    look("tool-answer")
     w.shutdown()
     for line in problems:
         print(line, file=sys.stderr)
     return 1 if problems else 0
+
+
+def _tool_servers(w, folder: Path, wait) -> None:  # noqa: ANN001
+    """The files server over a folder of notes added from an mcp.json, running."""
+    from app.benchmarks.tool_loop import make_tool_folder
+
+    files = make_tool_folder(folder / "harbour-files")
+    config = folder / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"harbour-files": {
+        "command": sys.executable, "args": ["-m", "app.tools.files_server", str(files)]}}}))
+    w.tools_panel.import_file(config)
+    wait(until=lambda: w.tool_servers.status("harbour-files").state == "running",
+         timeout_ms=60_000)
 
 
 def _attach_and_ask(w, folder: Path, wait) -> None:  # noqa: ANN001

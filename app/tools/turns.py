@@ -109,12 +109,13 @@ def describe_call(call: dict[str, Any]) -> str:
     if len(args) > 300:
         args = args[:299] + "…"
     state = call.get("state", "")
-    badge = {WAITING: "⏳ waiting for your approval", RUNNING: "⚙ running…",
+    # (Symbols every desktop font has: emoji are boxes on a bare Linux.)
+    badge = {WAITING: "… waiting for your approval", RUNNING: "… running",
              DONE: "✓ done" if not call.get("is_error") else "✖ the tool reported an error",
-             FAILED: "✖ failed", REFUSED: "⛔ refused", STOPPED: "■ stopped",
+             FAILED: "✖ failed", REFUSED: "✖ refused", STOPPED: "■ stopped",
              REPLAYED: "↺ earlier result (not run again)"}.get(state, state)
-    lines = [f"🔧 **{call.get('tool', call.get('name', ''))}** · {call.get('server', '')} · "
-             f"{badge}", f"`{args}`"]
+    lines = [f"Tool **{call.get('tool', call.get('name', ''))}** · {call.get('server', '')}"
+             f" · {badge}", f"`{args}`"]
     result = str(call.get("result", ""))
     if state in (*ANSWERED, FAILED) and result:
         shown = result if len(result) <= 600 else result[:600] + "…"
