@@ -28,6 +28,7 @@ from app.conversation_store import (
     Message,
 )
 from app.documents.reading import KINDS, Document
+from app.tools.turns import calls_of, describe_call
 
 FORMAT = "tandem.conversation"
 VERSION = 2  # 2: attachments
@@ -92,6 +93,7 @@ def to_markdown(conversation: Conversation, messages: list[Message],
         if m.status not in (COMPLETE, STREAMING):
             note = f"{m.status}; {note}" if note else m.status
         lines += [f"### {who}" + (f" *({note})*" if note else ""), "", m.content, ""]
+        lines += [line for call in calls_of(m.info) for line in (describe_call(call), "")]
         docs = (attachments or {}).get(m.id, [])
         if docs:  # named, not copied: the JSON export keeps their text
             lines += ["*Attached: " + ", ".join(a.name for a in docs) + "*", ""]

@@ -217,3 +217,44 @@ def test_servers_from_an_mcp_json_in_the_tools_panel(
     qtbot.waitUntil(lambda: w2.tool_servers.status("files").state == RUNNING,
                     timeout=30_000)
     w2.close()
+
+
+def test_a_server_by_url_over_streamable_http(
+        qtbot, tmp_path: Path, model_path: Path, folder: Path) -> None:
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(SERVER), str(folder), "--http", str(port),
+                             "--only", "read_file"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        w = open_window(qtbot, tmp_path / "chat.sqlite3", model_path, max_tokens=48)
+        qtbot.waitUntil(lambda: _listening(port), timeout=30_000)
+        w.tool_servers.add([ServerConfig("web", url=f"http://127.0.0.1:{port}/mcp")])
+        qtbot.waitUntil(lambda: w.tool_servers.status("web").state == RUNNING,
+                        timeout=30_000)
+        w.settings_panel.tools_required.setChecked(True)
+        w.settings_panel.tool_rounds.setValue(1)
+        type_and_send(qtbot, w, "Read ferry.txt.")
+        wait_for_approval(qtbot, w)
+        w.chat.approval.allow_button.click()
+        wait_idle(qtbot, w)
+        (call,) = cards(w)
+        assert (call["server"], call["state"]) == ("web", DONE)
+        assert call["result"] == "The ferry leaves at nine.\n"
+        # The Markdown export shows the call and its result too.
+        md = tmp_path / "chat.md"
+        assert w.export_conversation(md)
+        assert "read_file" in md.read_text() and "The ferry leaves at nine." in md.read_text()
+    finally:
+        proc.kill()
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0

@@ -170,6 +170,9 @@ class ChatController(QObject):
         return conv.id
 
     def delete_conversation(self, conversation_id: int) -> None:
+        loop = self.tools.round
+        if loop is not None and loop.conversation_id == conversation_id:
+            self.tools.stop()  # its calls would go on in a conversation that is gone
         if self.active is not None and self.active.conversation_id == conversation_id:
             self.stop()
             self.problem.emit("Stop the answer first; then delete the conversation.")
