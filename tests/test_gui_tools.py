@@ -205,6 +205,7 @@ def test_servers_from_an_mcp_json_in_the_tools_panel(
     lines = [w.tools_panel.list.item(i).text() for i in range(w.tools_panel.list.count())]
     assert lines[0].startswith("● files") and "tools" in lines[0]
     assert lines[1].startswith("✖ broken")
+    assert "The tool server broken failed" in w.statusBar().currentMessage()
     w.tools_panel.list.setCurrentRow(1)
     assert "could not start" in w.tools_panel.detail.text()
     assert "generic syntax" in w.tools_panel.model_note.text()  # the bundled model's

@@ -213,13 +213,15 @@ def format_tool_table(payload: dict[str, Any]) -> str:
     ref = next(iter(runners))
     base = runners[ref]["tok_per_s"] or 1.0
     lines = [f"{'runner':<14}{'tok/s loop':>11}{'vs ' + ref:>10}{'calls tok/s':>13}"
-             f"{'answers tok/s':>15}{'t/verify':>10}{'tokens':>8}  same",
-             "-" * 88]
+             f"{'answers tok/s':>15}{'t/verify':>10}{'tokens':>8}{'answering s':>13}  same",
+             "-" * 101]
     for n, f in runners.items():
         lines.append(f"{n:<14}{f['tok_per_s']:>11.1f}{f['tok_per_s'] / base:>9.2f}x"
                      f"{f['calls_tok_per_s']:>13.1f}{f['answers_tok_per_s']:>15.1f}"
-                     f"{f['tokens_per_verification']:>10.2f}{f['tokens']:>8}  "
-                     f"{'yes' if f['identical'] else 'NO'}")
+                     f"{f['tokens_per_verification']:>10.2f}{f['tokens']:>8}"
+                     f"{f['seconds']:>13.2f}  {'yes' if f['identical'] else 'NO'}")
+    lines.append("(tok/s: after each turn's first token; answering s: every turn's prompt "
+                 "and answer, the tools' time not counted)")
     lines.append("")
     lines.append("per task, tok/s over its loop: " + "; ".join(
         f"{k + 1}: " + ", ".join(f"{n} {v:.1f}" for n, v in t["tok_per_s"].items())

@@ -225,6 +225,10 @@ class MainWindow(QMainWindow):
         c.reading_changed.connect(self.chat.set_reading)
         c.context_request.connect(self._raise_context)
         c.approval_needed.connect(self.chat.approval.show_call)
+        self.tool_servers.failed.connect(
+            lambda name, why: self.statusBar().showMessage(
+                f"The tool server {name} failed: {why}. Settings ▸ Tools can restart it; "
+                "the chat goes on without its tools.", 20000))
         self.chat.approval.approved.connect(c.approve_call)
         self.chat.approval.refused.connect(c.refuse_call)
         self.conversations.selected.connect(c.open_conversation)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
-from app.tools.mcp_host import McpHost, ServerStatus, ToolCallError, ToolInfo, ToolOutcome
+from app.tools.mcp_host import FAILED, McpHost, ServerStatus, ToolCallError, ToolInfo, ToolOutcome
 from app.tools.server_config import (
     ServerConfig,
     SettingsStore,
@@ -25,6 +25,7 @@ from app.tools.server_config import (
 
 class ToolServers(QObject):
     changed = Signal()  # the list, a server's state or its tools changed
+    failed = Signal(str, str)  # a server's name and why it failed (to start, or later)
     call_done = Signal(object, object)  # key, ToolOutcome or ToolCallError
     _status = Signal(object)  # ServerStatus, from the host's thread
     _done = Signal(object, object)  # from the host's thread
@@ -36,8 +37,13 @@ class ToolServers(QObject):
         self.configs: list[ServerConfig] = load_servers(store)
         self.host = McpHost(on_status=self._status.emit, call_timeout_s=call_timeout_s)
         self._calls: dict[object, Future] = {}
-        self._status.connect(lambda _s: self.changed.emit())
+        self._status.connect(self._on_status)
         self._done.connect(self._finish)
+
+    def _on_status(self, status: ServerStatus) -> None:
+        if status.state == FAILED:
+            self.failed.emit(status.name, status.message)
+        self.changed.emit()
 
     # --- the list ------------------------------------------------------------------------
     def start_all(self) -> None:

@@ -68,9 +68,10 @@ class Suggestion:
 
     def describe(self) -> str:
         gb = self.model.size_bytes / 1e9
+        tools = "; calls tools" if self.model.tools else ""
         return (f"{self.model.name} ({self.model.quant}, {gb:.1f} GB): about "
                 f"{self.tok_per_s:.0f} tokens/s here {self.where}; drafting: "
-                f"{self.model.drafts}")
+                f"{self.model.drafts}{tools}")
 
 
 def suggestions(memory: MachineMemory, bandwidth: float, most: int = 4
