@@ -433,12 +433,13 @@ class ConversationStore(AttachmentTables):
             if row is not None:
                 self._touch(row[0])
 
-    def tool_call_records(self, conversation_id: int) -> list[dict]:
-        """Every tool call kept in the conversation's answers, all versions, oldest first
-        (app.tools.turns: a regenerate replays their results)."""
+    def tool_call_records(self, conversation_id: int, from_position: int = 0) -> list[dict]:
+        """The tool calls kept in the conversation's answers at ``from_position`` or below
+        it, all versions, oldest first (app.tools.turns: a regenerate replays them)."""
         rows = self.db.execute(
             "SELECT info FROM messages WHERE conversation_id = ? AND role = 'assistant'"
-            " AND info LIKE '%\"tool_calls\"%' ORDER BY id", (conversation_id,)).fetchall()
+            " AND position >= ? AND info LIKE '%\"tool_calls\"%' ORDER BY id",
+            (conversation_id, from_position)).fetchall()
         found: list[dict] = []
         for (info,) in rows:
             calls = json.loads(info or "{}").get("tool_calls")

@@ -20,6 +20,7 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+from PySide6.QtCore import Qt  # noqa: E402
 
 from app.gui.main_window import MainWindow  # noqa: E402
 from app.tools.mcp_host import RUNNING  # noqa: E402
@@ -50,7 +51,9 @@ def with_server(qtbot, w: MainWindow, folder: Path, only: str, rounds: int = 1, 
 
 
 def wait_for_approval(qtbot, w: MainWindow) -> None:  # noqa: ANN001
-    qtbot.waitUntil(lambda: w.chat.approval.isVisible(), timeout=ANSWER_TIMEOUT_MS)
+    """Until the bar asks and its buttons take clicks (a moment after it shows)."""
+    qtbot.waitUntil(lambda: w.chat.approval.isVisible()
+                    and w.chat.approval.allow_button.isEnabled(), timeout=ANSWER_TIMEOUT_MS)
 
 
 def wait_idle(qtbot, w: MainWindow) -> None:  # noqa: ANN001
@@ -70,6 +73,14 @@ def test_approve_once_runs_the_call_and_the_model_answers_with_its_result(
     w = open_window(qtbot, tmp_path / "chat.sqlite3", model_path, max_tokens=48)
     with_server(qtbot, w, folder, "bump")
     type_and_send(qtbot, w, "Bump the counter, then tell me its value.")
+    qtbot.waitUntil(w.chat.approval.isVisible, timeout=ANSWER_TIMEOUT_MS)
+    # Keys typed meanwhile go to the composer; the buttons neither take the focus nor a
+    # click in their first moment.
+    assert not w.chat.approval.allow_button.isEnabled()
+    qtbot.keyClick(w.chat.composer, Qt.Key.Key_Space)
+    qtbot.keyClick(w.chat.composer, Qt.Key.Key_Return)
+    assert w.controller.tools.pending is not None
+    w.chat.composer.clear()
     wait_for_approval(qtbot, w)
     assert "bump" in w.chat.approval.question.text()
     assert w.chat.stop_button.isEnabled() and not w.chat.send_button.isEnabled()
@@ -111,6 +122,11 @@ def test_always_allow_runs_later_calls_without_asking_up_to_the_limit(
     assert [c["approval"] for c in cards(w)] == ["always"] * 3
     assert len(branch(w)) == 5  # the user, three rounds of calls, the answer
     assert load_servers(w.store)[0].always_allow == ("bump",)  # kept for next time
+    # A new message's calls run (only a regenerate or an edit replays).
+    w.settings_panel.tool_rounds.setValue(1)
+    type_and_send(qtbot, w, "Bump it once more.")
+    wait_idle(qtbot, w)
+    assert (cards(w)[-1]["state"], cards(w)[-1]["result"]) == (DONE, "count is 4")
 
 
 def test_refused_and_failing_calls_go_back_to_the_model(
@@ -198,8 +214,10 @@ def test_servers_from_an_mcp_json_in_the_tools_panel(
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {
         "files": {"command": sys.executable, "args": [str(SERVER), str(folder)]},
-        "broken": {"command": str(tmp_path / "missing")}}}))
+        "broken": {"command": str(tmp_path / "missing"), "alwaysAllow": ["rm_rf"]}}}))
     assert w.tools_panel.import_file(config)
+    # Only the user lets a tool run without asking: a file's alwaysAllow is not taken.
+    assert all(not c.always_allow for c in load_servers(w.store))
     qtbot.waitUntil(lambda: w.tool_servers.status("files").state == RUNNING
                     and w.tool_servers.status("broken").state == "failed", timeout=30_000)
     lines = [w.tools_panel.list.item(i).text() for i in range(w.tools_panel.list.count())]

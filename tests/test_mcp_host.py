@@ -240,3 +240,20 @@ class _Settings:
 
     def set_setting(self, key: str, value: object) -> None:
         self.values[key] = value
+
+
+def test_stopping_a_server_fails_its_running_call_and_a_double_restart_leaves_one(
+        host: McpHost, folder: Path) -> None:
+    host.start(trouble(folder))
+    assert host.wait_started("t").state == RUNNING
+    slow = host.call("t", "slow", {"seconds": 30})
+    time.sleep(0.3)
+    host.stop("t")
+    with pytest.raises(ToolCallError, match="stopped"):
+        slow.result(20)
+    host.start(trouble(folder))
+    host.start(trouble(folder))  # a second Restart before the first one finished
+    assert host.wait_started("t").state == RUNNING
+    time.sleep(1.0)
+    assert len(host._servers) == 1 and host.status("t").state == RUNNING
+    assert host.call("t", "bump", {}).result(20).text == "count is 1"

@@ -156,8 +156,8 @@ def run_loop(service: AnswerService, host: McpHost, question: str, rounds: int,
                 outcome = host.call(info.server, info.name, call.arguments
                                     ).result(call_timeout_s)
                 record.update(state=DONE, result=outcome.text, is_error=outcome.is_error)
-            except ToolCallError as exc:
-                record.update(state=FAILED, result=str(exc))
+            except (ToolCallError, TimeoutError) as exc:
+                record.update(state=FAILED, result=str(exc) or "the tool took too long")
             done.calls.append(record)
         messages += expand("assistant", read.content or "", {"tool_calls": done.calls})
     return LoopRun(turns)

@@ -134,9 +134,11 @@ class ChatController(QObject):
         self.tools = ToolLoop(store, tool_servers, self)
         self.tools.approval_needed.connect(self.approval_needed)
         self.tools.message_changed.connect(self._on_card)
-        self.tools.round_done.connect(lambda cid: self._answer(cid, continuing=True))
+        self.tools.round_done.connect(self._next_round)
         self.tools.ended.connect(self._done)
-        self.replay_tools = True  # a regenerate gives earlier calls' results back
+        # Where a regenerate or an edit cut the branch: the calls its old versions made
+        # (at or below this position) give their results back when made again.
+        self._replay_from: int | None = None
         worker.text.connect(self._on_text)
         worker.finished.connect(self._on_finished)
         worker.compared.connect(self._on_compared)
@@ -223,7 +225,9 @@ class ChatController(QObject):
     # --- chat actions ----------------------------------------------------------------
     def send(self, text: str) -> bool:
         """Append a user message with the pending documents and answer it; False when
-        busy or nothing to send."""
+        busy or nothing to send. Its tool calls run (a new message replays nothing)."""
+        if not self.busy:
+            self._replay_from = None
         return self._send(text, [])
 
     def _send(self, text: str, carried: list[int]) -> bool:
@@ -278,11 +282,11 @@ class ChatController(QObject):
         ``run_tools_again``."""
         if self.busy or self.current_id is None:
             return False
-        self.replay_tools = not run_tools_again
         users = [m for m in self.transcript.messages if m.role == "user"]
         if not users:
             return False
         self._truncate(users[-1].position + 1)
+        self._replay_from = None if run_tools_again else users[-1].position + 1
         return self._answer(self.current_id)
 
     def edit_and_resend(self, message_id: int, text: str) -> bool:
@@ -296,6 +300,7 @@ class ChatController(QObject):
             return False
         carried = [a.id for a in self.store.message_attachments(message_id)]
         self._truncate(msg.position)
+        self._replay_from = msg.position
         return self._send(text, carried)
 
     def abandon(self) -> None:
@@ -467,14 +472,26 @@ class ChatController(QObject):
         if outcome.calls and status == COMPLETE:
             # The loop goes on: calls, approvals and results, then the next answer.
             self.active = None
+            self.answer_finished.emit(outcome)  # before the next round can start
             self.tools.begin(finished, outcome.call_content or "", outcome.calls,
-                             self.replay_tools, self._loop_start or finished.id)
-            self.answer_finished.emit(outcome)
+                             self._replay_from, self._loop_start or finished.id,
+                             self._result_chars())
             return
-        self.replay_tools = True
+        self._replay_from = None
         self._done()
         self.conversations_changed.emit()
         self.answer_finished.emit(outcome)
+
+    def _next_round(self, conversation_id: int) -> None:
+        """Every call of the round is answered: the model answers again with them."""
+        if not self._answer(conversation_id, continuing=True):
+            self._replay_from = None
+            self._done()  # (the reason was told: a bad setting, say)
+
+    def _result_chars(self) -> int:
+        """The longest tool result the model is given: about half the context (results
+        come back in every later turn of the chat)."""
+        return max(2_000, 2 * (self.n_ctx or 4096))
 
     def _on_card(self, message: Message) -> None:
         """A tool call's card changed (decided, running, answered): show it."""

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from app.gui import theme
 from app.gui.tool_loop import PendingCall
 
-MAX_ARGS_CHARS = 400
+MAX_ARGS_CHARS = 400  # shown; the tooltip has them all
+ARM_MS = 600  # the buttons take clicks this long after the bar appears
 
 
 def _escape(text: str) -> str:
@@ -37,6 +38,9 @@ class ToolApprovalBar(QFrame):
         self.allow_button.clicked.connect(lambda: self.approved.emit(False))
         self.always_button.clicked.connect(lambda: self.approved.emit(True))
         self.refuse_button.clicked.connect(self.refused)
+        self._buttons = (self.allow_button, self.always_button, self.refuse_button)
+        for b in self._buttons:
+            b.setFocusPolicy(Qt.FocusPolicy.NoFocus)
         buttons = QHBoxLayout()
         buttons.addStretch(1)
         for b in (self.allow_button, self.always_button, self.refuse_button):
@@ -61,6 +65,16 @@ class ToolApprovalBar(QFrame):
             f"The model wants to run <b>{tool}</b> of the server "
             f"<i>{_escape(str(call.get('server', '')))}</i> with "
             f"<code>{_escape(args)}</code>. It runs with your rights on this computer.")
+        self.question.setToolTip(json.dumps(call.get("arguments", {}), ensure_ascii=False,
+                                            indent=1))  # all of them, however long
         self.always_button.setText(f"Always allow {call.get('tool', '')}")
+        # The buttons wake after a moment and never take the focus: a key pressed while
+        # typing the next message cannot approve a call no one read.
+        for b in self._buttons:
+            b.setEnabled(False)
         self.show()
-        self.allow_button.setFocus()
+        QTimer.singleShot(ARM_MS, self._arm)
+
+    def _arm(self) -> None:
+        for b in self._buttons:
+            b.setEnabled(True)

@@ -17,7 +17,7 @@ from PySide6.QtCore import QObject, Signal
 from app.conversation_store import COMPLETE, ChatSettings, ConversationStore, Message
 from app.gui.tool_servers import ToolServers
 from app.tools import turns
-from app.tools.mcp_host import ToolCallError, ToolOutcome
+from app.tools.mcp_host import ToolCallError, ToolInfo, ToolOutcome
 from engine.tool_calls import Tool, ToolCall
 
 
@@ -52,6 +52,10 @@ class ToolLoop(QObject):
         self.servers = servers
         self.round: _Round | None = None
         self.pending: PendingCall | None = None
+        # The tools the last request offered, by the name the model saw: its calls go to
+        # these (a server starting or stopping meanwhile renames nothing).
+        self.offered: dict[str, ToolInfo] = {}
+        self.max_result_chars = 16_000
         if servers is not None:
             servers.call_done.connect(self._on_result)
 
@@ -71,14 +75,16 @@ class ToolLoop(QObject):
         rounds = turns.rounds_since_user([(m.role, m.info) for m in history])
         if rounds >= max(0, settings.tool_rounds):
             return (), True
+        self.offered = {t.public_name: t for t in tools}
         return tuple(t.as_tool() for t in tools), False
 
     def begin(self, message: Message, content: str, calls: tuple[ToolCall, ...],
-              replay: bool, loop_start: int) -> None:
-        """Keep ``calls`` in ``message``'s card and handle them; ``replay``: a call the
-        conversation answered before the loop's first answer (message ``loop_start``)
-        gets that result back instead of running again."""
-        known = {t.public_name: t for t in self.servers.tools()} if self.servers else {}
+              replay_from: int | None, loop_start: int, max_result_chars: int) -> None:
+        """Keep ``calls`` in ``message``'s card and handle them. ``replay_from``: where a
+        regenerate or an edit cut the branch; a call its old versions (at or below that
+        position, made before the loop's first answer ``loop_start``) answered gets that
+        result back instead of running again. None: every call runs."""
+        known = self.offered
         records = []
         for i, call in enumerate(calls):
             info = known.get(call.name)
@@ -88,8 +94,10 @@ class ToolLoop(QObject):
                 record.update(state=turns.FAILED, result="no running server offers "
                                                          f"{call.name}")
             records.append(record)
-        earlier = turns.replayable(self.store.tool_call_records(message.conversation_id),
-                                   loop_start) if replay else {}
+        earlier = turns.replayable(self.store.tool_call_records(message.conversation_id,
+                                                                replay_from),
+                                   loop_start) if replay_from is not None else {}
+        self.max_result_chars = max_result_chars
         message = replace(message, content=content,
                           info={**message.info, "tool_calls": records})
         self.round = _Round(message.conversation_id, message, records, earlier)
@@ -177,7 +185,11 @@ class ToolLoop(QObject):
         r.running = None
         call = r.calls[key[1]]  # type: ignore[index]
         if isinstance(outcome, ToolOutcome):
-            call.update(state=turns.DONE, result=outcome.text, is_error=outcome.is_error)
+            text = outcome.text
+            if len(text) > self.max_result_chars:  # the context has room for so much
+                text = text[:self.max_result_chars] + \
+                    f"\n… ({len(text) - self.max_result_chars:,} more characters cut)"
+            call.update(state=turns.DONE, result=text, is_error=outcome.is_error)
         else:
             call.update(state=turns.FAILED, result=str(outcome))
         self._save()

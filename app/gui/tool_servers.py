@@ -8,6 +8,7 @@ the GUI thread; nothing here waits on a server.
 from __future__ import annotations
 
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
@@ -63,8 +64,10 @@ class ToolServers(QObject):
         self.changed.emit()
 
     def import_file(self, path: Path) -> list[ServerConfig]:
-        """The servers of an ``mcp.json`` added; raises ToolConfigError with why not."""
-        found = read_mcp_json(path)
+        """The servers of an ``mcp.json`` added (a server of the same name replaced);
+        raises ToolConfigError with why not. A file's ``alwaysAllow`` is not taken: only
+        the user lets a tool run without asking, here."""
+        found = [replace(c, always_allow=()) for c in read_mcp_json(path)]
         self.add(found)
         return found
 

@@ -12,13 +12,15 @@ call fails with a ``ToolCallError`` and the other servers go on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 import tempfile
 import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 
 STOPPED, STARTING, RUNNING, FAILED = "stopped", "starting", "running", "failed"
 MAX_RESULT_CHARS = 32_000  # a result longer than this is cut (it goes into the context)
+STOP_GRACE_S = 6.0  # a server's time to end when stopped, before it is cancelled
 _PUBLIC = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -118,14 +121,21 @@ def result_text(result: Any) -> ToolOutcome:
 def public_names(tools: list[ToolInfo]) -> list[ToolInfo]:
     """``tools`` with the names the model sees: unique, and within what tool syntaxes
     accept (letters, digits, ``_``, ``-``; 64 at most)."""
+    def clean(name: str) -> str:
+        return _PUBLIC.sub("_", name)[:64]
+
     count: dict[str, int] = {}
     for t in tools:
-        count[t.name] = count.get(t.name, 0) + 1
-    out = []
+        count[clean(t.name)] = count.get(clean(t.name), 0) + 1
+    out, taken = [], set()
     for t in tools:
-        name = t.name if count[t.name] == 1 else f"{t.server}_{t.name}"
-        out.append(ToolInfo(t.server, t.name, t.description, t.schema,
-                            _PUBLIC.sub("_", name)[:64]))
+        name = clean(t.name if count[clean(t.name)] == 1 else f"{t.server}_{t.name}")
+        base, n = name, 2
+        while name in taken:  # still shared (names alike once cleaned, or cut at 64)
+            name = f"{base[:60]}_{n}"
+            n += 1
+        taken.add(name)
+        out.append(ToolInfo(t.server, t.name, t.description, t.schema, name))
     return out
 
 
@@ -171,33 +181,27 @@ class McpHost:
         return public_names(found)
 
     def wait_started(self, name: str, timeout_s: float = 60.0) -> ServerStatus:
-        """Block until ``name`` runs or failed (for the CLI, the bench and tests)."""
-        done = threading.Event()
-
-        def check() -> bool:
-            return self.status(name).state in (RUNNING, FAILED, STOPPED)
-
-        deadline = threading.Timer(timeout_s, done.set)
-        deadline.start()
-        try:
-            while not done.wait(0.05):
-                if check():
-                    break
-        finally:
-            deadline.cancel()
+        """Block until ``name`` runs or failed, or ``timeout_s`` passed (for the CLI, the
+        bench and tests; a restart passes through STOPPED, which is not an outcome)."""
+        deadline = time.monotonic() + timeout_s
+        while self.status(name).state not in (RUNNING, FAILED) and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
         return self.status(name)
 
     def call(self, server: str, tool: str, arguments: dict) -> Future:
         """Run ``tool`` of ``server``: a Future of a ToolOutcome, or of a ToolCallError.
-        ``Future.cancel()`` abandons the call (``cancel_call`` tells the server)."""
+        ``Future.cancel()`` abandons the call (its task is cancelled; a queued one never
+        runs)."""
         future: Future = Future()  # left pending, so that cancel() works while it runs
         job = _Job(tool, dict(arguments), future)
         future.add_done_callback(lambda f: self._abandon(job) if f.cancelled() else None)
         self._post(self._enqueue(server, job))
         return future
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Stop every server and the host's thread; idempotent."""
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop every server (at once, each given STOP_GRACE_S) and the host's thread;
+        idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -206,7 +210,7 @@ class McpHost:
         except Exception as exc:  # noqa: BLE001 - closing goes on whatever a server did
             log.warning("stopping MCP servers: %s", exc)
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout_s)
+        self._thread.join(2.0)
 
     # --- the host's loop ---------------------------------------------------------------------
     def _post(self, coro: Any) -> None:
@@ -227,6 +231,8 @@ class McpHost:
 
     async def _start(self, config: ServerConfig) -> None:
         await self._stop(config.name)
+        while config.name in self._servers:  # another start of it ran while this waited
+            await self._stop(config.name)
         rec = _Server(config)
         with self._lock:
             self._servers[config.name] = rec
@@ -239,19 +245,18 @@ class McpHost:
         if rec is None or rec.task is None:
             return
         rec.queue.put_nowait(None)
-        try:
-            await asyncio.wait_for(asyncio.shield(rec.task), 5.0)
-        except TimeoutError:
+        # The SDK ends a command by closing its stdin, then SIGTERM, then SIGKILL (about
+        # 2 s each); one stuck before it started is cancelled, which does the same.
+        done, _ = await asyncio.wait([rec.task], timeout=STOP_GRACE_S)
+        if not done:
             rec.task.cancel()
-        except Exception:  # noqa: BLE001 - its failure was reported by _serve
-            pass
+            await asyncio.wait([rec.task], timeout=STOP_GRACE_S)
         self._set(rec, STOPPED, "stopped")
 
     async def _stop_all(self) -> None:
         with self._lock:
             names = list(self._servers)
-        for name in names:
-            await self._stop(name)
+        await asyncio.gather(*(self._stop(name) for name in names), return_exceptions=True)
 
     async def _enqueue(self, server: str, job: _Job) -> None:
         with self._lock:
@@ -289,6 +294,8 @@ class McpHost:
                     job = await rec.queue.get()
                     if job is None or job is _GONE:
                         break
+                    if job.future.done():  # abandoned while it waited: never run
+                        continue
                     job.task = asyncio.create_task(self._call(rec, client, job))
                     calls.add(job.task)
                     job.task.add_done_callback(calls.discard)
@@ -321,7 +328,10 @@ class McpHost:
             result = await client.call_tool(job.tool, job.arguments,
                                             read_timeout_seconds=self.call_timeout_s)
         except asyncio.CancelledError:
-            return
+            # Abandoned (its future is cancelled already), or its server stopped.
+            _fail(job, ToolCallError(f"the tool server {rec.config.name!r} stopped "
+                                     f"during {job.tool}"))
+            raise
         except Exception as exc:  # noqa: BLE001 - told to the caller
             if not _connection_lost(exc):
                 why = f"took longer than {self.call_timeout_s:.0f} s" \
@@ -334,7 +344,7 @@ class McpHost:
             rec.queue.put_nowait(_GONE)
             _fail(job, ToolCallError(f"the tool server {rec.config.name!r} {why}"))
             return
-        if not job.future.done():  # (a cancelled future is done)
+        with contextlib.suppress(InvalidStateError):  # cancelled meanwhile
             job.future.set_result(result_text(result))
 
 
@@ -342,7 +352,7 @@ _GONE: Any = object()  # queued when a call found its server gone: the serve loo
 
 
 def _fail(job: _Job, exc: Exception) -> None:
-    if not job.future.done():
+    with contextlib.suppress(InvalidStateError):  # done, or cancelled meanwhile
         job.future.set_exception(exc)
 
 

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from engine.errors import InvalidSamplingError
 from engine.tool_calls import Tool
 from engine.tool_syntax import ToolSyntax
 
@@ -52,9 +53,16 @@ def result_for_model(call: dict[str, Any]) -> str:
     return STOPPED_TEXT
 
 
+def _well_formed(call: Any) -> bool:
+    return isinstance(call, dict) and isinstance(call.get("id"), str) and \
+        isinstance(call.get("name"), str) and isinstance(call.get("arguments"), dict)
+
+
 def calls_of(info: dict[str, Any]) -> list[dict[str, Any]]:
+    """The calls an answer's info keeps (records of another shape, from an edited export
+    say, are left out rather than break every later turn)."""
     found = info.get("tool_calls")
-    return [c for c in found if isinstance(c, dict)] if isinstance(found, list) else []
+    return [c for c in found if _well_formed(c)] if isinstance(found, list) else []
 
 
 def expand(role: str, content: str, info: dict[str, Any]) -> list[dict[str, Any]]:
@@ -85,7 +93,9 @@ def replayable(calls: list[dict[str, Any]], before_message: int
     same call gets this result back."""
     found: dict[str, dict[str, Any]] = {}
     for c in calls:
-        made_before = int(c.get("message_id", 0)) < before_message
+        if not _well_formed(c) or not isinstance(c.get("message_id"), int):
+            continue
+        made_before = c["message_id"] < before_message
         if made_before and c.get("state") in ANSWERED and not c.get("is_error"):
             found.setdefault(call_key(c.get("server", ""), c.get("tool", ""),
                                       c.get("arguments", {})), c)
@@ -141,6 +151,26 @@ def for_model(messages: list[dict[str, Any]], tools: list[Tool], syntax: ToolSyn
     messages = [dict(m) for m in messages]
     if not tools and not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
         return ModelTurn(messages, (), None)
-    prepared, offered = syntax.prepare(messages, tools, bool(tools), required and bool(tools))
-    grammar = syntax.grammar(tools, False) if required and tools else None
+    grammar = None
+    if required and tools:
+        grammar = _call_grammar(tools, syntax)
+        if grammar is None:  # no tool's schema makes a grammar: the model chooses
+            required = False
+    prepared, offered = syntax.prepare(messages, tools, bool(tools), required)
     return ModelTurn(prepared, tuple(offered or ()), grammar)
+
+
+def _call_grammar(tools: list[Tool], syntax: ToolSyntax) -> str | None:
+    """The grammar of one call of ``tools``; a tool whose schema makes no grammar is left
+    out of it rather than fail every answer (None when none makes one)."""
+    try:
+        return syntax.grammar(tools, False)
+    except InvalidSamplingError:
+        usable = []
+        for tool in tools:
+            try:
+                syntax.grammar([tool], False)
+                usable.append(tool)
+            except InvalidSamplingError:
+                continue
+        return syntax.grammar(usable, False) if usable else None
