@@ -150,6 +150,7 @@ class McpHost:
         self.start_timeout_s = start_timeout_s
         self._lock = threading.Lock()
         self._servers: dict[str, _Server] = {}
+        self._starting: dict[str, int] = {}  # starts asked for and not begun, by name
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tandem-mcp",
                                         daemon=True)
@@ -160,6 +161,8 @@ class McpHost:
     def start(self, config: ServerConfig) -> None:
         """Start ``config``'s server (stopping one of the same name first); returns at once,
         its state comes through ``on_status``."""
+        with self._lock:  # STARTING from now on, not the state of the one it replaces
+            self._starting[config.name] = self._starting.get(config.name, 0) + 1
         self._post(self._start(config))
 
     def stop(self, name: str) -> None:
@@ -167,6 +170,8 @@ class McpHost:
 
     def status(self, name: str) -> ServerStatus:
         with self._lock:
+            if self._starting.get(name):
+                return ServerStatus(name, STARTING, "starting")
             rec = self._servers.get(name)
             return rec.status if rec is not None and rec.status is not None \
                 else ServerStatus(name, STOPPED)
@@ -236,6 +241,7 @@ class McpHost:
         rec = _Server(config)
         with self._lock:
             self._servers[config.name] = rec
+            self._starting[config.name] -= 1
         self._set(rec, STARTING, f"starting {config.where()}")
         rec.task = asyncio.create_task(self._serve(rec))
 
