@@ -60,6 +60,14 @@ def wait_idle(qtbot, w: MainWindow) -> None:  # noqa: ANN001
     qtbot.waitUntil(lambda: not w.controller.busy, timeout=ANSWER_TIMEOUT_MS)
 
 
+def send_and_allow(qtbot, w: MainWindow, text: str) -> None:  # noqa: ANN001
+    """Send ``text``, allow the call it makes once, and wait for the loop's end."""
+    type_and_send(qtbot, w, text)
+    wait_for_approval(qtbot, w)
+    w.chat.approval.allow_button.click()
+    wait_idle(qtbot, w)
+
+
 def branch(w: MainWindow) -> list:
     return w.store.messages(w.controller.current_id)
 
@@ -154,10 +162,7 @@ def test_a_server_that_dies_mid_call_leaves_the_chat_usable(
         qtbot, tmp_path: Path, model_path: Path, folder: Path) -> None:
     w = open_window(qtbot, tmp_path / "chat.sqlite3", model_path, max_tokens=48)
     with_server(qtbot, w, folder, "crash")
-    type_and_send(qtbot, w, "Crash the server.")
-    wait_for_approval(qtbot, w)
-    w.chat.approval.allow_button.click()
-    wait_idle(qtbot, w)
+    send_and_allow(qtbot, w, "Crash the server.")
     (call,) = cards(w)
     assert call["state"] == FAILED and "stopped answering" in call["result"]
     assert w.tool_servers.status("t").state == "failed"
@@ -192,10 +197,7 @@ def test_tool_calls_are_exported_and_imported_with_the_chat(
         qtbot, tmp_path: Path, model_path: Path, folder: Path) -> None:
     w = open_window(qtbot, tmp_path / "chat.sqlite3", model_path, max_tokens=48)
     with_server(qtbot, w, folder, "read_file")
-    type_and_send(qtbot, w, "Read ferry.txt.")
-    wait_for_approval(qtbot, w)
-    w.chat.approval.allow_button.click()
-    wait_idle(qtbot, w)
+    send_and_allow(qtbot, w, "Read ferry.txt.")
     out = tmp_path / "chat.json"
     assert w.export_conversation(out)
     exported = json.loads(out.read_text())
@@ -257,10 +259,7 @@ def test_a_server_by_url_over_streamable_http(
                         timeout=30_000)
         w.settings_panel.tools_required.setChecked(True)
         w.settings_panel.tool_rounds.setValue(1)
-        type_and_send(qtbot, w, "Read ferry.txt.")
-        wait_for_approval(qtbot, w)
-        w.chat.approval.allow_button.click()
-        wait_idle(qtbot, w)
+        send_and_allow(qtbot, w, "Read ferry.txt.")
         (call,) = cards(w)
         assert (call["server"], call["state"]) == ("web", DONE)
         assert call["result"] == "The ferry leaves at nine.\n"
