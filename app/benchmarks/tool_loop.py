@@ -98,8 +98,21 @@ def make_tool_folder(root: Path) -> Path:
             price = days * daily_rate
             return price * 0.9 if days == 7 else price
         '''))
-    (root / "textwrap.py").write_text(Path(inspect.getsourcefile(textwrap) or "").read_text())
+    (root / "textwrap.py").write_text(_textwrap_source())
     return root
+
+
+def _textwrap_source() -> str:
+    """The standard library's ``textwrap.py``; in a packaged build, which keeps no
+    sources, its functions' signatures and docstrings."""
+    try:
+        return Path(inspect.getsourcefile(textwrap) or "").read_text()
+    except (OSError, TypeError):
+        parts = [f'"""{textwrap.__doc__}"""\n']
+        for name in ("wrap", "fill", "shorten", "dedent", "indent"):
+            fn = getattr(textwrap, name)
+            parts.append(f'def {name}{inspect.signature(fn)}:\n    """{fn.__doc__}"""\n')
+        return "\n\n".join(parts)
 
 
 @dataclass
