@@ -3,6 +3,8 @@ kind and size, an × to take one off) and the files still being read."""
 
 from __future__ import annotations
 
+from html import escape
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QToolButton, QWidget
 
@@ -49,8 +51,8 @@ class Chip(QFrame):
         clip = QLabel()
         clip.setPixmap(paper_clip_pixmap(theme.color("muted"), 14))
         row.addWidget(clip)
-        self.label = QLabel(f"<b>{_escape(title)}</b> <span style='color:{colors.muted}'>"
-                            f"{_escape(detail)}</span>")
+        self.label = QLabel(f"<b>{escape(title)}</b> <span style='color:{colors.muted}'>"
+                            f"{escape(detail)}</span>")
         self.label.setTextFormat(Qt.TextFormat.RichText)
         self.label.setToolTip(f"{title} ({detail})")
         row.addWidget(self.label)
@@ -62,10 +64,6 @@ class Chip(QFrame):
             self.remove_button.setToolTip(f"Do not send {title}")
             self.remove_button.clicked.connect(self.removed)
             row.addWidget(self.remove_button)
-
-
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 class AttachmentBar(QWidget):

@@ -143,7 +143,6 @@ class GenerationOutcome:
     # model wrote before them (None: none)
     calls: tuple[ToolCall, ...] = ()
     call_content: str | None = None
-    tool_syntax: str = ""  # how the model was offered them (engine.tool_syntax names)
 
 
 @dataclass(frozen=True)
@@ -465,8 +464,7 @@ class EngineWorker(QObject):
         return GenerationOutcome(rid, result.text, result.finish_reason, result.stats,
                                  t_start, texts, kinds, answer.n_dropped,
                                  tuple(read.calls) if read else (),
-                                 read.content if read else None,
-                                 syntax.name if request.tools else "")
+                                 read.content if read else None)
 
     def _forget(self, request_id: int) -> None:
         with self._lock:

@@ -4,6 +4,7 @@ with which arguments; Allow once, Always allow this tool, or Refuse."""
 from __future__ import annotations
 
 import json
+from html import escape
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
@@ -13,10 +14,6 @@ from app.gui.tool_loop import PendingCall
 
 MAX_ARGS_CHARS = 400  # shown; the tooltip has them all
 ARM_MS = 600  # the buttons take clicks this long after the bar appears
-
-
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 class ToolApprovalBar(QFrame):
@@ -60,11 +57,11 @@ class ToolApprovalBar(QFrame):
         args = json.dumps(call.get("arguments", {}), ensure_ascii=False, indent=None)
         if len(args) > MAX_ARGS_CHARS:
             args = args[:MAX_ARGS_CHARS - 1] + "…"
-        tool = _escape(str(call.get("tool", "")))
+        tool = escape(str(call.get("tool", "")))
         self.question.setText(
             f"The model wants to run <b>{tool}</b> of the server "
-            f"<i>{_escape(str(call.get('server', '')))}</i> with "
-            f"<code>{_escape(args)}</code>. It runs with your rights on this computer.")
+            f"<i>{escape(str(call.get('server', '')))}</i> with "
+            f"<code>{escape(args)}</code>. It runs with your rights on this computer.")
         self.question.setToolTip(json.dumps(call.get("arguments", {}), ensure_ascii=False,
                                             indent=1))  # all of them, however long
         self.always_button.setText(f"Always allow {call.get('tool', '')}")

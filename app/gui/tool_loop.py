@@ -36,6 +36,7 @@ class _Round:
     message: Message
     calls: list[dict[str, Any]]
     replay: dict[str, dict[str, Any]]
+    max_result_chars: int  # a longer result is cut (the context has room for so much)
     running: tuple[int, int] | None = None  # the key of the call on its server
 
 
@@ -55,7 +56,6 @@ class ToolLoop(QObject):
         # The tools the last request offered, by the name the model saw: its calls go to
         # these (a server starting or stopping meanwhile renames nothing).
         self.offered: dict[str, ToolInfo] = {}
-        self.max_result_chars = 16_000
         if servers is not None:
             servers.call_done.connect(self._on_result)
 
@@ -97,10 +97,10 @@ class ToolLoop(QObject):
         earlier = turns.replayable(self.store.tool_call_records(message.conversation_id,
                                                                 replay_from),
                                    loop_start) if replay_from is not None else {}
-        self.max_result_chars = max_result_chars
         message = replace(message, content=content,
                           info={**message.info, "tool_calls": records})
-        self.round = _Round(message.conversation_id, message, records, earlier)
+        self.round = _Round(message.conversation_id, message, records, earlier,
+                            max_result_chars)
         self._save()
         self._next()
 
@@ -185,10 +185,9 @@ class ToolLoop(QObject):
         r.running = None
         call = r.calls[key[1]]  # type: ignore[index]
         if isinstance(outcome, ToolOutcome):
-            text = outcome.text
-            if len(text) > self.max_result_chars:  # the context has room for so much
-                text = text[:self.max_result_chars] + \
-                    f"\n… ({len(text) - self.max_result_chars:,} more characters cut)"
+            text, most = outcome.text, r.max_result_chars
+            if len(text) > most:
+                text = text[:most] + f"\n… ({len(text) - most:,} more characters cut)"
             call.update(state=turns.DONE, result=text, is_error=outcome.is_error)
         else:
             call.update(state=turns.FAILED, result=str(outcome))
