@@ -598,24 +598,56 @@ def test_a_latent_attention_chat_that_outgrows_the_context_is_read_again_not_shi
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "gpt-oss"])
-def test_a_sliding_window_prompt_going_back_past_the_window_reads_as_afresh(
+def test_a_sliding_window_prompt_going_back_into_a_moved_prompt_goes_on_from_the_cache(
         arch: str, tiny_models: dict[str, Path]) -> None:
-    """After a long prompt (moved in from the F16 context, whose window cache keeps only
-    the last window), a prompt sharing only its start (a new chat with the same system
-    prompt, an edit) cannot go on from cells the window cache lacks: it is read again,
-    and its logits are a fresh read's (gemma3 went on from there 4.8 apart). One that
-    goes on from the end still reuses the cache."""
-    with Target(tiny_models[arch], TargetConfig(n_ctx=1024, n_threads=2, flash_attn=True)
-                ) as target:
+    """A long prompt moved in from the F16 context leaves the window cache only its last
+    window. A prompt parting inside it (an edit, a new chat with the same system prompt)
+    still goes on from the cache: the window before the parting point is moved again from
+    the F16 context (llama-server keeps checkpoints of the window cache for this), and its
+    logits are a fresh read's up to F16 against Q8_0 keys (attending to cells that were
+    not there, gemma3 had been 4.8 apart). Drafted decoding after it gives plain
+    decoding's tokens. Where the F16 context no longer holds those cells the prompt is
+    read afresh: a fresh read's logits bit for bit."""
+    config = TargetConfig(n_ctx=1024, n_threads=2, flash_attn=True)
+    gen = GenerationConfig(24, max_draft=16)
+    with Target(tiny_models[arch], config) as target:
         long = target.tokenize(" ".join(f"word{i}" for i in range(200)), special=False)
         other = target.tokenize(" and then something else entirely", special=False)
-        for shared in (20, len(long) - 10):
+        for shared in (20, len(long) // 2, len(long) - 10):
             target.reset(cold=True)
             generate(target, long, None, GenerationConfig(4))
+            gap = target.sequence.window_gap
+            assert gap is not None and gap[0] < shared < gap[1] + TinyShape().window
             prompt = long[:shared] + other
-            warm = target.prefill(prompt).logits.copy()
+            warm = target.prefill(prompt)
+            assert warm.n_reused == shared, (arch, shared)
+            logits = warm.logits.copy()
             target.reset(cold=True)
-            assert np.array_equal(warm, target.prefill(prompt).logits), (arch, shared)
+            assert np.abs(logits - target.prefill(prompt).logits).max() < 0.5, (arch, shared)
+        # Drafted after a refill, as plain decoding after the same one.
+        prompt = long[:len(long) // 2] + other
+        answers = []
+        for drafter in (None, "memory"):
+            target.reset(cold=True)
+            generate(target, long, None, GenerationConfig(4))
+            memory = None
+            if drafter:
+                memory = SuffixIndex()
+                memory.insert(prompt + _perturbed(answers[0], 6, 1))
+            out = generate(target, prompt, memory and MemoryDrafter(memory), gen,
+                           cost=VerifyCostModel(slope=0.0, learn=False), remember=False)
+            assert out.stats.n_prompt_reused == len(prompt) - len(other)
+            answers.append(out.tokens)
+            if drafter:
+                assert sum(s.n_accepted for s in out.stats.steps) > 4
+        assert answers[0] == answers[1], arch
+        # The F16 context emptied: nothing to move again, so the prompt is read afresh.
+        target.reset(cold=True)
+        generate(target, long, None, GenerationConfig(4))
+        target.prompts.f16.clear()
+        warm_logits = target.prefill(prompt).logits.copy()
+        target.reset(cold=True)
+        assert np.array_equal(warm_logits, target.prefill(prompt).logits), arch
         target.reset(cold=True)
         answer = generate(target, long, None, GenerationConfig(4)).tokens
         follow = generate(target, long + answer + other, None, GenerationConfig(4))

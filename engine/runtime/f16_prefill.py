@@ -305,20 +305,25 @@ class F16Prefill:
             f16.kv_remove(1, -1, -1)
 
     # --- the cell move (the sequence's PendingMove) ---------------------------------------
-    def cells_from(self, start: int) -> np.ndarray:
-        """The F16 context's cells from ``start`` on, their K converted to Q8_0: the
-        state blob sequence 0 takes when it settles."""
+    def cells_from(self, start: int, end: int) -> np.ndarray:
+        """The F16 context's cells of positions [start, end), their K converted to Q8_0:
+        the state blob sequence 0 takes when it settles."""
         f16 = self.ctx
         if f16 is None:  # turned off since: the sequence evaluates them itself
             raise NativeError("F16 prefill context", 0, "closed")
         # Sequence 1 is free outside a verification: the cells travel through it.
-        f16.kv_copy(0, 1, start, -1)
+        f16.kv_copy(0, 1, start, end)
         try:
             blob = f16.state_seq_array(1, into=self.move_buffer)
         finally:
             f16.kv_remove(1, -1, -1)
         self._keep_move_buffer(blob)
         return f16_to_q8_0_keys(blob, self.model.n_head_kv, llama_rotates_quantized_k())
+
+    def holds(self, tokens: list[int]) -> bool:
+        """Whether the F16 context's cells for ``tokens`` are still there (it went on
+        from them, or holds more)."""
+        return self.ctx is not None and common_prefix_length(self.tokens, tokens) == len(tokens)
 
     def move_failed(self, exc: Exception) -> None:
         """The move failed: F16 prefill is turned off (with a warning), and the sequence

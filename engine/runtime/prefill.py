@@ -242,9 +242,10 @@ class PromptReader:
     # --- the context shift ---------------------------------------------------------------
     def _within_the_window(self, n_same: int, n_prompt: int) -> int:
         """How much of the cached prefix a sliding-window model can go on from: all of it
-        when the window cache holds the window before its end, else nothing (as
-        llama-server does). The window cache keeps only the last window of a prompt
-        moved in from the F16 context (one sequence's state leaves older cells out), and
+        when the window cache holds the window before its end (moved again from the F16
+        context into a hole a move left), else nothing (as llama-server does without a
+        checkpoint). The window cache keeps only the last window of a prompt moved in
+        from the F16 context (one sequence's state leaves older cells out), and
         llama.cpp drops older positions when it reuses cells that left the window; a
         prompt going on from further back would attend to cells that are not there
         (gemma3 after a long prompt, a new chat sharing its first 20 tokens: 4.8 apart
@@ -256,14 +257,20 @@ class PromptReader:
         # not serve) attends back to position first - n_swa + 1 in the window's layers.
         first = min(n_same, n_prompt - 1)
         needed_from = max(0, first - n_swa + 1)
-        # The window cache's lowest position (llama-kv-cache-iswa.cpp)
-        lowest = self.sequence.settled().kv_pos_min(0)
         gap = self.sequence.window_gap
         # A window that reaches into the hole a move left (a prompt going on from inside
         # the moved span: an edit after a long prompt; gemma3, the differential: llama.cpp
-        # refused the batch, the window cache ending 120 positions before it).
+        # refused the batch, the window cache ending 120 positions before it): the
+        # window before ``first`` is moved again from the F16 context where it still
+        # holds it, else the prompt is read afresh.
         if gap is not None and first > gap[0] and needed_from < gap[1]:
-            return 0
+            lo = max(needed_from, gap[0])
+            if not self.sequence.fill_window(lo, n_same, self.f16):
+                return 0
+            log.info("a prompt going back into the window cache's hole: positions %d-%d "
+                     "moved again", lo, n_same)
+        # The window cache's lowest position (llama-kv-cache-iswa.cpp)
+        lowest = self.sequence.settled().kv_pos_min(0)
         return n_same if 0 <= lowest <= needed_from else 0
 
     def _keep_across_a_cut(self, prompt: list[int], n_same: int) -> int:

@@ -41,9 +41,13 @@ CHECKPOINTS = 4
 class PendingMove(Protocol):
     """Where a prompt's cells wait before they join sequence 0 (the F16 context)."""
 
-    def cells_from(self, start: int) -> np.ndarray:
-        """Sequence 0's cells from ``start`` on, as a state blob this context reads.
-        Raises NativeError or StateFormatError."""
+    def cells_from(self, start: int, end: int) -> np.ndarray:
+        """Sequence 0's cells of positions [start, end), as a state blob this context
+        reads. Raises NativeError or StateFormatError."""
+        ...
+
+    def holds(self, tokens: list[int]) -> bool:
+        """Whether its cells for ``tokens`` (from position 0) are still there."""
         ...
 
     def move_failed(self, exc: Exception) -> None:
@@ -64,8 +68,8 @@ class CachedSequence:
         self._parked_from = 0  # every parked cell sits at a position >= this
         # Recurrent state as the last prompts left it: (their length, the state's blob).
         self._checkpoints: list[tuple[int, np.ndarray]] = []
-        # The first position whose cells still wait, and where they wait.
-        self._pending: tuple[int, PendingMove] | None = None
+        # The positions [start, end) whose cells still wait, and where they wait.
+        self._pending: tuple[int, int, PendingMove] | None = None
         # Positions [a, b) a sliding-window model's window cache lacks: a move brings
         # only the last window of the moved cells, so cells kept from before it and the
         # moved window have a hole between them.
@@ -128,15 +132,17 @@ class CachedSequence:
         """``tokens`` join sequence 0 now; their cells come from ``where`` on the next
         settle, so the first token does not wait for the move."""
         self.settled()
-        self._pending = (len(self._tokens), where)
+        start = len(self._tokens)
         self._tokens.extend(tokens)
+        self._pending = (start, len(self._tokens), where)
 
     def _move_in(self) -> None:
         assert self._pending is not None
-        (start, where), self._pending = self._pending, None
+        (start, end, where), self._pending = self._pending, None
         ctx = self._ctx
         try:
-            ctx.state_seq_set(1, where.cells_from(start))  # seq 1 is free outside a verification
+            # seq 1 is free outside a verification
+            ctx.state_seq_set(1, where.cells_from(start, end))
             if self._arch.n_swa:
                 self._note_window_gap(start, ctx.kv_pos_min(1))
             ctx.kv_copy(1, 0, -1, -1)
@@ -154,6 +160,24 @@ class CachedSequence:
         if window_start > start:
             gap = self._window_gap or (start, window_start)
             self._window_gap = (min(gap[0], start), max(gap[1], window_start))
+
+    def fill_window(self, lo: int, hi: int, where: PendingMove) -> bool:
+        """Sequence 0 cut to its first ``hi`` tokens with the window cache holding
+        positions [lo, hi), which a move left out: the cells from ``lo`` on are moved
+        again from ``where`` (a span shorter than the window, so none is left out), in
+        position order after the cells kept. False (nothing changed) when ``where`` no
+        longer holds them. A prompt going back into the hole then goes on from there,
+        where llama-server goes back to a checkpoint of the window cache."""
+        gap = self._window_gap
+        if gap is None or not gap[0] <= lo < hi <= len(self._tokens):
+            return False
+        if not where.holds(self._tokens[:hi]):
+            return False
+        tokens = self._tokens[lo:hi]
+        self.truncate(lo)
+        self._window_gap = (gap[0], lo) if lo > gap[0] else None
+        self.append_pending(tokens, where)
+        return True
 
     # --- appending ---------------------------------------------------------------------
     def append_decoded(self, tokens: list[int]) -> None:
