@@ -100,6 +100,9 @@ class EngineConfig:
     cache_dir: Path | None = None  # calibration cache; None: the data directory's
     memory_dir: Path | None = None  # drafts' memory per model; None: the data directory's
     kv_cache: str = "exact"  # "exact" or "fast" (engine.runtime.kv_cache.KV_TRADE_OFF says how)
+    # Flash attention on or off; None: the rule (engine.runtime.native_policy, off on this
+    # machine's CPU with the exact cache, on elsewhere), as llama-server's -fa auto.
+    flash_attn: bool | None = None
     draft_model: Path | None = None  # the GGUF a draft model drafter runs
     # Workers (HOST:PORT, `tandem worker`) for the target's layers and KV cache; open such
     # an engine with engine.session_process.open_engine (a child process).

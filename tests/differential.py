@@ -39,9 +39,9 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -108,6 +108,7 @@ class Case:
     n_ctx: int
     actions: list[Action] = field(default_factory=list)
     draft_model: str | None = None  # the GGUF the "draft" drafter runs
+    flash_attn: bool | None = None  # None: the target's rule (off on this CPU)
 
 
 def random_actions(rng: random.Random, prompts: list[dict], n: int,
@@ -139,7 +140,7 @@ class Sessions:
     """One AnswerService per drafter ("none" first), on one model."""
 
     def __init__(self, model: Path, drafters: list[str], n_ctx: int, work: Path,
-                 draft_model: Path | None = None) -> None:
+                 draft_model: Path | None = None, flash_attn: bool | None = None) -> None:
         from engine.conversation import AnswerService
         from engine.session import Engine, EngineConfig
 
@@ -148,7 +149,7 @@ class Sessions:
         for name in self.names:
             config = EngineConfig(model_path=model, drafter=name, n_threads=2, n_ctx=n_ctx,
                                   cache_dir=work / "cache", memory_dir=work / f"mem-{name}",
-                                  draft_model=draft_model)
+                                  draft_model=draft_model, flash_attn=flash_attn)
             engine = Engine(config)
             # What is drafted, verified and parked must not follow this machine's timings
             # (the budget's cost curve, auto's governor, a head's dynamic depth), or a case
@@ -415,7 +416,8 @@ class Replay:
 def play(case: Case, work: Path) -> Replay:
     """Run ``case`` until it parts or ends."""
     sessions = Sessions(Path(case.model), case.drafters, case.n_ctx, work,
-                        Path(case.draft_model) if case.draft_model else None)
+                        Path(case.draft_model) if case.draft_model else None,
+                        case.flash_attn)
     found = None
     try:
         for action in case.actions:
@@ -441,13 +443,11 @@ def shrink(case: Case, work: Path) -> Case:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         try:
-            return play(Case(case.seed, case.model, case.drafters, case.n_ctx, trial,
-                             case.draft_model), folder).found is not None
+            return play(replace(case, actions=trial), folder).found is not None
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
-    return Case(case.seed, case.model, case.drafters, case.n_ctx,
-                fewest_that_part(case.actions, parts), case.draft_model)
+    return replace(case, actions=fewest_that_part(case.actions, parts))
 
 
 def fewest_that_part(actions: list[Action], parts: Callable[[list[Action]], bool]
@@ -473,13 +473,14 @@ def fewest_that_part(actions: list[Action], parts: Callable[[list[Action]], bool
 
 def run_for(seed: int, minutes: float, model: Path, drafters: list[str], n_ctx: int,
             prompts: list[dict], out: Path, work: Path, max_actions: int | None = None,
-            first: list[Action] | None = None, draft_model: Path | None = None) -> dict:
+            first: list[Action] | None = None, draft_model: Path | None = None,
+            flash_attn: bool | None = None) -> dict:
     """``first`` actions, then random ones for ``minutes`` (or until ``max_actions`` in
     all, whichever ends first); a divergence is shrunk and written to ``out``."""
     rng = random.Random(seed)
     kinds = PLANNED_KINDS if "auto" in drafters else KINDS
     deadline = time.monotonic() + minutes * 60
-    sessions = Sessions(model, drafters, n_ctx, work, draft_model)
+    sessions = Sessions(model, drafters, n_ctx, work, draft_model, flash_attn)
     done: list[Action] = []
     planned = list(first or [])
     result = {"seed": seed, "model": str(model), "drafters": drafters, "actions": 0,
@@ -505,7 +506,7 @@ def run_for(seed: int, minutes: float, model: Path, drafters: list[str], n_ctx: 
                 out.mkdir(parents=True, exist_ok=True)
                 path = out / f"case-{seed}-{len(done)}.json"
                 whole = Case(seed, str(model), [found.drafter], n_ctx, done,
-                             str(draft_model) if draft_model else None)
+                             str(draft_model) if draft_model else None, flash_attn)
                 # Kept as found first: shrinking replays it many times.
                 path.write_text(json.dumps({"divergence": asdict(found), **asdict(whole)},
                                            indent=1))
@@ -523,24 +524,38 @@ def run_for(seed: int, minutes: float, model: Path, drafters: list[str], n_ctx: 
 def load_case(path: Path) -> Case:
     data = json.loads(path.read_text())
     return Case(data["seed"], data["model"], data["drafters"], data["n_ctx"],
-                [Action(**a) for a in data["actions"]], data.get("draft_model"))
+                [Action(**a) for a in data["actions"]], data.get("draft_model"),
+                data.get("flash_attn"))
 
 
-# (name, model, drafters, share of the minutes): "bundled" is the bundled Q4_0, "q4_k_m"
-# and "f32" its requantizations (F32 drafting with the bundled file as its draft model),
-# any other name a tiny synthetic file of that architecture (engine.gguf.architectures)
-# whose layers add little to the residual stream, so the model often repeats itself and
-# drafts are both kept and taken back. The real-size rows answer about 50 times slower
-# than the tiny ones, so these get more of the time: more actions where they are cheap.
+class MatrixRow(NamedTuple):
+    """A model and its drafters, run for ``share`` of the minutes. ``kind``: "bundled"
+    is the bundled Q4_0, "q4_k_m" and "f32" its requantizations (F32 drafting with the
+    bundled file as its draft model), any other a tiny synthetic file of that
+    architecture (engine.gguf.architectures) whose layers add little to the residual
+    stream, so the model often repeats itself and drafts are both kept and taken back.
+    ``flash_attn``: forced on for a target as a GPU runs it (trees, long prompts read in
+    the F16 context and moved in); None: this CPU's rule (off, chains only)."""
+
+    name: str
+    kind: str
+    drafters: list[str]
+    share: float
+    flash_attn: bool | None = None
+
+
+# The real-size rows answer about 50 times slower than the tiny ones, so these get more
+# of the time: more actions where they are cheap.
 MATRIX = [
-    ("bundled", "bundled", ["auto", "memory", "head"], 1.0),
-    ("q4_k_m+eagle3", "q4_k_m", ["eagle3", "lookup"], 1.0),
-    ("f32+draft", "f32", ["draft", "lookup"], 0.75),
-    ("qwen35 hybrid", "qwen35", ["memory", "lookup", "mtp"], 1.5),
-    ("lfm2 hybrid", "lfm2", ["memory", "lookup"], 1.5),
-    ("gemma3 sliding window", "gemma3", ["memory", "lookup"], 1.5),
-    ("qwen3moe", "qwen3moe", ["memory", "lookup"], 1.5),
-    ("deepseek2 latent attention", "deepseek2", ["memory", "lookup", "mtp"], 1.5),
+    MatrixRow("bundled", "bundled", ["auto", "memory", "head"], 1.0),
+    MatrixRow("q4_k_m+eagle3", "q4_k_m", ["eagle3", "lookup"], 1.0),
+    MatrixRow("f32+draft", "f32", ["draft", "lookup"], 0.75),
+    MatrixRow("qwen35 hybrid", "qwen35", ["memory", "lookup", "mtp"], 1.5),
+    MatrixRow("lfm2 hybrid", "lfm2", ["memory", "lookup"], 1.5),
+    MatrixRow("gemma3 sliding window", "gemma3", ["memory", "lookup"], 1.5),
+    MatrixRow("gpt-oss window, flash attn", "gpt-oss", ["memory", "lookup"], 1.5, True),
+    MatrixRow("qwen3moe", "qwen3moe", ["memory", "lookup"], 1.5),
+    MatrixRow("deepseek2 latent attention", "deepseek2", ["memory", "lookup", "mtp"], 1.5),
 ]
 
 
@@ -573,14 +588,15 @@ def run_matrix(seed: int, minutes: float, n_ctx: int, prompts: list[dict], out: 
     out.mkdir(parents=True, exist_ok=True)
     record = out / f"matrix-{seed}.json"
     rows = json.loads(record.read_text()) if record.exists() else {}
-    shares = sum(row[3] for row in MATRIX)
-    for name, kind, drafters, share in MATRIX:
-        if name in rows:
+    shares = sum(row.share for row in MATRIX)
+    for row in MATRIX:
+        if row.name in rows:
             continue
-        model, draft = matrix_model(kind, out / "models")
-        print(f"== {name}: {', '.join(drafters)}", file=sys.stderr, flush=True)
-        rows[name] = run_for(seed, minutes * share / shares, model, drafters, n_ctx, prompts,
-                             out, work / name.replace(" ", "-"), draft_model=draft)
+        model, draft = matrix_model(row.kind, out / "models")
+        print(f"== {row.name}: {', '.join(row.drafters)}", file=sys.stderr, flush=True)
+        rows[row.name] = run_for(seed, minutes * row.share / shares, model, row.drafters,
+                                 n_ctx, prompts, out, work / row.name.replace(" ", "-"),
+                                 draft_model=draft, flash_attn=row.flash_attn)
         record.write_text(json.dumps(rows, indent=1))
     totals = {"actions": sum(r["actions"] for r in rows.values()),
               "tokens": sum(r["tokens"] for r in rows.values()),
@@ -619,8 +635,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.replay is not None:
             case = load_case(args.replay)
             if args.model is not None:  # a case file names the model it was found on
-                case = Case(case.seed, str(args.model), case.drafters, case.n_ctx,
-                            case.actions, case.draft_model)
+                case = replace(case, model=str(args.model))
             found = play(case, Path(tmp)).found
             print(json.dumps(asdict(found) if found else "no divergence"))
             return 1 if found else 0

@@ -12,6 +12,7 @@ from tests.differential import (
     MATRIX,
     Action,
     Case,
+    MatrixRow,
     Replay,
     fewest_that_part,
     play,
@@ -127,16 +128,16 @@ def test_cases_found_on_synthetic_architectures_replay_alike(name: str, tmp_path
     _assert_drafted(replay, rejected=False)
 
 
-@pytest.mark.parametrize("row", [r for r in MATRIX if r[1] not in ("bundled", "q4_k_m", "f32")],
-                         ids=lambda r: r[1])
+@pytest.mark.parametrize("row", [r for r in MATRIX if r.kind not in ("bundled", "q4_k_m", "f32")],
+                         ids=lambda r: r.kind + ("-fa" if r.flash_attn else ""))
 @pytest.mark.slow
-def test_a_slice_on_every_synthetic_architecture_parts_nowhere(row: tuple, tmp_path: Path,
+def test_a_slice_on_every_synthetic_architecture_parts_nowhere(row: MatrixRow, tmp_path: Path,
                                                                dev_prompts: list[dict]
                                                                ) -> None:
     from tests.differential import matrix_model
 
-    _, kind, drafters, _ = row
-    model, _ = matrix_model(kind, tmp_path / "models")
+    drafters = row.drafters
+    model, _ = matrix_model(row.kind, tmp_path / "models")
     # First a sampled regenerate (memory drafts the first answer, the sampled one parts
     # from it: drafts taken back), then the app's moves between answers, every run: a
     # plan switch (a hybrid's snapshots move its cells into a new context), an edit and
@@ -147,7 +148,8 @@ def test_a_slice_on_every_synthetic_architecture_parts_nowhere(row: tuple, tmp_p
              Action("edit", "Name three mountains.", 16), Action("switch_branch"),
              Action("follow_up", "Which is the longest?", 16)]
     result = run_for(12, 5.0, model, drafters, 1024, dev_prompts, tmp_path / "cases",
-                     tmp_path / "work", max_actions=30, first=first)
+                     tmp_path / "work", max_actions=30, first=first,
+                     flash_attn=row.flash_attn)
     assert result["divergences"] == 0, result["cases"]
     assert result["actions"] == 30
     # No follow-up or regenerate read its conversation again from the start.

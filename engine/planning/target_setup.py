@@ -29,6 +29,7 @@ class TargetAsked(Protocol):
 
     drafter: DrafterKind
     kv_cache: str
+    flash_attn: bool | None
     workers: tuple[str, ...]
     worker_layers: int | None
 
@@ -45,8 +46,10 @@ def target_settings(asked: TargetAsked, model: ModelInfo, n_ctx: int, n_threads:
     the RAM can give."""
     type_k, type_v = KV_MODES[asked.kv_cache]
     if not workers and hardware is not None and not hardware.has_gpu:
-        check_context_fits(model, n_ctx, type_k, type_v, hardware.ram_available_bytes)
+        check_context_fits(model, n_ctx, type_k, type_v, hardware.ram_available_bytes,
+                           asked.flash_attn)
     config = TargetConfig(n_ctx=n_ctx, n_threads=n_threads, type_k=type_k, type_v=type_v,
+                          flash_attn=asked.flash_attn,
                           # No drafts to take back: no state snapshots to pay.
                           state_snapshots=asked.drafter.drafts)
     for endpoint in asked.workers:  # a worker on these cores computes for us
