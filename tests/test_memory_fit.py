@@ -16,6 +16,7 @@ from engine.runtime.hardware import HardwareProfile, load_profile
 from engine.runtime.kv_cache import kv_cache_bytes
 from engine.runtime.memory_fit import (
     COMPUTE_OVERHEAD_BYTES,
+    CPU_COMPUTE_BYTES,
     RAM_HEADROOM,
     WEIGHTS_MARGIN,
     draft_need,
@@ -140,7 +141,10 @@ def test_a_context_counts_its_attention_scores_and_the_f16_context_by_the_target
     # Its cache, and a move's two buffers: the F16 cells and the converted ones.
     assert quantized.prefill_kv == 2 * f16 + quantized.kv
     assert cpu.total == (int(4 * GiB * WEIGHTS_MARGIN) + cpu.kv + cpu.attention
-                         + COMPUTE_OVERHEAD_BYTES)
+                         + CPU_COMPUTE_BYTES)
+    # A GPU's compute buffers keep the allowance (not measured here).
+    assert planned_memory(info, N_CTX, "q8_0", "f16", on_cpu=False).compute == \
+        COMPUTE_OVERHEAD_BYTES
     # Twice the context: the cache and the scores twice, the weights the same.
     double = planned_memory(info, 2 * N_CTX, "q8_0", "f16")
     assert double.total - cpu.total == cpu.kv + cpu.attention

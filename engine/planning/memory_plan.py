@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 def target_memory(model: ModelInfo, n_ctx: int, type_k: str, type_v: str, n_batch: int,
                   flash_attn: bool, prefill_in_f16: bool, drafter_bytes: int = 0,
-                  prefill_copy: bool = False) -> MemoryNeed:
+                  prefill_copy: bool = False, on_cpu: bool = True) -> MemoryNeed:
     """A target's need at ``n_ctx`` with these settings. ``prefill_in_f16``: long prompts
     are read in a second, F16 context of the same size, and their cells moved in through
     two buffers (the F16 cells' blob and the converted one: the 1.7B shape's process
@@ -41,7 +41,7 @@ def target_memory(model: ModelInfo, n_ctx: int, type_k: str, type_v: str, n_batc
     return context_memory(
         model.size_bytes * (2 if prefill_copy else 1), kv, prefill_kv_bytes=f16_kv + move,
         n_batch=n_batch, n_ctx=n_ctx, n_heads=model.header.n_heads or 0,
-        flash_attn=flash_attn, drafter_bytes=drafter_bytes)
+        flash_attn=flash_attn, drafter_bytes=drafter_bytes, on_cpu=on_cpu)
 
 
 def drafter_bytes(spec: DrafterSpec, draft_model: Path | None, n_ctx: int) -> int:
@@ -68,17 +68,20 @@ def engine_memory(model: ModelInfo, target: Target, spec: DrafterSpec,
     return target_memory(model, target.n_ctx, c.type_k, c.type_v, c.n_batch,
                          target.flash_attn, target.prompts.f16_off is None,
                          drafter_bytes(spec, draft_model, target.n_ctx),
-                         prefill_copy=target.prompts.f16.prefill_model is not None)
+                         prefill_copy=target.prompts.f16.prefill_model is not None,
+                         on_cpu=not c.n_gpu_layers and not c.workers)
 
 
 def planned_memory(model: ModelInfo, n_ctx: int, type_k: str, type_v: str,
-                   on_cpu: bool = True, n_batch: int = 256, drafter: int = 0) -> MemoryNeed:
+                   on_cpu: bool = True, n_batch: int = 256, drafter: int = 0,
+                   flash_attn: bool | None = None) -> MemoryNeed:
     """The need foreseen before the weights load, by the rules the target will apply:
     without flash attention on the CPU with a Q8_0 K and float V (``choose_flash_attn``; a
     latent-attention model, unknown from the header alone, is counted so too, the larger
     need), where prompts are read in the target's own cache; with it, in the F16 context
-    unless the model keeps recurrent state."""
-    flash_attn = flash_attn_by_rule(type_k, type_v, on_cpu, latent_attention=False)
+    unless the model keeps recurrent state. ``flash_attn``: as asked, None by the rule."""
+    if flash_attn is None:
+        flash_attn = flash_attn_by_rule(type_k, type_v, on_cpu, latent_attention=False)
     # Without flash attention the F16 context opens only to read with a plain copy of
     # repacked K-quant weights (their prompts' fast layout: engine.runtime.prompt_weights;
     # the target repacks them, the probe allowing, as it does on x86).
@@ -88,7 +91,7 @@ def planned_memory(model: ModelInfo, n_ctx: int, type_k: str, type_v: str,
     f16_context = ((flash_attn or copy) and model.why_plain is None
                    and model.max_draft is None)
     return target_memory(model, n_ctx, type_k, type_v, n_batch, flash_attn, f16_context,
-                         drafter, prefill_copy=copy and f16_context)
+                         drafter, prefill_copy=copy and f16_context, on_cpu=on_cpu)
 
 
 # The steps a context is offered in when the one asked for does not fit.
@@ -111,11 +114,11 @@ def largest_context_that_fits(model: ModelInfo, room: int, type_k: str, type_v: 
 
 
 def check_context_fits(model: ModelInfo, n_ctx: int, type_k: str, type_v: str,
-                       available_ram: int) -> MemoryNeed:
+                       available_ram: int, flash_attn: bool | None = None) -> MemoryNeed:
     """The need at ``n_ctx`` on this machine's CPU; raises ContextTooLargeError, naming
     the context that fits, when it is more than the RAM this app may take
     (``memory_fit.fits_ram``): llama.cpp would fail to allocate, or the machine swap."""
-    need = planned_memory(model, n_ctx, type_k, type_v)
+    need = planned_memory(model, n_ctx, type_k, type_v, flash_attn=flash_attn)
     if not fits_ram(need.total, available_ram):
         room = int(available_ram * RAM_HEADROOM)
         fits = largest_context_that_fits(model, room, type_k, type_v)

@@ -20,6 +20,12 @@ WEIGHTS_MARGIN = 1.1
 # llama.cpp's compute buffers (a batch's activations and logits), which the planner's
 # rule left out: one allowance for any model, the one the wizard's label had.
 COMPUTE_OVERHEAD_BYTES = 256 * 2**20
+# The same on this machine's CPU, measured: llama.cpp's compute buffer (~50 MiB with
+# 256-token batches and flash attention, on every model tried) and the host buffers
+# beside it (outputs, the sampler, threads). A process's peak less the parts counted
+# apart was 97-116 MiB: the bundled model after 2k and 8k tokens, a 1.7B shape after 8k
+# (`tandem bench --long-context`); the GPU allowance over-counted the bundled model 1.3x.
+CPU_COMPUTE_BYTES = 112 * 2**20
 # Tandem's torch draft head on a device: its weights, its copy of the target's embedding
 # and LM head (counted in its size), and the workspace of its levels.
 HEAD_MARGIN = 1.3
@@ -82,16 +88,19 @@ class MemoryNeed:
 
 def context_memory(weights_bytes: float, kv_bytes: float, *, prefill_kv_bytes: float = 0,
                    n_batch: int = 0, n_ctx: int = 0, n_heads: int = 0,
-                   flash_attn: bool = True, drafter_bytes: float = 0) -> MemoryNeed:
+                   flash_attn: bool = True, drafter_bytes: float = 0,
+                   on_cpu: bool = True) -> MemoryNeed:
     """A target's need at its context, every part counted: the decoding cache, the F16
     context's (``prefill_kv_bytes``; 0 where prompts are read in place), the attention
-    scores of each context without flash attention, and the drafters'."""
+    scores of each context without flash attention, the drafters', and the compute
+    buffers (measured on the CPU; the allowance elsewhere)."""
     n_contexts = 2 if prefill_kv_bytes else 1
     return MemoryNeed(
         weights=int(weights_bytes * WEIGHTS_MARGIN), kv=int(kv_bytes),
         prefill_kv=int(prefill_kv_bytes),
         attention=n_contexts * attention_scores_bytes(n_batch, n_ctx, n_heads, flash_attn),
-        drafters=int(drafter_bytes))
+        drafters=int(drafter_bytes),
+        compute=CPU_COMPUTE_BYTES if on_cpu else COMPUTE_OVERHEAD_BYTES)
 
 
 def draft_need(weights_bytes: float, kv_bytes: float) -> int:
@@ -130,7 +139,7 @@ def layers_that_fit(weights_bytes: float, kv_bytes: float, n_layers: int,
     return max(0, min(n_layers, int(left // per_layer))) if per_layer > 0 else 0
 
 
-__all__ = ["COMPUTE_OVERHEAD_BYTES", "DRAFT_MARGIN", "HEAD_MARGIN", "RAM_HEADROOM",
-           "SCORE_BYTES", "WEIGHTS_MARGIN", "MemoryNeed", "attention_scores_bytes",
+__all__ = ["COMPUTE_OVERHEAD_BYTES", "CPU_COMPUTE_BYTES", "DRAFT_MARGIN", "HEAD_MARGIN",
+           "RAM_HEADROOM", "SCORE_BYTES", "WEIGHTS_MARGIN", "MemoryNeed", "attention_scores_bytes",
            "context_memory", "draft_need", "fits_gpu", "fits_ram", "head_need",
            "layers_that_fit", "target_need"]
