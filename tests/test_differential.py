@@ -4,6 +4,7 @@ with drafts accepted and rejected on the way."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -121,8 +122,8 @@ def test_cases_found_on_synthetic_architectures_replay_alike(name: str, tmp_path
 
     case = load_case(Path(__file__).parent / "cases" / name)
     model, _ = matrix_model(case.model.removeprefix("synthetic:"), tmp_path / "models")
-    replay = play(Case(case.seed, str(model), case.drafters, case.n_ctx, case.actions),
-                  tmp_path / "work")
+    # (found on targets with flash attention, the gemma3 ones: it stays on for them)
+    replay = play(replace(case, model=str(model)), tmp_path / "work")
     assert replay.found is None, replay.found
     assert replay.tokens > 0
     _assert_drafted(replay, rejected=False)

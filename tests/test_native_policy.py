@@ -79,3 +79,24 @@ def test_a_cpu_target_with_a_float_v_runs_without_flash_attention(model_path) ->
         assert choose_flash_attn(False, model, "q8_0", "q8_0", on_cpu=True) is True  # V
     finally:
         model.close()
+
+
+def test_the_flash_attention_flag_reaches_the_target(model_path: Path) -> None:
+    """``--flash-attn on|off|auto`` (every command) sets EngineConfig.flash_attn, and the
+    target runs as asked; auto is the rule (off on this CPU with the exact cache). A
+    target with it verifies trees, one without chains only."""
+    import argparse
+
+    from app.cli.common import add_model_args, engine_config
+
+    parser = argparse.ArgumentParser()
+    add_model_args(parser)
+    parser.add_argument("--drafter", default="none")
+    for flag, on in (("on", True), ("off", False), ("auto", False)):
+        config = engine_config(parser.parse_args(["--model", str(model_path), "--ctx", "512",
+                                                  "--flash-attn", flag]))
+        assert config.flash_attn is {"on": True, "off": False, "auto": None}[flag]
+        from engine.session import Engine
+
+        with Engine(config) as engine:
+            assert engine.target.flash_attn is on and engine.target.trees is on, flag

@@ -41,6 +41,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache", choices=("exact", "fast"), default="exact",
                    help="exact: output identical to plain decoding (Q8_0 K); fast: F16 "
                         "K/V, a faster first token on long prompts (tandem plan says more)")
+    p.add_argument("--flash-attn", choices=tuple(FLASH_ATTN), default="auto",
+                   help="llama.cpp's flash attention (auto: off where the target runs on "
+                        "this machine's CPU with the exact cache, which decodes long "
+                        "contexts faster and verifies chains only; on elsewhere)")
+
+
+# --flash-attn's choices, as EngineConfig.flash_attn takes them.
+FLASH_ATTN: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
 
 
 def add_head_args(p: argparse.ArgumentParser) -> None:
@@ -77,6 +85,7 @@ def engine_config(args: argparse.Namespace, drafter: DrafterKind | str | None = 
                         overrides=overrides_from(args), n_ctx=args.ctx, n_threads=args.threads,
                         recalibrate=getattr(args, "recalibrate", False),
                         kv_cache=args.kv_cache,
+                        flash_attn=FLASH_ATTN[getattr(args, "flash_attn", "auto")],
                         draft_model=getattr(args, "draft_model", None),
                         workers=parse_workers(getattr(args, "workers", None)),
                         worker_layers=getattr(args, "worker_layers", None))

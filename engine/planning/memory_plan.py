@@ -99,14 +99,16 @@ CONTEXT_STEP = 256
 
 
 def largest_context_that_fits(model: ModelInfo, room: int, type_k: str, type_v: str,
-                              on_cpu: bool = True) -> int:
+                              on_cpu: bool = True, flash_attn: bool | None = None) -> int:
     """The largest context (a multiple of ``CONTEXT_STEP``, up to the trained length)
     whose need is at most ``room`` bytes; 0 when not even the smallest fits."""
     trained = model.header.context_length or 1 << 20
     lo, hi = 0, trained // CONTEXT_STEP
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if planned_memory(model, mid * CONTEXT_STEP, type_k, type_v, on_cpu).total <= room:
+        need = planned_memory(model, mid * CONTEXT_STEP, type_k, type_v, on_cpu,
+                              flash_attn=flash_attn)
+        if need.total <= room:
             lo = mid
         else:
             hi = mid - 1
@@ -121,6 +123,6 @@ def check_context_fits(model: ModelInfo, n_ctx: int, type_k: str, type_v: str,
     need = planned_memory(model, n_ctx, type_k, type_v, flash_attn=flash_attn)
     if not fits_ram(need.total, available_ram):
         room = int(available_ram * RAM_HEADROOM)
-        fits = largest_context_that_fits(model, room, type_k, type_v)
+        fits = largest_context_that_fits(model, room, type_k, type_v, flash_attn=flash_attn)
         raise ContextTooLargeError(model.path.name, n_ctx, need.describe(), room, fits)
     return need
