@@ -168,3 +168,17 @@ def test_a_context_larger_than_memory_is_refused_with_the_one_that_fits() -> Non
         check_context_fits(info, fits + 256, "q8_0", "f16", ram)
     with pytest.raises(ContextTooLargeError, match="no context fits"):
         check_context_fits(info, 8192, "q8_0", "f16", GiB)
+
+
+def test_parallel_lanes_take_a_cache_each_and_are_capped_to_the_memory_left() -> None:
+    """``serve --parallel N``: the lanes' context holds a whole cache per lane (and a
+    compute buffer); as many lanes as the RAM left after the model loaded holds."""
+    from engine.planning.memory_plan import lanes_memory, lanes_that_fit
+
+    info = _model_info(FACTS, 4 * GiB)
+    kv = info.kv_bytes(N_CTX, "q8_0", "f16")
+    assert lanes_memory(info, N_CTX, "q8_0", "f16", 4) == 4 * kv + CPU_COMPUTE_BYTES
+    room_for_three = int(lanes_memory(info, N_CTX, "q8_0", "f16", 3) / RAM_HEADROOM) + 1
+    assert lanes_that_fit(info, N_CTX, "q8_0", "f16", 8, room_for_three) == 3
+    assert lanes_that_fit(info, N_CTX, "q8_0", "f16", 2, room_for_three) == 2
+    assert lanes_that_fit(info, N_CTX, "q8_0", "f16", 8, CPU_COMPUTE_BYTES) == 0

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
+import psutil
+
 from app.server.lane import Job, JobQueue, _api_error, answer_job
 from app.server.schema import ApiError
 from engine.conversation import AnswerService, Elsewhere, Generates
@@ -23,6 +25,7 @@ from engine.decoding.generation import GenerationConfig, GenerationResult, gener
 from engine.decoding.logprobs import TokenLogprob
 from engine.decoding.parallel import LaneTarget, ParallelLanes
 from engine.decoding.stats import StepStats
+from engine.planning.memory_plan import lanes_memory, lanes_that_fit
 from engine.session import Engine
 
 log = logging.getLogger(__name__)
@@ -47,10 +50,21 @@ def lanes_allowed(engine: object, asked: int) -> tuple[int, str]:
         return 1, ("batches of this model's tokens do not sum as one token does here, so "
                    "answers decoded together would differ from their answers alone: one "
                    "at a time")
+    n, why = asked, ""
     if kernels.max_batch is not None and kernels.max_batch < asked:
-        return kernels.max_batch, (f"at most {kernels.max_batch} answers together: batches "
-                                   "of more rows sum in another order with these kernels")
-    return asked, ""
+        n, why = kernels.max_batch, (f"at most {kernels.max_batch} answers together: "
+                                     "batches of more rows sum in another order with these "
+                                     "kernels")
+    c = target.config
+    fit = lanes_that_fit(engine.model, target.n_ctx, c.type_k, c.type_v, n,
+                         psutil.virtual_memory().available)
+    if fit < n:
+        one = lanes_memory(engine.model, target.n_ctx, c.type_k, c.type_v, 1)
+        return max(1, fit), (f"{'one answer' if fit <= 1 else f'{fit} answers'} at a time: "
+                             f"each lane holds a {target.n_ctx}-token cache of its own "
+                             f"({one / 2**30:.2f} GiB with its buffers for one), and the "
+                             "memory left after the model loaded holds no more")
+    return n, why
 
 
 class ParallelEngineLane(JobQueue):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from engine.drafters.kinds import Need
 from engine.errors import ContextTooLargeError
 from engine.runtime.memory_fit import (
+    CPU_COMPUTE_BYTES,
     DRAFT_MARGIN,
     RAM_HEADROOM,
     MemoryNeed,
@@ -126,3 +127,20 @@ def check_context_fits(model: ModelInfo, n_ctx: int, type_k: str, type_v: str,
         fits = largest_context_that_fits(model, room, type_k, type_v, flash_attn=flash_attn)
         raise ContextTooLargeError(model.path.name, n_ctx, need.describe(), room, fits)
     return need
+
+
+def lanes_memory(model: ModelInfo, n_ctx: int, type_k: str, type_v: str, n_lanes: int) -> int:
+    """What ``n_lanes`` answers decoded together take beside the engine
+    (engine.decoding.parallel): their context holds a whole cache per lane, in the
+    target's types, and a compute buffer of its own."""
+    return n_lanes * model.kv_bytes(n_ctx, type_k, type_v) + CPU_COMPUTE_BYTES
+
+
+def lanes_that_fit(model: ModelInfo, n_ctx: int, type_k: str, type_v: str, asked: int,
+                   available_ram: int) -> int:
+    """The most lanes (at most ``asked``) whose context fits the RAM left after the
+    engine loaded (``available_ram``, with the rule's headroom); 0 when not even one."""
+    n = asked
+    while n > 0 and not fits_ram(lanes_memory(model, n_ctx, type_k, type_v, n), available_ram):
+        n -= 1
+    return n
