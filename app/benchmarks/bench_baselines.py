@@ -8,6 +8,7 @@ same threads and context as the engine's target.
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from typing import Any
 
@@ -16,6 +17,8 @@ from engine.runtime.native import TILED_MM_SET_BY_USER
 from engine.runtime.target import Target
 
 BASELINE_NAMES = ("lcp", "lcp-lookup")
+# The longest a llama-server answer may take before the bench calls it hung.
+ANSWER_TIMEOUT_S = 3600
 
 
 def baseline_runner(name: str, target: Target) -> Runner:
@@ -74,7 +77,6 @@ class LlamaServer:
                  extra: list[str], type_k: str = "f16", type_v: str = "f16",
                  n_parallel: int = 1) -> None:
         import socket
-        import subprocess
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -120,13 +122,19 @@ class LlamaServer:
         body = json.dumps(fields).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=600) as resp:
+        # A 16k-token prompt with flash attention over a Q8_0 K took llama-server over
+        # 10 minutes on 2 cores (the 1.7B shape); an hour is a hung server.
+        with urllib.request.urlopen(req, timeout=ANSWER_TIMEOUT_S) as resp:
             return json.loads(resp.read())
 
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(timeout=30)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # still reading a prompt: it ignores SIGTERM
+                self.proc.kill()
+                self.proc.wait()
 
 
 def server_runner(name: str, target: Target, binary: str) -> Runner:
