@@ -594,15 +594,18 @@ def check_fits_here(config: EngineConfig) -> None:
     import psutil
 
     from engine.hub.model_store import default_model_path
+    from engine.planning.memory_plan import planned_memory
     from engine.runtime.kv_cache import KV_MODES
-    from engine.runtime.memory_fit import RAM_HEADROOM, fits_ram, target_need
+    from engine.runtime.memory_fit import RAM_HEADROOM, fits_ram
     from engine.runtime.model_info import read_model_info
     from engine.session import context_length
 
     info = read_model_info(config.model_path or default_model_path())
     type_k, type_v = KV_MODES[config.kv_cache]
-    need = target_need(info.size_bytes, info.kv_bytes(context_length(config, info),
-                                                      type_k, type_v))
+    # What the engine will take here, by the plan's rule (its parts: the F16 context, the
+    # attention scores), not a GPU's allowance.
+    need = planned_memory(info, context_length(config, info), type_k, type_v,
+                          flash_attn=config.flash_attn).total
     free = psutil.virtual_memory().available
     if not fits_ram(need, free):
         raise ModelLoadError(

@@ -534,8 +534,9 @@ class MatrixRow(NamedTuple):
     bundled file as its draft model), any other a tiny synthetic file of that
     architecture (engine.gguf.architectures) whose layers add little to the residual
     stream, so the model often repeats itself and drafts are both kept and taken back.
-    ``flash_attn``: forced on for a target as a GPU runs it (trees, long prompts read in
-    the F16 context and moved in); None: this CPU's rule (off, chains only)."""
+    ``flash_attn``: forced on (trees, long prompts read in the F16 context and their
+    cells moved in, as for targets whose prompts read on a prefill copy); None: this
+    CPU's rule (off, chains only, prompts read in the target's own cache)."""
 
     name: str
     kind: str
@@ -628,6 +629,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replay", type=Path, default=None, help="a case file to run again")
     p.add_argument("--draft-model", type=Path, default=None,
                    help="the GGUF the 'draft' drafter runs")
+    p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+                   help="the target's flash attention (auto: this CPU's rule)")
     p.add_argument("--matrix", action="store_true",
                    help="every MATRIX model and drafter, sharing the minutes")
     args = p.parse_args(argv)
@@ -648,7 +651,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1 if result["divergences"] else 0
         result = run_for(args.seed, args.minutes, args.model or default_model_path(),
                          args.drafters.split(","), args.ctx, prompts, args.out, Path(tmp),
-                         draft_model=args.draft_model)
+                         draft_model=args.draft_model,
+                         flash_attn={"auto": None, "on": True, "off": False}[args.flash_attn])
     print(json.dumps(result, indent=1))
     return 1 if result["divergences"] else 0
 

@@ -654,6 +654,59 @@ def test_a_sliding_window_prompt_going_back_into_a_moved_prompt_goes_on_from_the
         assert follow.stats.n_prompt_reused >= len(long)
 
 
+def test_a_window_moved_again_after_cells_kept_before_the_hole(
+        tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short turn read in the target's own cache, then a long one moved in: the hole
+    starts after the short turn. An edit inside the long turn moves the window before it
+    again, and the hole shrinks to what lies before that window; the window cache then
+    holds every position from the window's start. Where the move fails, the sequence is
+    cut to the hole's start and the prompt read from there, with no error: the same
+    logits as a fresh read."""
+    from engine.errors import NativeError
+    from engine.runtime.f16_prefill import F16Prefill
+
+    window = TinyShape().window
+    config = TargetConfig(n_ctx=1024, n_threads=2, flash_attn=True)
+    with Target(tiny_models["gemma3"], config) as target:
+        short = target.tokenize(" ".join(PROMPTS[:1]), special=False)
+        assert len(short) < 64  # read in the target's own cache
+        long = short + target.tokenize(" ".join(f"word{i}" for i in range(150)),
+                                       special=False)
+        other = target.tokenize(" and then something else entirely", special=False)
+        shared = (len(short) + len(long)) // 2
+
+        def after_the_long_turn() -> tuple[int, int]:
+            target.reset(cold=True)
+            generate(target, short, None, GenerationConfig(2))
+            generate(target, long, None, GenerationConfig(2))
+            gap = target.sequence.window_gap
+            assert gap is not None and gap[0] >= len(short) - 1 and gap[1] > shared
+            return gap
+
+        gap = after_the_long_turn()
+        prompt = long[:shared] + other
+        read = target.prefill(prompt)
+        assert read.n_reused == shared
+        lo = shared - window + 1
+        assert target.sequence.window_gap == (gap[0], lo)
+        assert target.ctx.kv_pos_min(0) == 0  # the short turn's cells, kept
+        logits = read.logits.copy()
+
+        def fails(self: F16Prefill, start: int, end: int) -> np.ndarray:
+            raise NativeError("llama_state_seq_set_data", 0, "planted failure")
+
+        after_the_long_turn()
+        monkeypatch.setattr(F16Prefill, "cells_from", fails)
+        again = target.prefill(prompt)
+        assert again.n_reused <= gap[0] and target.f16_prefill_off
+        assert target.sequence.window_gap is None
+        monkeypatch.undo()
+    with Target(tiny_models["gemma3"], replace(config, f16_prefill=False)) as fresh:
+        expected = fresh.prefill(prompt).logits
+    assert np.array_equal(again.logits, expected)  # read in the Q8_0 cache, as afresh
+    assert np.abs(logits - expected).max() < 0.5
+
+
 @pytest.mark.parametrize("arch", ["qwen35", "lfm2"])
 def test_a_hybrid_prompt_parting_inside_a_drafted_answers_last_batch_reads_as_plain(
         arch: str, tmp_path: Path) -> None:

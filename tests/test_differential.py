@@ -85,7 +85,7 @@ def test_a_long_follow_up_after_drafted_answers_reads_as_plain_on_f32(f32_model_
     from tests.differential import load_case
 
     case = load_case(Path(__file__).parent / "cases" / "f32-seed21-long-follow-up.json")
-    case = Case(case.seed, str(f32_model_path), case.drafters, case.n_ctx, case.actions)
+    case = replace(case, model=str(f32_model_path))
     replay = play(case, tmp_path)
     assert replay.found is None, replay.found
     assert replay.tokens > 0

@@ -56,6 +56,8 @@ def lanes_allowed(engine: object, asked: int) -> tuple[int, str]:
                                      "batches of more rows sum in another order with these "
                                      "kernels")
     c = target.config
+    if c.n_gpu_layers:  # the lanes' cache sits with the layers (not measured there)
+        return n, why
     fit = lanes_that_fit(engine.model, target.n_ctx, c.type_k, c.type_v, n,
                          psutil.virtual_memory().available)
     if fit < n:

@@ -323,7 +323,8 @@ class F16Prefill:
     def holds(self, tokens: list[int]) -> bool:
         """Whether the F16 context's cells for ``tokens`` are still there (it went on
         from them, or holds more)."""
-        return self.ctx is not None and common_prefix_length(self.tokens, tokens) == len(tokens)
+        return (not self.off and self.ctx is not None
+                and common_prefix_length(self.tokens, tokens) == len(tokens))
 
     def move_failed(self, exc: Exception) -> None:
         """The move failed: F16 prefill is turned off (with a warning), and the sequence

@@ -265,9 +265,15 @@ class PromptReader:
         # holds it, else the prompt is read afresh.
         if gap is not None and first > gap[0] and needed_from < gap[1]:
             lo = max(needed_from, gap[0])
+            # The cells moved again are the ones moved before (the F16 context reads a
+            # prompt in the same chunks whatever it held), so prefills remembered up to
+            # them still hold (a regenerate's first token).
+            keep = self.remembered_restorer()
             if not self.sequence.fill_window(lo, n_same, self.f16):
                 return 0
-            log.info("a prompt going back into the window cache's hole: positions %d-%d "
+            keep()
+            self._forget_beyond(n_same)
+            log.info("a prompt going back into the window cache's hole: positions [%d, %d) "
                      "moved again", lo, n_same)
         # The window cache's lowest position (llama-kv-cache-iswa.cpp)
         lowest = self.sequence.settled().kv_pos_min(0)

@@ -164,19 +164,35 @@ class CachedSequence:
     def fill_window(self, lo: int, hi: int, where: PendingMove) -> bool:
         """Sequence 0 cut to its first ``hi`` tokens with the window cache holding
         positions [lo, hi), which a move left out: the cells from ``lo`` on are moved
-        again from ``where`` (a span shorter than the window, so none is left out), in
-        position order after the cells kept. False (nothing changed) when ``where`` no
-        longer holds them. A prompt going back into the hole then goes on from there,
-        where llama-server goes back to a checkpoint of the window cache."""
+        again from ``where`` (at most a window's span, so one sequence's state leaves
+        none of them out), in position order after the cells kept. A prompt going back
+        into the hole then goes on from there, where llama-server goes back to a
+        checkpoint of the window cache. False when ``where`` no longer holds them
+        (nothing changed) or the move failed (the sequence is then cut to the hole's
+        start, where its window cache is whole)."""
         gap = self._window_gap
         if gap is None or not gap[0] <= lo < hi <= len(self._tokens):
             return False
-        if not where.holds(self._tokens[:hi]):
+        if hi - lo > self._arch.n_swa or not where.holds(self._tokens[:hi]):
             return False
         tokens = self._tokens[lo:hi]
         self.truncate(lo)
+        ctx = self._ctx
+        try:
+            ctx.state_seq_set(1, where.cells_from(lo, hi))  # seq 1: free between answers
+            if ctx.kv_pos_min(1) != lo:
+                raise StateFormatError(f"the window cache took the cells from position "
+                                       f"{ctx.kv_pos_min(1)}, not {lo}")
+            ctx.kv_copy(1, 0, -1, -1)
+        except (NativeError, StateFormatError) as exc:
+            where.move_failed(exc)
+            self.truncate(gap[0])
+            self._window_gap = None
+            return False
+        finally:
+            ctx.kv_remove(1, -1, -1)
+        self._tokens.extend(tokens)
         self._window_gap = (gap[0], lo) if lo > gap[0] else None
-        self.append_pending(tokens, where)
         return True
 
     # --- appending ---------------------------------------------------------------------
