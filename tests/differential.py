@@ -535,8 +535,9 @@ class MatrixRow(NamedTuple):
     architecture (engine.gguf.architectures) whose layers add little to the residual
     stream, so the model often repeats itself and drafts are both kept and taken back.
     ``flash_attn``: forced on (trees, long prompts read in the F16 context and their
-    cells moved in, as for targets whose prompts read on a prefill copy); None: this
-    CPU's rule (off, chains only, prompts read in the target's own cache)."""
+    cells moved in), as a GPU's target or one whose prompts read on a prefill copy runs;
+    None: this CPU's rule (off, chains only, prompts read in the target's own cache;
+    on for a sliding window)."""
 
     name: str
     kind: str
@@ -554,7 +555,7 @@ MATRIX = [
     MatrixRow("qwen35 hybrid", "qwen35", ["memory", "lookup", "mtp"], 1.5),
     MatrixRow("lfm2 hybrid", "lfm2", ["memory", "lookup"], 1.5),
     MatrixRow("gemma3 sliding window", "gemma3", ["memory", "lookup"], 1.5),
-    MatrixRow("gpt-oss window, flash attn", "gpt-oss", ["memory", "lookup"], 1.5, True),
+    MatrixRow("qwen3 with flash attention", "qwen3", ["memory", "lookup"], 1.5, True),
     MatrixRow("qwen3moe", "qwen3moe", ["memory", "lookup"], 1.5),
     MatrixRow("deepseek2 latent attention", "deepseek2", ["memory", "lookup", "mtp"], 1.5),
 ]

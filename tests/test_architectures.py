@@ -68,6 +68,8 @@ def test_the_tables_match_llama_cpp(tiny_models: dict[str, Path]) -> None:
                     table["layer_inputs"]) == EXPECTED[arch], arch
             assert table["speculation"] and table["architecture"] == arch
             assert table["sliding_window"] == (TinyShape().window if "sliding" in memory else 0)
+            if "sliding" in memory:  # the rule keeps flash attention on for a window
+                assert target.flash_attn and target.trees, arch
             # A long prompt's cells move from an F16 cache out of KV caches, windowed or
             # not; recurrent state has no such move.
             assert table["f16_prefill"] == (memory != "hybrid")
@@ -738,17 +740,19 @@ def test_a_hybrid_prompt_parting_inside_a_drafted_answers_last_batch_reads_as_pl
 @pytest.mark.parametrize("arch", ["gemma3", "gpt-oss"])
 def test_a_regenerate_after_a_window_of_answer_reuses_the_whole_prompt(
         arch: str, tiny_models: dict[str, Path]) -> None:
-    """On the CPU (no flash attention) a long prompt is read in the target's own cache,
-    whose window cache is full size: a regenerate after an answer longer than the window
-    goes on from the whole prompt, not from what a moved window left (116 of 376 tokens
-    when long prompts were moved in from the F16 context), and answers as the first."""
-    with Target(tiny_models[arch], TargetConfig(n_ctx=1024, n_threads=2)) as target:
-        assert not target.flash_attn
-        prompt = target.tokenize(" ".join(PROMPTS * 6), special=False)
-        assert len(prompt) > 4 * TinyShape().window
-        first = generate(target, prompt, None, GenerationConfig(3 * TinyShape().window))
-        assert len(first.tokens) > TinyShape().window
-        again = generate(target, prompt, None, GenerationConfig(3 * TinyShape().window))
-        assert again.stats.n_prompt_reused == len(prompt) - 1 or \
-            again.stats.n_prompt_reused == len(prompt)
-        assert again.tokens == first.tokens
+    """A regenerate after an answer longer than the window goes on from the whole
+    prompt, not from what a moved window left (116 of 376 tokens once), and answers as
+    the first: with flash attention (the rule for sliding-window models: the prompt read
+    in the F16 context, its last window moved in) and without (read in the target's own
+    cache, whose window cache is full size)."""
+    for flash_attn in (None, False):
+        config = TargetConfig(n_ctx=1024, n_threads=2, flash_attn=flash_attn)
+        with Target(tiny_models[arch], config) as target:
+            assert target.flash_attn is (flash_attn is None)
+            prompt = target.tokenize(" ".join(PROMPTS * 6), special=False)
+            assert len(prompt) > 4 * TinyShape().window
+            first = generate(target, prompt, None, GenerationConfig(3 * TinyShape().window))
+            assert len(first.tokens) > TinyShape().window
+            again = generate(target, prompt, None, GenerationConfig(3 * TinyShape().window))
+            assert again.stats.n_prompt_reused in (len(prompt) - 1, len(prompt)), flash_attn
+            assert again.tokens == first.tokens

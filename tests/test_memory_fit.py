@@ -182,3 +182,14 @@ def test_parallel_lanes_take_a_cache_each_and_are_capped_to_the_memory_left() ->
     assert lanes_that_fit(info, N_CTX, "q8_0", "f16", 8, room_for_three) == 3
     assert lanes_that_fit(info, N_CTX, "q8_0", "f16", 2, room_for_three) == 2
     assert lanes_that_fit(info, N_CTX, "q8_0", "f16", 8, CPU_COMPUTE_BYTES) == 0
+
+
+def test_a_sliding_window_model_is_planned_with_flash_attention() -> None:
+    """The rule keeps flash attention on for a sliding-window model (it skips the cells
+    outside a window): no attention scores over the whole cache, and long prompts read in
+    the F16 context, whose cache and move buffers are counted."""
+    from engine.planning.memory_plan import planned_memory
+
+    windowed = planned_memory(_model_info(replace(FACTS, sliding_window=512), 4 * GiB),
+                              N_CTX, "q8_0", "f16")
+    assert windowed.attention == 0 and windowed.prefill_kv > 0

@@ -79,6 +79,10 @@ def test_a_cpu_target_with_a_float_v_runs_without_flash_attention(model_path) ->
         assert choose_flash_attn(False, model, "q8_0", "q8_0", on_cpu=True) is True  # V
     finally:
         model.close()
+    from engine.runtime.native_policy import flash_attn_by_rule
+
+    # A sliding window keeps it: the windowed layers skip the cells outside their window.
+    assert flash_attn_by_rule("q8_0", "f16", True, False, sliding_window=True) is True
 
 
 def test_the_flash_attention_flag_reaches_the_target(model_path: Path) -> None:

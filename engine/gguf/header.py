@@ -47,6 +47,7 @@ class GGUFFacts:
     vocab_size: int | None
     name: str | None = None
     mtp_layers: int = 0  # next-token (MTP) blocks after the trunk's n_layers
+    sliding_window: int = 0  # the windowed layers' span (0: none, or not in the header)
 
     @property
     def has_kv_shape(self) -> bool:
@@ -237,6 +238,7 @@ def facts_from_kv(kv: dict[str, object]) -> GGUFFacts:
         vocab_size=int(vocab) if vocab is not None else None,  # type: ignore[arg-type]
         name=name if isinstance(name, str) else None,
         mtp_layers=mtp_layers,
+        sliding_window=_int(kv, a + "attention.sliding_window") or 0,
     )
 
 

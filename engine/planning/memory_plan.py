@@ -82,7 +82,8 @@ def planned_memory(model: ModelInfo, n_ctx: int, type_k: str, type_v: str,
     need), where prompts are read in the target's own cache; with it, in the F16 context
     unless the model keeps recurrent state. ``flash_attn``: as asked, None by the rule."""
     if flash_attn is None:
-        flash_attn = flash_attn_by_rule(type_k, type_v, on_cpu, latent_attention=False)
+        flash_attn = flash_attn_by_rule(type_k, type_v, on_cpu, latent_attention=False,
+                                        sliding_window=model.header.sliding_window > 0)
     # Without flash attention the F16 context opens only to read with a plain copy of
     # repacked K-quant weights (their prompts' fast layout: engine.runtime.prompt_weights;
     # the target repacks them, the probe allowing, as it does on x86).
