@@ -1,6 +1,8 @@
 """Sequence 0 of a target's decoding context, with one owner: the tokens its cells hold,
-the cells a drafted answer parked, recurrent-state checkpoints, and the cells of a long
-prompt still waiting in the F16 context (a pending move).
+the cells a drafted answer parked, recurrent-state checkpoints
+(``engine.runtime.state_checkpoints``), the cells of a long prompt still waiting in the
+F16 context (a pending move) and the hole a move left in a sliding-window model's window
+cache (``engine.runtime.window_gap``).
 
 Bit-exactness and cell order: llama.cpp's attention sums over KV cells in cell order, so
 sequence 0's cells must stay in position order, as in plain decoding, or logits drift by
@@ -27,15 +29,14 @@ import numpy as np
 from engine.errors import NativeError
 from engine.runtime.kv_transfer import StateFormatError
 from engine.runtime.native import NativeBatch, NativeContext, prompt_kernels
+from engine.runtime.state_checkpoints import StateCheckpoints
+from engine.runtime.window_gap import WindowGap
 
 if TYPE_CHECKING:
     from engine.runtime.architecture import ArchitectureFacts
 
 log = logging.getLogger(__name__)
 
-# Recurrent-state checkpoints kept (the last prompts'): a regenerate, a follow-up and an
-# edit of the last message each go back to one of the last two.
-CHECKPOINTS = 4
 
 
 class PendingMove(Protocol):
@@ -66,14 +67,10 @@ class CachedSequence:
         self.park_seq = batch.n_seq_max - 1
         self._n_parked = 0
         self._parked_from = 0  # every parked cell sits at a position >= this
-        # Recurrent state as the last prompts left it: (their length, the state's blob).
-        self._checkpoints: list[tuple[int, np.ndarray]] = []
+        self._checkpoints = StateCheckpoints()  # recurrent state as the last prompts left it
         # The positions [start, end) whose cells still wait, and where they wait.
         self._pending: tuple[int, int, PendingMove] | None = None
-        # Positions [a, b) a sliding-window model's window cache lacks: a move brings
-        # only the last window of the moved cells, so cells kept from before it and the
-        # moved window have a hole between them.
-        self._window_gap: tuple[int, int] | None = None
+        self._window_gap = WindowGap()  # (engine.runtime.window_gap)
         # Told the first position whose cells are no longer the ones evaluated (the
         # prompt reader's remembered prefills hold only while theirs are).
         self._listeners: list[Callable[[int], None]] = []
@@ -107,7 +104,8 @@ class CachedSequence:
 
     @property
     def window_gap(self) -> tuple[int, int] | None:
-        return self._window_gap
+        """Positions [a, b) the window cache lacks (engine.runtime.window_gap)."""
+        return self._window_gap.span
 
     def on_cells_changed(self, listener: Callable[[int], None]) -> None:
         """Call ``listener(n)`` whenever the cells from position ``n`` on stop being the
@@ -119,7 +117,7 @@ class CachedSequence:
             listener(n_keep)
 
     def has_checkpoint_at(self, n_tokens: int) -> bool:
-        return any(at == n_tokens for at, _ in self._checkpoints)
+        return self._checkpoints.at(n_tokens)
 
     # --- settling ----------------------------------------------------------------------
     def settled(self) -> NativeContext:
@@ -139,60 +137,53 @@ class CachedSequence:
     def _move_in(self) -> None:
         assert self._pending is not None
         (start, end, where), self._pending = self._pending, None
-        ctx = self._ctx
-        try:
-            # seq 1 is free outside a verification
-            ctx.state_seq_set(1, where.cells_from(start, end))
-            if self._arch.n_swa:
-                self._note_window_gap(start, ctx.kv_pos_min(1))
-            ctx.kv_copy(1, 0, -1, -1)
-            ctx.kv_remove(1, -1, -1)
-        except (NativeError, StateFormatError) as exc:
-            ctx.kv_remove(1, -1, -1)
-            ctx.kv_remove(0, start, -1)
-            where.move_failed(exc)
+        if not self._take_cells(start, end, where):
             redo = self._tokens[start:]
             del self._tokens[start:]
             self.evaluate_cells_only(redo)
 
-    def _note_window_gap(self, start: int, window_start: int) -> None:
-        """The window cache got the moved cells from ``window_start`` on, not ``start``."""
-        if window_start > start:
-            gap = self._window_gap or (start, window_start)
-            self._window_gap = (min(gap[0], start), max(gap[1], window_start))
-
-    def fill_window(self, lo: int, hi: int, where: PendingMove) -> bool:
-        """Sequence 0 cut to its first ``hi`` tokens with the window cache holding
-        positions [lo, hi), which a move left out: the cells from ``lo`` on are moved
-        again from ``where`` (at most a window's span, so one sequence's state leaves
-        none of them out), in position order after the cells kept. A prompt going back
-        into the hole then goes on from there, where llama-server goes back to a
-        checkpoint of the window cache. False when ``where`` no longer holds them
-        (nothing changed) or the move failed (the sequence is then cut to the hole's
-        start, where its window cache is whole)."""
-        gap = self._window_gap
-        if gap is None or not gap[0] <= lo < hi <= len(self._tokens):
-            return False
-        if hi - lo > self._arch.n_swa or not where.holds(self._tokens[:hi]):
-            return False
-        tokens = self._tokens[lo:hi]
-        self.truncate(lo)
+    def _take_cells(self, start: int, end: int, where: PendingMove, whole: bool = False
+                    ) -> bool:
+        """Sequence 0's cells of positions [start, end) from ``where`` (through sequence
+        1, free outside a verification). ``whole``: the window cache must get all of
+        them. False when that failed (``where`` is told; nothing from ``start`` on is
+        left)."""
         ctx = self._ctx
         try:
-            ctx.state_seq_set(1, where.cells_from(lo, hi))  # seq 1: free between answers
-            if ctx.kv_pos_min(1) != lo:
-                raise StateFormatError(f"the window cache took the cells from position "
-                                       f"{ctx.kv_pos_min(1)}, not {lo}")
+            ctx.state_seq_set(1, where.cells_from(start, end))
+            if self._arch.n_swa:
+                window_start = ctx.kv_pos_min(1)
+                if whole and window_start != start:
+                    raise StateFormatError(f"the window cache took the cells from position "
+                                           f"{window_start}, not {start}")
+                self._window_gap.moved(start, window_start)
             ctx.kv_copy(1, 0, -1, -1)
+            return True
         except (NativeError, StateFormatError) as exc:
+            ctx.kv_remove(0, start, -1)
             where.move_failed(exc)
-            self.truncate(gap[0])
-            self._window_gap = None
             return False
         finally:
             ctx.kv_remove(1, -1, -1)
+
+    def fill_window(self, lo: int, hi: int, where: PendingMove) -> bool:
+        """Sequence 0 cut to its first ``hi`` tokens, the window cache holding [lo, hi)
+        (a hole a move left): those cells moved again from ``where`` (at most a window,
+        so one sequence's state leaves none out), in position order after the cells
+        kept. False when ``where`` no longer holds them (nothing changed) or the move
+        failed (the sequence is then cut to the hole's start)."""
+        gap = self._window_gap.span
+        if gap is None or not gap[0] <= lo < hi <= min(len(self._tokens), lo + self._arch.n_swa):
+            return False
+        if not where.holds(self._tokens[:hi]):
+            return False
+        tokens = self._tokens[lo:hi]
+        self.truncate(lo)
+        if not self._take_cells(lo, hi, where, whole=True):
+            self.truncate(gap[0])  # (which ends the hole)
+            return False
         self._tokens.extend(tokens)
-        self._window_gap = (gap[0], lo) if lo > gap[0] else None
+        self._window_gap.refilled_from(lo)
         return True
 
     # --- appending ---------------------------------------------------------------------
@@ -299,9 +290,8 @@ class CachedSequence:
         prompt parts there, and recurrent state goes back from a checkpoint, never through
         its snapshots, whose sums plain decoding's are not (lfm2: 2.7e-5 apart)."""
         self._cells_changed(n_keep)
-        if self._window_gap is not None and n_keep <= self._window_gap[0]:
-            self._window_gap = None
-        self._checkpoints = [c for c in self._checkpoints if c[0] <= n_keep]
+        self._window_gap.cut(n_keep)
+        self._checkpoints.cut(n_keep)
         if n_keep < len(self._tokens):
             ctx = self.settled()
             if for_a_prompt and self._arch.has_state:
@@ -318,10 +308,10 @@ class CachedSequence:
     def clear(self) -> None:
         """Empty the cache (cells never moved in need no clearing)."""
         self._pending = None
-        self._window_gap = None
+        self._window_gap = WindowGap()
         self._ctx.kv_clear()
         self._tokens = []
-        self._checkpoints = []
+        self._checkpoints = StateCheckpoints()
         self._n_parked = 0
         self._cells_changed(0)
 
@@ -392,30 +382,15 @@ class CachedSequence:
             ctx.set_features(features)
         self._tokens = kept
         self._cells_changed(0)  # the kept cells moved: no prompt's logits hold
-        if self._window_gap is not None:  # the hole moved with the cells, or was cut out
-            def shifted(p: int) -> int:
-                return p if p <= n_same else max(n_same, p - n_cut)
-            a, b = shifted(self._window_gap[0]), shifted(self._window_gap[1])
-            self._window_gap = (a, b) if a < min(b, len(kept)) else None
+        self._window_gap.shifted(n_same, n_cut, len(kept))
         return True
 
     # --- recurrent state -----------------------------------------------------------------
     def keep_checkpoint(self) -> None:
-        """Remember recurrent state as the prompt just read left it (llama-server's
-        context checkpoints): a regenerate or an edit of a recent message then reads on
-        from it, not the whole conversation. The state alone, the last ``CHECKPOINTS``
-        prompts'; nothing on models without recurrent state."""
-        if not self._arch.has_state or not self._tokens:
-            return
-        if self.has_checkpoint_at(len(self._tokens)):
-            return  # (taken back to it: the same state)
-        try:
-            state = self.settled().state_seq_array(0, partial=True)  # (a buffer of its own)
-        except NativeError as exc:
-            log.warning("no checkpoint of the recurrent state: %s", exc)
-            return
-        # (``truncate`` dropped every checkpoint past the cache's tokens)
-        self._checkpoints = [*self._checkpoints, (len(self._tokens), state)][-CHECKPOINTS:]
+        """Remember recurrent state as the prompt just read left it
+        (engine.runtime.state_checkpoints); nothing on models without recurrent state."""
+        if self._arch.has_state and self._tokens:
+            self._checkpoints.keep(self.settled(), len(self._tokens))
 
     def from_checkpoint(self, n_keep: int) -> None:
         """Sequence 0 as its first ``n_keep`` tokens where its recurrent state cannot go
@@ -423,25 +398,14 @@ class CachedSequence:
         attention cells before it, the tokens between evaluated again; with no such
         checkpoint, the whole sequence evaluated again."""
         kept = self._tokens[:n_keep]
-        self._checkpoints = [c for c in self._checkpoints if c[0] <= n_keep]
-        if self._checkpoints:
-            at, state = self._checkpoints[-1]
-            try:
-                self._ctx.state_seq_set(0, state, partial_at=at)
-                # The attention cells after it; the state's last position is at - 1,
-                # so its part is left as restored.
-                restored = self._ctx.kv_remove(0, at, -1)
-            except NativeError as exc:
-                log.warning("the recurrent state's checkpoint did not restore: %s", exc)
-                restored = False
-            if restored:
-                self._tokens = kept[:at]
-                if n_keep > at:
-                    self.n_read_again += n_keep - at
-                    self.evaluate_cells_only(kept[at:])
-                return
-            self._checkpoints.clear()  # the state is in doubt: read from the start
-        self.evaluate_again(kept)
+        at = self._checkpoints.restore(self._ctx, n_keep)
+        if at is None:
+            self.evaluate_again(kept)
+            return
+        self._tokens = kept[:at]
+        if n_keep > at:
+            self.n_read_again += n_keep - at
+            self.evaluate_cells_only(kept[at:])
 
     def evaluate_again(self, kept: list[int]) -> None:
         """Rebuild sequence 0 as ``kept`` from an empty cache (recurrent state asked to go
@@ -476,7 +440,7 @@ class CachedSequence:
         cells copied out and in again byte for byte, as a plan switch moves them;
         ``on_restored`` is called once they are (not when they were evaluated again)."""
         ctx = self.settled()
-        tokens, checkpoints = list(self._tokens), list(self._checkpoints)
+        tokens, checkpoints = list(self._tokens), list(self._checkpoints.kept)
         cells = ctx.state_seq_array(0) if tokens else None
         try:
             yield
@@ -485,7 +449,8 @@ class CachedSequence:
             if cells is not None:
                 try:
                     self._ctx.state_seq_set(0, cells)
-                    self._tokens, self._checkpoints = tokens, checkpoints
+                    self._tokens = tokens
+                    self._checkpoints = StateCheckpoints(checkpoints)
                     on_restored()
                 except NativeError:  # a cache of the same types: not expected
                     log.warning("the cache could not be put back: evaluated again")
