@@ -20,7 +20,7 @@ from engine.runtime.memory_fit import (
     head_need,
 )
 from engine.runtime.model_info import ModelInfo, read_model_info
-from engine.runtime.native_policy import flash_attn_by_rule
+from engine.runtime.native_policy import flash_attn_as_asked
 from engine.runtime.prompt_weights import prompts_prefer_repacked
 
 if TYPE_CHECKING:
@@ -81,9 +81,8 @@ def planned_memory(model: ModelInfo, n_ctx: int, type_k: str, type_v: str,
     latent-attention model, unknown from the header alone, is counted so too, the larger
     need), where prompts are read in the target's own cache; with it, in the F16 context
     unless the model keeps recurrent state. ``flash_attn``: as asked, None by the rule."""
-    if flash_attn is None:
-        flash_attn = flash_attn_by_rule(type_k, type_v, on_cpu, latent_attention=False,
-                                        sliding_window=model.header.sliding_window > 0)
+    flash_attn = flash_attn_as_asked(flash_attn, type_k, type_v, on_cpu, latent_attention=False,
+                                     sliding_window=model.header.sliding_window > 0)
     # Without flash attention the F16 context opens only to read with a plain copy of
     # repacked K-quant weights (their prompts' fast layout: engine.runtime.prompt_weights;
     # the target repacks them, the probe allowing, as it does on x86).

@@ -79,16 +79,24 @@ def choose_flash_attn(asked: bool | None, model: NativeModel, type_k: str, type_
     fast mode, llama-server's cache): exact without flash attention too, but one token
     after 8k tokens took 34.9 ms against 23.5 with a Q8_0 K. And so does a
     sliding-window model (``flash_attn_by_rule``)."""
+    return flash_attn_as_asked(asked, type_k, type_v, on_cpu, model.latent_attention,
+                               sliding_window=model.architecture().n_swa > 0)
+
+
+def flash_attn_as_asked(asked: bool | None, type_k: str, type_v: str, on_cpu: bool,
+                        latent_attention: bool, sliding_window: bool = False) -> bool:
+    """``choose_flash_attn`` from the settings alone (the memory plan applies it before
+    the weights load): as asked, but on for a quantized V whatever was asked (llama.cpp
+    needs it), and by ``flash_attn_by_rule`` when nothing was."""
     if asked is not None:
         return asked or type_v not in _FLOAT_TYPES
-    return flash_attn_by_rule(type_k, type_v, on_cpu, model.latent_attention,
-                              sliding_window=model.architecture().n_swa > 0)
+    return flash_attn_by_rule(type_k, type_v, on_cpu, latent_attention, sliding_window)
 
 
 def flash_attn_by_rule(type_k: str, type_v: str, on_cpu: bool, latent_attention: bool,
                        sliding_window: bool = False) -> bool:
-    """``choose_flash_attn``'s rule from the settings alone (the memory plan applies it
-    before the weights load). A sliding-window model keeps it on: the cache holds every
+    """The rule when nothing was asked (``flash_attn_as_asked``). A sliding-window model
+    keeps it on: the cache holds every
     position (``swa_full``), and flash attention skips the cells outside a windowed
     layer's window (the CPU kernel skips masked cells and whole masked tiles) where the
     matrix path computes them all, so its windowed layers cost a window, not the context

@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-
 class PendingMove(Protocol):
     """Where a prompt's cells wait before they join sequence 0 (the F16 context)."""
 
