@@ -20,8 +20,9 @@ KV_TRADE_OFF = {
               "output is identical to plain decoding; on the CPU attention runs without "
               "flash attention (faster over long contexts; drafts verified as chains) and "
               "long prompts are read in this cache with llama.cpp's prompt kernels (make "
-              "install's patch), 1.7-2.9x llama-server's speed at 2-8k tokens; with flash "
-              "attention (a GPU) they are read in an F16 context and moved in"),
+              "install's patch), 1.7-4.8x llama-server's speed at 2-16k tokens; with flash "
+              "attention (a GPU, a sliding-window model, --flash-attn on) they are read in "
+              "an F16 context and moved in"),
     "fast": ("K and V in F16, as llama-server: the first token of a long prompt as fast as "
              "llama-server's, but past 512 cached tokens llama.cpp computes single-token "
              "steps on another kernel than batches (logits differ by up to ~0.7), so an "
