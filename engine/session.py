@@ -35,7 +35,6 @@ import numpy as np
 
 from engine.decoding.budget import (
     MAX_DRAFT_LIMIT,
-    MAX_MEMORY_DRAFT,
     SpeculationGovernor,
     VerifyCostModel,
     context_bucket,
@@ -62,6 +61,7 @@ from engine.planning.plan_check import PlanCheck, same_choice
 from engine.planning.plan_log import PlanEvent
 from engine.planning.plan_maker import PlanMaker, Setup
 from engine.planning.planner import Overrides, Plan
+from engine.planning.prediction_budget import prediction_budget, verifies_exactly
 from engine.planning.target_setup import target_settings
 from engine.planning.thread_choice import ThreadFollower
 from engine.runtime.architecture import RS_ROLLBACK_TOKENS
@@ -478,8 +478,18 @@ class Engine:
 
     @property
     def prediction_budget(self) -> int:
-        """The longest draft a prediction may make (``prediction_budget``)."""
-        return prediction_budget(self.model, self.kernels, self.config.drafter, self.target)
+        """The longest draft a prediction may make where the target runs now
+        (engine.planning.prediction_budget)."""
+        return prediction_budget(self.model.why_plain, self.verifies_exactly,
+                                 self.target.n_gpu_layers, self.config.drafter,
+                                 self.target.max_draft)
+
+    @property
+    def verifies_exactly(self) -> bool:
+        """Whether a verified batch equals one-token decoding on the kernels the target
+        runs on now: the CPU probe's verdict, or the GPU probe's once a layer is there."""
+        return verifies_exactly(self.kernels.exact if self.kernels is not None else None,
+                                self.target.n_gpu_layers, self.plans.gpu_exact)
 
     def _follow_the_load(self) -> None:
         """The threads for this answer, from the machine's load in the seconds before it."""
@@ -567,19 +577,6 @@ def target_notes(name: str, target: Target) -> list[str]:
     elif target.template.origin != OWN_TEMPLATE:
         notes.append(f"{name} has no chat template: chat format {target.template.origin}")
     return notes
-
-
-def prediction_budget(model: ModelInfo, kernels: KernelChoice | None, asked: DrafterKind,
-                      target: Target) -> int:
-    """The longest draft a prediction may make: none where speculation cannot be exact
-    (the model's header, or kernels the probe found inexact, unless a drafter was asked
-    for by name), else long drafts as far as the target takes them back."""
-    if model.why_plain is not None:
-        return 0
-    if (kernels is None or not kernels.exact) and asked in (DrafterKind.AUTO,
-                                                            DrafterKind.NONE):
-        return 0
-    return _capped(MAX_MEMORY_DRAFT, target.max_draft)
 
 
 def loaded_memory(engine: object) -> MemoryNeed | None:

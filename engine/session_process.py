@@ -76,6 +76,7 @@ class EngineFacts:
     plan_events: list[PlanEvent]
     drafter_name: str
     guarantee: str
+    verifies_exactly: bool
     architecture: dict[str, object]
     kv_cache_text: str
     workers: tuple[WorkerInfo, ...]
@@ -408,6 +409,10 @@ class EngineProcess:
     @property
     def guarantee(self) -> str:
         return self.facts.guarantee
+
+    @property
+    def verifies_exactly(self) -> bool:
+        return self.facts.verifies_exactly
 
     @property
     def architecture(self) -> dict[str, object]:

@@ -98,6 +98,9 @@ class PlanMaker:
         self.check: PlanCheck | None = None  # set by ``watch``
         self.events: list[PlanEvent] = []  # this model's plan changes, oldest first
         self._price: Callable[[CostProfile], Plan] | None = None
+        # The GPU probe's verdict for this model (None: not probed), for what the engine
+        # verifies where the plan puts the target (engine.planning.prediction_budget).
+        self.gpu_exact: bool | None = None
 
     # --- what auto may choose ----------------------------------------------------------
     def gather_options(self, head_dir: Path | None, draft_model: Path | None,
@@ -321,11 +324,13 @@ class PlanMaker:
         except TandemError as exc:
             self.notes.append(f"the target was not probed on the GPU ({exc}): drafts are "
                               "verified on the CPU")
+            self.gpu_exact = False
             return False
         if not choice.exact:
             self.notes.append("drafts are verified on the CPU: with the target on the GPU a "
                               f"verified batch differs from one-token decoding "
                               f"({choice.probe.describe()})")
+        self.gpu_exact = choice.exact
         return choice.exact
 
     def gpu_can_hold_target(self, target_config: TargetConfig) -> bool:
