@@ -28,6 +28,7 @@ from app.server.schema import ApiError, CompletionRequest, Limits, parse_request
 from engine.conversation import AnswerService
 from engine.decoding.generation import GenerationResult
 from engine.decoding.logprobs import TokenLogprob
+from engine.planning.prediction_budget import exactness_figures
 from engine.session import Engine
 from engine.session_process import EngineProcess
 from engine.tool_syntax import GENERIC, ReadCalls, ToolSyntax, tool_syntax_of
@@ -77,6 +78,8 @@ class ServerState:
                 "layout": plan.layout_text() if plan is not None else "plain",
                 "prompt_tokens_reused": s.n_prompt_reused,
                 "guarantee": engine.guarantee if engine is not None else "",
+                # exact: this answer is plain decoding's by construction (else a warning)
+                **exactness_figures(s.drafter, engine is None or engine.verifies_exactly),
                 "queue_wait_s": round(job.queue_wait_s, 4),
                 "finish_reason": result.finish_reason}
 
