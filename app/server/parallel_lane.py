@@ -46,7 +46,8 @@ def lanes_allowed(engine: object, asked: int) -> tuple[int, str]:
     if target.arch.n_swa:
         return 1, ("this model's sliding-window cache is two caches, which lanes do not "
                    "take yet: one answer at a time")
-    if kernels is None or not kernels.exact:
+    # The probe's verdict where the target runs (the GPU's once a layer is there).
+    if kernels is None or not engine.verifies_exactly:
         return 1, ("batches of this model's tokens do not sum as one token does here, so "
                    "answers decoded together would differ from their answers alone: one "
                    "at a time")
