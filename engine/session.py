@@ -55,7 +55,6 @@ from engine.planning.calibration import CostProfile
 from engine.planning.draft_record import DraftRecord
 from engine.planning.drafter_follow import governor_for, record_key
 from engine.planning.first_setup import first_setup
-from engine.planning.kernels import KernelChoice
 from engine.planning.memory_plan import engine_memory
 from engine.planning.plan_check import PlanCheck, same_choice
 from engine.planning.plan_log import PlanEvent
