@@ -393,11 +393,14 @@ class ChatController(QObject):
                  for turn in expand(m.role, model_text(m), m.info)]
         if conv.system_prompt.strip():
             turns.insert(0, {"role": "system", "content": conv.system_prompt.strip()})
-        # The file an edit will likely repeat, drafted from (never changes the answer).
+        # The file an edit will likely repeat, drafted from (never changes the answer),
+        # when the newest message asks for an edit (what the user typed, not its documents).
         attached = [a for m in history if m.role == "user"
                     for a in self.store.message_attachments(m.id)]
+        asked = next((m.content for m in reversed(history) if m.role == "user"), "")
         prediction = edit_prediction(attached, [m.content for m in history
-                                                if m.role == "assistant"])
+                                                if m.role == "assistant"],
+                                     asked, self.n_ctx or 4096)
         tools, at_limit = self.tools.tools_for(s, history) if grammar is None else ((), False)
         self._tool_limit = s.tool_rounds if at_limit else 0
         return GenerationRequest(next(self._ids), tuple(turns), sampling, s.max_tokens,
