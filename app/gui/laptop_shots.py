@@ -122,7 +122,8 @@ def _shoot(out: Path, model: Path | None, folder: Path, tag: str, dark: bool = F
 
 
 def _tool_servers(w, folder: Path, wait) -> None:  # noqa: ANN001
-    """The files server over a folder of notes added from an mcp.json, running."""
+    """The files server over a folder of notes imported from an mcp.json, started as a
+    user would: the review shows it, Start."""
     from app.benchmarks.tool_loop import make_tool_folder
 
     files = make_tool_folder(folder / "harbour-files")
@@ -130,6 +131,7 @@ def _tool_servers(w, folder: Path, wait) -> None:  # noqa: ANN001
     config.write_text(json.dumps({"mcpServers": {"harbour-files": {
         "command": sys.executable, "args": ["-m", "app.tools.files_server", str(files)]}}}))
     w.tools_panel.import_file(config)
+    w.tools_panel.review_dialog.start_button.click()
     wait(until=lambda: w.tool_servers.status("harbour-files").state == "running",
          timeout_ms=60_000)
 

@@ -87,7 +87,8 @@ class MainWindow(QMainWindow):
         self.thread_.finished.connect(self.worker.deleteLater)
 
         self.transcript = TranscriptModel(parent=self)
-        # MCP servers: started with the window, stopped with it (app.gui.tool_servers)
+        # MCP servers: the ones the user approved start with the window and stop with it
+        # (app.gui.tool_servers); adding one asks first (app.gui.server_review_dialog)
         self.tool_servers = ToolServers(self.store, parent=self)
         self.controller = ChatController(self.store, self.worker, self.transcript, parent=self,
                                          tool_servers=self.tool_servers)

@@ -1,8 +1,11 @@
 """The window's MCP servers: their list (kept in the app's settings), the host that runs
 them (app.tools.mcp_host, its own thread) and Qt signals for what happens there.
 
-Servers start with the app and stop with it. A call's result arrives as ``call_done`` in
-the GUI thread; nothing here waits on a server.
+Starting a server runs a program (or talks to a URL), so it is the user's decision: a
+server added or imported here is first only *reviewed* (app.tools.server_review), and
+starts once the user said yes (``add``); at app start only the servers the user approved
+and left on start. They stop with the app. A call's result arrives as ``call_done`` in the
+GUI thread; nothing here waits on a server.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from app.tools.server_config import (
     read_mcp_json,
     save_servers,
 )
+from app.tools.server_review import ServerReview, reviews
 
 
 class ToolServers(QObject):
@@ -48,28 +52,41 @@ class ToolServers(QObject):
 
     # --- the list ------------------------------------------------------------------------
     def start_all(self) -> None:
+        """The servers the user approved and left on (at app start)."""
         for config in self.configs:
-            if config.enabled:
+            if config.starts:
                 self.host.start(config)
+
+    def review(self, configs: list[ServerConfig]) -> list[ServerReview]:
+        """What adding ``configs`` would start and replace; changes nothing."""
+        return reviews(configs, self.configs)
 
     def add(self, configs: list[ServerConfig]) -> None:
-        """Add (or replace, by name) servers, save the list and start the enabled ones."""
-        self.configs = merged(self.configs, configs)
+        """The servers the user reviewed and said yes to: saved as approved (a server of
+        the same name replaced) and started."""
+        approved = [replace(c, enabled=True, approved=True) for c in configs]
+        self.configs = merged(self.configs, approved)
         save_servers(self.store, self.configs)
-        for config in configs:
-            if config.enabled:
-                self.host.start(config)
-            else:
-                self.host.stop(config.name)
+        for config in approved:
+            self.host.start(config)
         self.changed.emit()
 
-    def import_file(self, path: Path) -> list[ServerConfig]:
-        """The servers of an ``mcp.json`` added (a server of the same name replaced);
-        raises ToolConfigError with why not. A file's ``alwaysAllow`` is not taken: only
-        the user lets a tool run without asking, here."""
-        found = [replace(c, always_allow=()) for c in read_mcp_json(path)]
-        self.add(found)
-        return found
+    def read_import(self, path: Path) -> list[ServerReview]:
+        """The servers of an ``mcp.json``, reviewed and not yet added: nothing starts and
+        nothing is replaced until ``add`` gets the user's choice. Raises ToolConfigError
+        with why the file cannot be used. A file's ``alwaysAllow`` is not taken: only the
+        user lets a tool run without asking, here."""
+        return self.review(read_mcp_json(path))
+
+    def turn_off(self, name: str) -> None:
+        """Stopped, and not started with the app until the user turns it on again."""
+        config = self.config(name)
+        if config is not None:
+            self.configs = [replace(c, enabled=False) if c.name == name else c
+                            for c in self.configs]
+            save_servers(self.store, self.configs)
+            self.host.stop(name)
+            self.changed.emit()
 
     def remove(self, name: str) -> None:
         self.configs = [c for c in self.configs if c.name != name]
@@ -78,9 +95,15 @@ class ToolServers(QObject):
         self.changed.emit()
 
     def restart(self, name: str) -> None:
+        """Starts again a server the user approved (one not approved needs ``add``)."""
         config = self.config(name)
-        if config is not None:
-            self.host.start(config)
+        if config is not None and config.approved:
+            if not config.enabled:
+                self.configs = [replace(c, enabled=True) if c.name == name else c
+                                for c in self.configs]
+                save_servers(self.store, self.configs)
+            self.host.start(replace(config, enabled=True))
+            self.changed.emit()
 
     def config(self, name: str) -> ServerConfig | None:
         return next((c for c in self.configs if c.name == name), None)

@@ -24,9 +24,11 @@ from PySide6.QtWidgets import (
 )
 
 from app.gui import theme
+from app.gui.server_review_dialog import ServerReviewDialog
 from app.gui.tool_servers import ToolServers
 from app.tools.mcp_host import FAILED, RUNNING, STARTING, ServerStatus
 from app.tools.server_config import ServerConfig, ToolConfigError, server_from_entry
+from app.tools.server_review import ServerReview
 
 STATE_WORDS = {RUNNING: "●", STARTING: "…", FAILED: "✖"}
 SAFETY = ("A tool runs with your rights on this computer: it can read, change or send "
@@ -40,6 +42,8 @@ def server_line(config: ServerConfig, status: ServerStatus) -> str:
         what = f"{len(status.tools)} tools"
     elif status.state == FAILED:
         what = "failed"
+    elif not config.approved:
+        what = "not started: press Start to review it"
     elif not config.enabled:
         what = "off"
     else:
@@ -124,16 +128,20 @@ class ToolsPanel(QGroupBox):
         self.add_button = QPushButton("Add…")
         self.import_button = QPushButton("Import mcp.json…")
         self.remove_button = QPushButton("Remove")
-        self.restart_button = QPushButton("Restart")
+        self.restart_button = QPushButton("Start")
+        self.off_button = QPushButton("Turn off")
         self.add_button.clicked.connect(self.add_dialog)
         self.import_button.clicked.connect(self.import_dialog)
         self.remove_button.clicked.connect(self._remove)
         self.restart_button.clicked.connect(self._restart)
+        self.off_button.clicked.connect(self._turn_off)
+        self.review_dialog: ServerReviewDialog | None = None
         row1, row2 = QHBoxLayout(), QHBoxLayout()
         row1.addWidget(self.add_button)
         row1.addWidget(self.import_button)
         row2.addWidget(self.remove_button)
         row2.addWidget(self.restart_button)
+        row2.addWidget(self.off_button)
         safety = QLabel(SAFETY)
         safety.setWordWrap(True)
         safety.setStyleSheet(f"color: {theme.current().muted};")
@@ -167,13 +175,19 @@ class ToolsPanel(QGroupBox):
         has = bool(self.servers.configs)
         self.remove_button.setEnabled(has)
         self.restart_button.setEnabled(has)
+        self.off_button.setEnabled(has)
 
     def _selected(self, row: int) -> None:
         if not 0 <= row < len(self.servers.configs):
             return
         config = self.servers.configs[row]
         status = self.servers.status(config.name)
+        running = status.state in (RUNNING, STARTING)
+        self.restart_button.setText("Restart" if running else "Start")
+        self.off_button.setEnabled(running or config.enabled)
         lines = [config.where()]
+        if not config.approved:
+            lines.append("Not started: Start shows what it runs and asks you first.")
         if status.tools:
             lines.append("Tools: " + ", ".join(t.name for t in status.tools))
         if status.state == FAILED:
@@ -193,13 +207,45 @@ class ToolsPanel(QGroupBox):
 
     def _restart(self) -> None:
         config = self._current()
-        if config is not None:
+        if config is None:
+            return
+        if config.approved:
             self.servers.restart(config.name)
+        else:
+            self.ask_to_start([config])
+
+    def _turn_off(self) -> None:
+        config = self._current()
+        if config is not None:
+            self.servers.turn_off(config.name)
 
     def add_dialog(self) -> None:
         dialog = AddServerDialog(self)
         if dialog.exec() and dialog.config is not None:
-            self.servers.add([dialog.config])
+            self.ask_to_start([dialog.config])
+
+    def ask_to_start(self, configs: list[ServerConfig]) -> ServerReviewDialog:
+        """Shows what each server runs and replaces; only the ones the user ticks and
+        starts are added (the dialog is ``review_dialog`` until it closes)."""
+        return self._open_review(self.servers.review(configs))
+
+    def _open_review(self, items: list[ServerReview]) -> ServerReviewDialog:
+        if self.review_dialog is not None:
+            self.review_dialog.reject()
+        dialog = ServerReviewDialog(items, self)
+        dialog.chosen.connect(self._started)
+        dialog.finished.connect(lambda _result: self._review_closed(dialog))
+        self.review_dialog = dialog
+        dialog.open()
+        return dialog
+
+    def _review_closed(self, dialog: ServerReviewDialog) -> None:
+        if self.review_dialog is dialog:
+            self.review_dialog = None
+
+    def _started(self, configs: list[ServerConfig]) -> None:
+        self.servers.add(configs)
+        self.detail.setText("Starting " + ", ".join(c.name for c in configs) + ".")
 
     def import_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Import tool servers",
@@ -208,11 +254,17 @@ class ToolsPanel(QGroupBox):
             self.import_file(Path(path))
 
     def import_file(self, path: Path) -> bool:
-        """Add the servers of an ``mcp.json``; a file that cannot be used says why."""
+        """Shows the servers of an ``mcp.json`` for the user to start or not (nothing is
+        added before that); a file that cannot be used says why."""
         try:
-            found = self.servers.import_file(path)
+            found = self.servers.read_import(path)
         except ToolConfigError as exc:
             self.detail.setText(f"Could not import {path.name}: {exc}")
             return False
-        self.detail.setText(f"Imported {len(found)} server(s) from {path.name}.")
+        if not found:
+            self.detail.setText(f"{path.name} lists no servers.")
+            return False
+        self._open_review(found)
+        self.detail.setText(f"{path.name} lists {len(found)} server(s): choose which to "
+                            "start.")
         return True

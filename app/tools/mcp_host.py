@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -38,6 +38,11 @@ log = logging.getLogger(__name__)
 
 STOPPED, STARTING, RUNNING, FAILED = "stopped", "starting", "running", "failed"
 MAX_RESULT_CHARS = 32_000  # a result longer than this is cut (it goes into the context)
+# Every offered tool's name, description and schema go into every prompt: a server cannot
+# fill the context (or the screen) with them.
+MAX_TOOLS_PER_SERVER = 64
+MAX_DESCRIPTION_CHARS = 1_024
+MAX_SCHEMA_CHARS = 8_000
 STOP_GRACE_S = 6.0  # a server's time to end when stopped, before it is cancelled
 _PUBLIC = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -294,8 +299,9 @@ class McpHost:
             async with AsyncExitStack() as stack:
                 client = await stack.enter_async_context(
                     Client(target, read_timeout_seconds=self.start_timeout_s))
-                tools = await _list_tools(client, config.name)
-                self._set(rec, RUNNING, f"{len(tools)} tools", tools)
+                offered = await _list_tools(client, config.name)
+                tools, note = bounded_tools(offered)
+                self._set(rec, RUNNING, f"{len(tools)} tools{note}", tools)
                 while True:
                     job = await rec.queue.get()
                     if job is None or job is _GONE:
@@ -383,6 +389,29 @@ async def _list_tools(client: Client, server: str) -> tuple[ToolInfo, ...]:
         if not cursor:
             break
     return tuple(tools)
+
+
+def bounded_tools(tools: tuple[ToolInfo, ...]) -> tuple[tuple[ToolInfo, ...], str]:
+    """At most MAX_TOOLS_PER_SERVER tools, each description cut to MAX_DESCRIPTION_CHARS;
+    a tool whose schema is larger than MAX_SCHEMA_CHARS is left out. The note says what
+    was left out (empty when nothing was)."""
+    kept: list[ToolInfo] = []
+    too_large = 0
+    for tool in tools:
+        if len(json.dumps(tool.schema, ensure_ascii=False)) > MAX_SCHEMA_CHARS:
+            too_large += 1
+            continue
+        if len(tool.description) > MAX_DESCRIPTION_CHARS:
+            tool = replace(tool, description=tool.description[:MAX_DESCRIPTION_CHARS] + "…")
+        kept.append(tool)
+    extra = max(0, len(kept) - MAX_TOOLS_PER_SERVER)
+    notes = []
+    if extra:
+        notes.append(f"{extra} more left out (at most {MAX_TOOLS_PER_SERVER})")
+    if too_large:
+        notes.append(f"{too_large} with a schema over {MAX_SCHEMA_CHARS:,} characters "
+                     "left out")
+    return tuple(kept[:MAX_TOOLS_PER_SERVER]), "; " + "; ".join(notes) if notes else ""
 
 
 def _reason(exc: BaseException) -> str:

@@ -6,12 +6,18 @@ Claude Desktop's and LM Studio's ``mcp.json`` write them.
 and ``"alwaysAllow": [tool names]`` (Cline's key) lists the tools the user let run without
 asking. VS Code's ``{"servers": {...}}`` reads the same way. The app keeps its own list in
 the same shape (app settings, key ``mcp_servers``), so importing is a merge.
+
+``"tandemApproved": true`` is the app's own mark that the user saw this exact server
+(command, arguments, environment or URL) and said yes to starting it: only such a server
+starts, and only the app's settings carry the mark (an imported file's is dropped).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,6 +41,12 @@ class ServerConfig:
     url: str = ""
     enabled: bool = True
     always_allow: tuple[str, ...] = ()  # tools that run without asking
+    approved: bool = False  # the user saw this server and said yes to starting it
+
+    @property
+    def starts(self) -> bool:
+        """Whether the app may start it: the user said yes and has not turned it off."""
+        return self.enabled and self.approved
 
     @property
     def transport(self) -> str:
@@ -57,6 +69,8 @@ class ServerConfig:
             entry["disabled"] = True
         if self.always_allow:
             entry["alwaysAllow"] = list(self.always_allow)
+        if self.approved:
+            entry["tandemApproved"] = True
         return entry
 
 
@@ -84,7 +98,8 @@ def server_from_entry(name: str, entry: Any) -> ServerConfig:
     if command and not isinstance(command, str):
         raise ToolConfigError(f"server {name!r}: the command must be a string")
     return ServerConfig(name, command or "", tuple(args), tuple(sorted(env.items())),
-                        url or "", not entry.get("disabled", False), tuple(allow))
+                        url or "", not entry.get("disabled", False), tuple(allow),
+                        entry.get("tandemApproved") is True)
 
 
 def servers_from_json(data: Any) -> list[ServerConfig]:
@@ -95,15 +110,26 @@ def servers_from_json(data: Any) -> list[ServerConfig]:
     return [server_from_entry(name, entry) for name, entry in entries.items()]
 
 
+MAX_MCP_JSON_BYTES = 1 << 20  # a hand-written server list is a few kB
+
+
 def read_mcp_json(path: Path) -> list[ServerConfig]:
-    """The servers an ``mcp.json`` file lists; ToolConfigError when it cannot be read."""
+    """The servers an ``mcp.json`` file lists, as the file says them: nothing in it is
+    taken as the user's yes (``alwaysAllow`` and ``tandemApproved`` are dropped).
+    ToolConfigError when it cannot be read."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ToolConfigError(f"{Path(path).name} is not a regular file")
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_MCP_JSON_BYTES + 1)
+        if len(raw) > MAX_MCP_JSON_BYTES:
+            raise ToolConfigError(f"{Path(path).name} is larger than 1 MB: not a server list")
+        data = json.loads(raw.decode("utf-8"))
     except OSError as exc:
         raise ToolConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ToolConfigError(f"{Path(path).name} is not valid JSON: {exc}") from exc
-    return servers_from_json(data)
+    return [replace(c, always_allow=(), approved=False) for c in servers_from_json(data)]
 
 
 def to_json(servers: list[ServerConfig]) -> dict[str, Any]:
