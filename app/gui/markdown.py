@@ -1,9 +1,17 @@
-"""Markdown to a QTextDocument, with code set apart (monospace on a tinted background)."""
+"""Markdown to a QTextDocument, with code set apart (monospace on a tinted background).
+
+The text is the model's (or a tool's, or a document's it quotes): Markdown, never HTML.
+Raw HTML is shown as the characters it is (a model that writes a web page without a
+fence shows the page's source, not a rendering of it that hides most of the answer), and
+an image reference loads nothing (``![x](/dev/zero)`` would read for ever).
+"""
 
 from __future__ import annotations
 
+from PySide6.QtCore import QUrl
 from PySide6.QtGui import (
     QFont,
+    QImage,
     QTextBlockFormat,
     QTextCharFormat,
     QTextCursor,
@@ -12,6 +20,25 @@ from PySide6.QtGui import (
 )
 
 from app.gui import theme
+
+MARKDOWN_FEATURES = QTextDocument.MarkdownFeature(
+    QTextDocument.MarkdownFeature.MarkdownDialectGitHub.value
+    | QTextDocument.MarkdownFeature.MarkdownNoHTML.value)
+
+
+def _load_no_images(doc: QTextDocument) -> None:
+    """Every image the text names gets an empty picture before the document is laid
+    out, so it never loads one (no file, no device, no network)."""
+    block = doc.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            fmt = it.fragment().charFormat()
+            if fmt.isImageFormat():
+                doc.addResource(QTextDocument.ResourceType.ImageResource.value,
+                                QUrl(fmt.toImageFormat().name()), QImage())
+            it += 1
+        block = block.next()
 
 
 def _is_code_block(fmt: QTextBlockFormat, char_fmt: QTextCharFormat) -> bool:
@@ -25,7 +52,8 @@ def render_markdown(doc: QTextDocument, text: str, base_font: QFont | None = Non
     streaming simply renders as code up to the end)."""
     if base_font is not None:
         doc.setDefaultFont(base_font)
-    doc.setMarkdown(text, QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
+    doc.setMarkdown(text, MARKDOWN_FEATURES)
+    _load_no_images(doc)
     mono = QFont("monospace")
     mono.setStyleHint(QFont.StyleHint.Monospace)
     cursor = QTextCursor(doc)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -69,6 +71,69 @@ def _tojson(value: Any, indent: int | None = None, separators: tuple[str, str] |
                       ensure_ascii=ensure_ascii)
 
 
+class _Marks:
+    """Stand-ins for outside text while the template renders: ASCII words no text holds
+    (a fresh nonce each render), which ``tojson`` passes through unchanged and which this
+    filter's own output flags as JSON-escaped. ``split`` puts the texts back as plain
+    parts."""
+
+    def __init__(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> None:
+        everything = "".join(outside_texts(messages, tools))
+        self.nonce = secrets.token_hex(6)
+        while self.nonce in everything:
+            self.nonce = secrets.token_hex(6)
+        self.texts: list[str] = []
+        self.required: set[int] = set()
+        self.raw = re.compile(rf"@@{self.nonce}-(\d+)@@")
+        self.any = re.compile(rf"@@{self.nonce}(?:-j([01]))?-(\d+)@@")
+
+    def add(self, text: str, required: bool = False) -> str:
+        self.texts.append(text)
+        if required:
+            self.required.add(len(self.texts) - 1)
+        return f"@@{self.nonce}-{len(self.texts) - 1}@@"
+
+    def replace_unsafe(self, value: Any, unsafe: Callable[[str], bool] | None) -> Any:
+        """``value`` with every string (keys too) that ``unsafe`` flags as a stand-in."""
+        if unsafe is None:
+            return value
+        if isinstance(value, str):
+            return self.add(value) if unsafe(value) else value
+        if isinstance(value, dict):
+            return {self.replace_unsafe(k, unsafe): self.replace_unsafe(v, unsafe)
+                    for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.replace_unsafe(v, unsafe) for v in value]
+        return value
+
+    def tojson(self, value: Any, indent: int | None = None,
+               separators: tuple[str, str] | None = None, sort_keys: bool = False,
+               ensure_ascii: bool = False) -> str:
+        """``_tojson``, its stand-ins flagged: their texts go back JSON-escaped."""
+        flag = "1" if ensure_ascii else "0"
+        return self.raw.sub(lambda m: f"@@{self.nonce}-j{flag}-{m.group(1)}@@",
+                            _tojson(value, indent, separators, sort_keys, ensure_ascii))
+
+    def split(self, text: str) -> list[tuple[str, bool]] | None:
+        parts: list[tuple[str, bool]] = []
+        seen: set[int] = set()
+        last = 0
+        for found in self.any.finditer(text):
+            index = int(found.group(2))
+            if index >= len(self.texts):
+                return None
+            original = self.texts[index]
+            if found.group(1) is not None:  # written by tojson: a JSON string's inside
+                original = json.dumps(original, ensure_ascii=found.group(1) == "1")[1:-1]
+            parts += [(text[last:found.start()], True), (original, False)]
+            seen.add(index)
+            last = found.end()
+        parts.append((text[last:], True))
+        if self.required - seen or any(markup and self.nonce in t for t, markup in parts):
+            return None  # a message's text left out, or a stand-in cut or changed
+        return [(t, markup) for t, markup in parts if t]
+
+
 @dataclass
 class ChatTemplate:
     source: str
@@ -101,41 +166,42 @@ class ChatTemplate:
         return has_thinking_switch(self.source)
 
     def render_parts(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                     enable_thinking: bool | None = None, tools: list[dict] | None = None
+                     enable_thinking: bool | None = None, tools: list[dict] | None = None,
+                     unsafe: Callable[[str], bool] | None = None
                      ) -> list[tuple[str, bool]] | None:
         """The prompt as (text, is_markup) parts: the template's own markup, whose control
-        tokens are real, and each message's text (and reasoning), which must be
-        tokenized as plain text (a user typing ``<|im_end|>`` must not end their turn).
-        None when the template transforms message texts beyond recognition (then only
-        ``render`` is possible) or leaves a text out in a way the marks cannot follow."""
-        texts: dict[str, str] = {}
+        tokens are real, and outside text, which must be tokenized as plain text (a user
+        typing ``<|im_end|>`` must not end their turn; neither may a tool's description,
+        a schema, a call's arguments or a result). Each message's text and reasoning is
+        always kept apart; a string anywhere in ``tools`` or in a message's other fields
+        (calls, names) is kept apart when ``unsafe`` says it holds control-token text
+        (the template reads those strings: ones it compares, such as ``"function"``, stay
+        as they are). A text the template writes through ``tojson`` comes back
+        JSON-escaped, still as plain text. None when the template transforms texts
+        beyond recognition (then only ``render`` is possible) or leaves a text out in a
+        way the marks cannot follow."""
+        marks = _Marks(messages, tools)
         stand_ins = []
-        for i, m in enumerate(messages):
-            stand_in = dict(m)
-            for key in ("content", "reasoning_content"):
-                if m.get(key):  # (an empty text needs no protecting, and may be left out)
-                    mark = f"\x00\x01{i}{key[0]}\x01\x00"
-                    texts[mark] = m[key]
-                    stand_in[key] = mark
+        for m in messages:
+            stand_in = {}
+            for key, value in m.items():
+                if key in ("content", "reasoning_content"):
+                    # (an empty text needs no protecting, and may be left out)
+                    stand_in[key] = marks.add(value, required=key == "content") \
+                        if value else value
+                elif key == "role":
+                    stand_in[key] = value
+                else:
+                    stand_in[key] = marks.replace_unsafe(value, unsafe)
             stand_ins.append(stand_in)
-        text = self.render(stand_ins, add_generation_prompt, enable_thinking, tools)
-        parts: list[tuple[str, bool]] = []
-        pattern = re.compile("\x00\x01\\d+[cr]\x01\x00")
-        last = 0
-        for found in pattern.finditer(text):
-            mark = found.group(0)
-            if mark not in texts:
-                return None
-            parts += [(text[last:found.start()], True), (texts.pop(mark), False)]
-            last = found.end()
-        parts.append((text[last:], True))
-        # Every message's text appears once (reasoning may be left out by the template).
-        if any("c" in mark for mark in texts):
-            return None
-        return [(t, markup) for t, markup in parts if t]
+        offered = marks.replace_unsafe(tools, unsafe) if tools else tools
+        text = self.render(stand_ins, add_generation_prompt, enable_thinking, offered,
+                           json_marks=marks)
+        return marks.split(text)
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-               enable_thinking: bool | None = None, tools: list[dict] | None = None) -> str:
+               enable_thinking: bool | None = None, tools: list[dict] | None = None,
+               json_marks: _Marks | None = None) -> str:
         """The prompt text for ``messages`` (dicts with ``role`` and ``content``, and
         ``reasoning_content`` for an assistant's earlier reasoning, ``tool_calls`` for
         its calls); ``enable_thinking`` goes to templates that read it (None: the
@@ -143,7 +209,7 @@ class ChatTemplate:
         offer functions (engine.tool_syntax)."""
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
-        env.filters["tojson"] = _tojson
+        env.filters["tojson"] = _tojson if json_marks is None else json_marks.tojson
         extra: dict[str, Any] = {} if enable_thinking is None else {
             "enable_thinking": enable_thinking}
         if tools:
@@ -159,6 +225,30 @@ class ChatTemplate:
                                      f"{exc}") from exc
 
 
+def outside_texts(messages: list[dict[str, Any]], tools: list[dict] | None) -> list[str]:
+    """Every string that came from outside the template: the messages' (but their roles)
+    and the tools'."""
+    found: list[str] = []
+    for m in messages:
+        for key, value in m.items():
+            if key != "role":
+                _strings(value, found)
+    _strings(tools, found)
+    return found
+
+
+def _strings(value: Any, found: list[str]) -> None:
+    if isinstance(value, str):
+        found.append(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _strings(key, found)
+            _strings(item, found)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _strings(item, found)
+
+
 def chat_tokens(model: _Tokenizer, template: ChatTemplate, messages: list[dict[str, Any]],
                 add_generation_prompt: bool = True, enable_thinking: bool | None = None,
                 tools: list[dict] | None = None) -> list[int]:
@@ -170,8 +260,25 @@ def chat_tokens(model: _Tokenizer, template: ChatTemplate, messages: list[dict[s
     messages = for_template(messages)
     # The template writes BOS itself when the model wants one. Only its markup may
     # become control tokens: the messages' own text is tokenized as text.
-    parts = template.render_parts(messages, add_generation_prompt, enable_thinking, tools)
+    checked: dict[str, bool] = {}
+
+    def unsafe(text: str) -> bool:
+        """Whether ``text`` holds control-token text (it tokenizes otherwise when
+        special tokens are parsed)."""
+        if text not in checked:
+            checked[text] = model.tokenize(text, add_special=False, parse_special=True) != \
+                model.tokenize(text, add_special=False, parse_special=False)
+        return checked[text]
+
+    parts = template.render_parts(messages, add_generation_prompt, enable_thinking, tools,
+                                  unsafe)
     if parts is None:
+        if any(unsafe(t) for t in outside_texts(messages, tools)):
+            raise InvalidPromptError(
+                "this model's chat template rewrites message texts, so Tandem cannot keep "
+                "them apart from its markup, and a message (or a tool) holds the model's "
+                "control-token text (such as <|im_end|>): it would become real control "
+                "tokens, so the conversation is refused")
         log.warning("the chat template rewrites message texts; tokenizing it whole")
         text = template.render(messages, add_generation_prompt, enable_thinking, tools)
         return model.tokenize(text, add_special=False, parse_special=True)
