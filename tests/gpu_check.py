@@ -17,6 +17,12 @@ GPU, torch without CUDA, a llama.cpp build that cannot offload). The exit code:
 ``EXIT_PASSED`` (0) when nothing failed and something ran (skips are in the summary),
 ``EXIT_FAILED`` (1) when anything failed, ``EXIT_NOTHING_RAN`` (3) when nothing failed
 because nothing could run here.
+
+``--strict`` (the GPU runbook's mode): a GPU this machine has (torch sees it, or
+nvidia-smi lists it) that llama.cpp cannot offload to fails the run. Without it, that is
+one more skip and a CUDA build that failed (llama-cpp-python falls back to the CPU) ran
+the CPU checks, skipped every GPU one and exited 0. Without a GPU the step is skipped in
+both modes: a CPU machine passes as before.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import importlib.util
 import json
 import os
 import re
+import shutil
+import subprocess
 import sys
 import time
 import traceback
@@ -42,6 +50,16 @@ from engine.runtime.target import Target, TargetConfig
 
 MAX_TOKENS = 48
 EXIT_PASSED, EXIT_FAILED, EXIT_NOTHING_RAN = 0, 1, 3
+# The Makefile's llama.cpp flags with CUDA added (on an AMX CPU, keep its AMX-safe ones).
+REBUILD_WITH_CUDA = (
+    "rebuild llama-cpp-python with CUDA: `rm .venv/.installed && .venv/bin/pip uninstall "
+    "-y llama-cpp-python && make install "
+    "LLAMA_CMAKE_ARGS='-DGGML_CUDA=ON -DGGML_LLAMAFILE=ON -DGGML_RPC=ON'` (add the "
+    "Makefile's AMX-safe CPU flags on an AMX CPU; on the device machine `bash "
+    "packaging/device/build_cuda.sh cuda`), and read the build log for why CUDA was left out")
+NO_OFFLOAD = ("this machine has a GPU but this llama.cpp build cannot offload to it (built "
+              "without CUDA, or its CUDA build failed and fell back to the CPU): "
+              + REBUILD_WITH_CUDA)
 PROFILES = Path(__file__).resolve().parent / "profiles"
 # GPU and CPU costs of a large GPU (recorded): verification on the GPU nearly free, the
 # layout that would draft there if the planner let it.
@@ -187,6 +205,23 @@ class Here:
             return "torch is not installed"
         return None if self.torch_cuda else "torch without CUDA"
 
+    @cached_property
+    def nvidia_smi_gpus(self) -> list[str]:
+        """The GPUs ``nvidia-smi -L`` lists (none without it or its driver): torch may be
+        the CPU build the Makefile installs, and still this machine has a GPU."""
+        if shutil.which("nvidia-smi") is None:
+            return []
+        try:
+            listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                    timeout=60, check=False).stdout
+        except (OSError, subprocess.SubprocessError):
+            return []
+        return [line.strip() for line in listed.splitlines() if line.startswith("GPU ")]
+
+    @property
+    def gpu_seen(self) -> bool:
+        return bool(self.torch_cuda or self.nvidia_smi_gpus or self.hardware.gpus)
+
 
 def hardware(here: Here, checks: Checks) -> dict:
     hw = here.hardware
@@ -195,6 +230,33 @@ def hardware(here: Here, checks: Checks) -> dict:
         checks.expect(bool(hw.gpus), "probe sees the GPU",
                       "torch sees a CUDA device, the hardware probe saw no GPU")
     return {"probe": hw.to_json(), "torch_cuda": here.torch_cuda,
+            "llama_supports_gpu_offload": bool(llama_cpp.llama_supports_gpu_offload())}
+
+
+def gpu_offload_verdict(gpu_seen: bool, offload_supported: bool,
+                        strict: bool) -> tuple[str, str]:
+    """Whether this machine's llama.cpp can use its GPU: ("passed" | "failed" | "skipped",
+    why). No GPU: skipped, in both modes. A GPU llama.cpp cannot offload to: failed when
+    ``strict``, else skipped (a CPU build beside a GPU on purpose, as for Dovetail)."""
+    if not gpu_seen:
+        return "skipped", "no GPU here (torch and nvidia-smi see none): nothing to offload to"
+    if offload_supported:
+        return "passed", "llama.cpp offloads to this machine's GPU"
+    return ("failed" if strict else "skipped"), NO_OFFLOAD
+
+
+def gpu_offload(here: Here, checks: Checks, strict: bool) -> dict:
+    """The verdict above on this machine. llama.cpp's offload is the hardware probe's (a
+    local GPU in its device list), not ``llama_supports_gpu_offload()``: that one is true
+    in any build with the RPC backend, which the Makefile builds in, CPU-only or not."""
+    offload = here.hardware.llama_gpu_offload
+    status, why = gpu_offload_verdict(here.gpu_seen, offload, strict)
+    if status == "skipped":
+        checks.skip("llama.cpp on the GPU", why)
+    else:
+        checks.expect(status == "passed", "llama.cpp on the GPU", why)
+    return {"strict": strict, "torch_cuda": here.torch_cuda,
+            "nvidia_smi_gpus": here.nvidia_smi_gpus, "llama_gpu_offload": offload,
             "llama_supports_gpu_offload": bool(llama_cpp.llama_supports_gpu_offload())}
 
 
@@ -426,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu-layers", type=int, default=99, help="the target's, for step 3")
     p.add_argument("--steps", default="exactness,lossless,verify", help="which steps to run")
     p.add_argument("--no-hardware", action="store_true", help="skip the hardware probe")
+    p.add_argument("--strict", action="store_true",
+                   help="fail when this machine has a GPU that llama.cpp cannot offload to "
+                        "(the GPU runbook's mode; a CPU machine passes)")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/gpu-check"))
     p.add_argument("--model", type=Path, default=None,
                    help="the target (default: the bundled model's Q4_0); the synthetic "
@@ -449,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.no_hardware:
         step("hardware", lambda c: hardware(here, c))
+    # Always, so --strict holds with --no-hardware too; skipped where there is no GPU.
+    step("gpu offload", lambda c: gpu_offload(here, c, args.strict))
     asked = args.steps.split(",")
     if "exactness" in asked:
         step("exactness", lambda c: exactness(model, here, c, cpu_and_gpu))

@@ -1,13 +1,20 @@
 """The GPU check's verdicts, on this machine (no GPU): every real failure gives a non-zero
 exit, what cannot run here is skipped and said so, and "nothing could run" has its own
 exit code. The steps run for real where they can (the CPU placement, lookup drafts on the
-bundled model); the GPU-only ones are skipped."""
+bundled model); the GPU-only ones are skipped. ``--strict``: a GPU that llama.cpp cannot
+offload to fails the run (decided by a pure function, tested for every case), and this
+machine, which has no GPU, passes it (the script run as the runbook runs it)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import replace
+from functools import cached_property
 from pathlib import Path
+
+import pytest
 
 import tests.gpu_check as gpu_check
 from engine.drafters.lookup import LookupConfig, PromptLookupDrafter
@@ -23,6 +30,8 @@ from tests.gpu_check import (
     Skip,
     check_offload,
     exactness,
+    gpu_offload,
+    gpu_offload_verdict,
     lossless_row,
     plan_drafts_on_gpu,
     run_step,
@@ -155,3 +164,66 @@ def test_the_cli_exit_codes(tmp_path: Path) -> None:
         saved = json.loads((tmp_path / "gpu_check.json").read_text())
         assert saved["lossless"]["status"].startswith("skipped: ")
 
+
+
+@pytest.mark.parametrize(("gpu_seen", "offload", "strict", "status"), [
+    (True, False, True, "failed"),  # the failed CUDA build: strict mode fails it
+    (True, False, False, "skipped"),  # a CPU build beside a GPU, on purpose
+    (True, True, True, "passed"),
+    (True, True, False, "passed"),
+    (False, False, True, "skipped"),  # a CPU machine passes in both modes
+    (False, False, False, "skipped"),
+    (False, True, True, "skipped"),
+])
+def test_the_offload_verdict(gpu_seen: bool, offload: bool, strict: bool,
+                             status: str) -> None:
+    got, why = gpu_offload_verdict(gpu_seen, offload, strict)
+    assert got == status
+    if gpu_seen and not offload:
+        assert "cannot offload" in why and "-DGGML_CUDA=ON" in why
+
+
+class GpuWithoutOffload(Here):
+    """A machine with a GPU (a recorded profile's) and a llama.cpp that cannot use it: the
+    hardware as the probe would report it there; llama.cpp itself is this machine's."""
+
+    gpu_seen = True
+
+    @cached_property
+    def hardware(self):  # noqa: ANN201
+        return replace(load_profile(PROFILES / "synthetic_large_gpu.json"),
+                       llama_gpu_offload=False)
+
+
+def test_strict_mode_fails_a_gpu_that_llama_cpp_cannot_offload_to() -> None:
+    here = GpuWithoutOffload()
+    results: dict = {}
+    strict = run_step(None, results, "gpu offload", lambda c: gpu_offload(here, c, True))
+    assert strict.failed and "cannot offload" in results["gpu offload"]["status"]
+    code, summary = summarize([strict])
+    assert code == EXIT_FAILED and "make install" in summary["failed"]["gpu offload"]
+    # Without --strict it is reported, and the CPU checks that ran decide the exit code.
+    lenient = run_step(None, results, "gpu offload", lambda c: gpu_offload(here, c, False))
+    ran = run_step(None, results, "hardware", lambda c: {"probe": {}})
+    code, summary = summarize([ran, lenient])
+    assert code == EXIT_PASSED and "cannot offload" in summary["skipped"]["gpu offload"]
+
+
+def test_strict_mode_passes_on_this_machine_without_a_gpu(tmp_path: Path) -> None:
+    """The script as the runbook runs it, in a process of its own, llama.cpp as built."""
+    here = Here()
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps(REPEATING) + "\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.gpu_check", "--strict", "--out", str(tmp_path),
+         "--prompts", str(prompts), "--shapes", "", "--steps", ""],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
+        timeout=600, check=False)
+    saved = json.loads((tmp_path / "gpu_check.json").read_text())
+    status, _ = gpu_offload_verdict(here.gpu_seen, here.hardware.llama_gpu_offload, True)
+    assert saved["gpu offload"]["status"].startswith(status)
+    assert run.returncode == (EXIT_FAILED if status == "failed" else EXIT_PASSED), \
+        run.stdout[-2000:] + run.stderr[-2000:]
+    if not here.gpu_seen:  # this machine
+        assert saved["gpu offload"]["status"].startswith("skipped: llama.cpp on the GPU: no GPU")
+        assert saved["summary"]["verdict"] == "passed (some checks skipped)"

@@ -13,6 +13,7 @@ set -u
 BACKEND=${1:-cuda}
 D=/tmp/dev
 mkdir -p $D/site
+echo "$BACKEND" > $D/build.backend  # checks.sh: a CUDA build must offload (gpu_check --strict)
 cp .dev/model.1 .dev/model.sha256 .dev/prompts.jsonl $D/
 cp -r .dev/site/. $D/site/
 tar -xzf .dev/lcp.tar.gz -C $D

@@ -42,8 +42,10 @@ export PATH=$D:$PATH
 # Exactness on both placements (the CPU one must be exact, the GPU one may not: then
 # the planner keeps drafts off it), layers offloaded, lossless with the head on CUDA and
 # the target on the CPU (Dovetail). Its exit code is the verdict (0, 1 failed, 3 nothing ran).
+# --strict after a CUDA build: one that cannot offload (its CUDA part failed) fails the run.
+STRICT=$([ "$(cat $D/build.backend 2>/dev/null)" = cpu ] || echo --strict)
 step 200 python3 -m tests.gpu_check --out $OUT --model $M --prompts $D/prompts.jsonl \
-    --steps exactness,lossless --gpu-layers 0 --shapes ""
+    --steps exactness,lossless --gpu-layers 0 --shapes "" $STRICT
 echo "gpu_check rc=$?" >> $OUT/verdicts.txt
 step 40 tandem plan --model $M --threads 16
 # What auto plans and runs with a CUDA build (the target may go to the GPU, plain there),
