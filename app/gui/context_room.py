@@ -9,9 +9,10 @@ keeps its context: a larger cache would move layers, which is the planner's call
 
 from __future__ import annotations
 
-from engine.planning.memory_plan import planned_memory
+from collections.abc import Callable
+
+from engine.planning.memory_plan import MemoryNeed
 from engine.runtime.hardware import HardwareProfile
-from engine.runtime.kv_cache import KV_MODES
 from engine.runtime.memory_fit import fits_gpu, fits_ram
 from engine.runtime.model_info import ModelInfo
 
@@ -20,20 +21,23 @@ STEP = 1024  # contexts are offered in whole KiB of tokens
 MAX_GROWN_CTX = 32_768
 
 
-def largest_context(model: ModelInfo, hardware: HardwareProfile, kv_cache: str,
-                    n_ctx: int, n_gpu_layers: int, remote: bool) -> int:
-    """The largest context (``n_ctx`` or more) this model could be reloaded with here."""
+def largest_context(need: Callable[[int], MemoryNeed], model: ModelInfo,
+                    hardware: HardwareProfile, n_ctx: int, n_gpu_layers: int,
+                    remote: bool) -> int:
+    """The largest context (``n_ctx`` or more) this engine could be reloaded with here.
+    ``need(n)``: the whole engine's memory at context ``n`` (engine_memory: the target's
+    cache, the F16 context long prompts are read in and its buffers, the drafter and its
+    cache), checked against the room probed before this engine loaded."""
     trained = min(model.header.context_length or n_ctx, MAX_GROWN_CTX)
     if remote or trained <= n_ctx or 0 < n_gpu_layers < model.n_layer:
         return n_ctx
-    type_k, type_v = KV_MODES.get(kv_cache, KV_MODES["exact"])
     gpu = hardware.best_gpu
 
     def fits(n: int) -> bool:
-        need = planned_memory(model, n, type_k, type_v, on_cpu=not n_gpu_layers).total
+        total = need(n).total
         if n_gpu_layers:
-            return gpu is not None and fits_gpu(need, gpu.free_bytes)
-        return fits_ram(need, hardware.ram_available_bytes)
+            return gpu is not None and fits_gpu(total, gpu.free_bytes)
+        return fits_ram(total, hardware.ram_available_bytes)
 
     sizes = [*range((n_ctx // STEP + 1) * STEP, trained, STEP), trained]
     fitting = [n for n in sizes if fits(n)]

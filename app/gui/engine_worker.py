@@ -35,6 +35,7 @@ from engine.hub.fit import MachineMemory
 from engine.hub.model_store import data_dir
 from engine.hub.suggestions import memory_bandwidth, suggestions
 from engine.planning.measure_progress import Measuring
+from engine.planning.memory_plan import engine_memory
 from engine.planning.planner import Overrides
 from engine.runtime.context_fit import DEFAULT_POLICY
 from engine.runtime.hardware import HardwareProfile, machine_line
@@ -194,6 +195,7 @@ class EngineWorker(QObject):
         self._suggestions: tuple[tuple[str, str], ...] | None = None
         self._tool_model: str | None = None  # a suggestion that calls tools
         self._requested: str = DrafterKind.AUTO  # the drafter the user chose for the loaded engine
+        self._loaded: EngineChoice | None = None  # what the open engine was opened with
         # Held while the engine loads, generates or closes: the local API server
         # (app.server) runs its requests under it too, so they take turns with the chat.
         self.engine_lock = threading.RLock()
@@ -255,37 +257,63 @@ class EngineWorker(QObject):
             self._load(choice)
 
     def _load(self, choice: EngineChoice) -> None:
+        """Open ``choice``; when that fails and an engine was open, the previous one comes
+        back (ready, its note saying why the new one could not load): a reload that
+        fails (a context raised for documents that does not fit after all, a model that
+        went missing) never leaves the chat without an engine."""
+        previous = self._loaded if self._service is not None else None
+        why = self._try_open(choice)
+        if why is None:
+            return
+        if previous is not None and previous != choice and \
+                self._try_open(previous, because=why.message) is None:
+            return
+        self.failed.emit(why)
+
+    def _try_open(self, choice: EngineChoice, because: str = "") -> EngineFailure | None:
+        """Open ``choice`` and emit ready (its note led by ``because``, why the previous
+        engine is back); the failure, with nothing open, when it cannot."""
         try:
             self._close_engine()
-            if choice.drafter not in DRAFTER_CHOICES:
-                raise ValueError(f"unknown drafter {choice.drafter!r}")
-            kind = DrafterKind(choice.drafter)
-            name = Path(choice.model_path).name if choice.model_path else "the bundled model"
-            self.status.emit(f"Loading {name}…")
-            if kind is DrafterKind.AUTO:
-                # The planner measures this machine once (cached) and picks layout,
-                # drafter and budget; the governor stops drafting that does not pay.
-                self.status.emit("Measuring this machine (first start with this model only)…")
-            overrides = Overrides(max_draft=choice.max_draft)
-            # The draft model goes to a drafter that runs one, or to the planner's choice.
-            wants_draft = kind is DrafterKind.AUTO or Need.DRAFT_GGUF in kind.needs
-            draft = choice.draft_model if wants_draft else None
-            if choice.workers:
-                self.status.emit(f"Connecting to {', '.join(choice.workers)}…")
-            self._service = AnswerService.open(EngineConfig(
-                model_path=choice.model_path, drafter=choice.drafter, head_dir=choice.head_dir,
-                overrides=overrides, n_ctx=choice.n_ctx, n_threads=choice.n_threads,
-                kv_cache=choice.kv_cache, draft_model=draft, workers=choice.workers),
-                progress=self._progress, auto_recover=False)
-            self._requested = choice.drafter
-            self.ready.emit(self._ready_info())
-        except (TandemError, OSError, ValueError) as exc:
+            self._open(choice)
+            info = self._ready_info()
+            if because:
+                back = (f"Could not load the new setting ({because.rstrip('.')}): the "
+                        "previous engine is back.")
+                info = replace(info, note=f"{back} {info.note}".strip())
+            self.ready.emit(info)
+            return None
+        except (TandemError, OSError, ValueError, MemoryError) as exc:
             self._close_engine()
-            self.failed.emit(EngineFailure(-1, "load", str(exc)))
+            return EngineFailure(-1, "load", str(exc) or type(exc).__name__)
         except Exception as exc:  # a bug must reach the UI as data, not kill the thread
             log.exception("loading failed")
             self._close_engine()
-            self.failed.emit(EngineFailure(-1, "internal", f"{type(exc).__name__}: {exc}"))
+            return EngineFailure(-1, "internal", f"{type(exc).__name__}: {exc}")
+
+    def _open(self, choice: EngineChoice) -> None:
+        if choice.drafter not in DRAFTER_CHOICES:
+            raise ValueError(f"unknown drafter {choice.drafter!r}")
+        kind = DrafterKind(choice.drafter)
+        name = Path(choice.model_path).name if choice.model_path else "the bundled model"
+        self.status.emit(f"Loading {name}…")
+        if kind is DrafterKind.AUTO:
+            # The planner measures this machine once (cached) and picks layout,
+            # drafter and budget; the governor stops drafting that does not pay.
+            self.status.emit("Measuring this machine (first start with this model only)…")
+        overrides = Overrides(max_draft=choice.max_draft)
+        # The draft model goes to a drafter that runs one, or to the planner's choice.
+        wants_draft = kind is DrafterKind.AUTO or Need.DRAFT_GGUF in kind.needs
+        draft = choice.draft_model if wants_draft else None
+        if choice.workers:
+            self.status.emit(f"Connecting to {', '.join(choice.workers)}…")
+        self._service = AnswerService.open(EngineConfig(
+            model_path=choice.model_path, drafter=choice.drafter, head_dir=choice.head_dir,
+            overrides=overrides, n_ctx=choice.n_ctx, n_threads=choice.n_threads,
+            kv_cache=choice.kv_cache, draft_model=draft, workers=choice.workers),
+            progress=self._progress, auto_recover=False)
+        self._requested = choice.drafter
+        self._loaded = choice
 
     def _progress(self, what: str) -> None:
         if isinstance(what, Measuring):  # the first start's measurement: a progress bar
@@ -386,10 +414,7 @@ class EngineWorker(QObject):
                            thinking_switch=target.template.thinking_switch,
                            threads=engine.threads_text, machine=machine_line(engine.hardware),
                            suggested=self._suggested(engine.hardware),
-                           max_ctx=largest_context(engine.model, engine.hardware,
-                                                   engine.config.kv_cache, target.n_ctx,
-                                                   target.n_gpu_layers,
-                                                   bool(engine.config.workers)),
+                           max_ctx=_max_ctx(engine),
                            memory=_memory_text(engine),
                            tools=self._tool_note(target))
 
@@ -498,6 +523,19 @@ def _failure(request_id: int, exc: Exception) -> EngineFailure:
                              "here; the model reopens on this machine if it fits")
     kind = "engine" if failure.kind == "worker" else failure.kind
     return EngineFailure(request_id, kind, failure.message)
+
+
+def _max_ctx(engine: object) -> int:
+    """The largest context this engine could be reloaded with for documents, its whole
+    need counted (app.gui.context_room); its own for an engine in another process."""
+    target = engine.target  # type: ignore[attr-defined]
+    if loaded_memory(engine) is None:
+        return target.n_ctx
+    return largest_context(
+        lambda n: engine_memory(engine.model, target, engine.setup.spec,  # type: ignore[attr-defined]
+                                engine.config.draft_model, n),  # type: ignore[attr-defined]
+        engine.model, engine.hardware, target.n_ctx,  # type: ignore[attr-defined]
+        target.n_gpu_layers, bool(engine.config.workers))  # type: ignore[attr-defined]
 
 
 def _memory_text(engine: object) -> str:

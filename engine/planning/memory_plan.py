@@ -61,14 +61,16 @@ def drafter_bytes(spec: DrafterSpec, draft_model: Path | None, n_ctx: int) -> in
 
 
 def engine_memory(model: ModelInfo, target: Target, spec: DrafterSpec,
-                  draft_model: Path | None) -> MemoryNeed:
+                  draft_model: Path | None, n_ctx: int | None = None) -> MemoryNeed:
     """The need of a loaded engine as it runs now (``Engine.model``, ``.target``,
     ``.setup.spec``, ``.config.draft_model``): its target's context and kernels, whether
-    long prompts go through the F16 context, and its drafter."""
+    long prompts go through the F16 context, and its drafter; at ``n_ctx`` (the same
+    engine reloaded with a larger context) where given."""
     c = target.config
-    return target_memory(model, target.n_ctx, c.type_k, c.type_v, c.n_batch,
+    n_ctx = n_ctx or target.n_ctx
+    return target_memory(model, n_ctx, c.type_k, c.type_v, c.n_batch,
                          target.flash_attn, target.prompts.f16_off is None,
-                         drafter_bytes(spec, draft_model, target.n_ctx),
+                         drafter_bytes(spec, draft_model, n_ctx),
                          prefill_copy=target.prompts.f16.prefill_model is not None,
                          on_cpu=not c.n_gpu_layers and not c.workers)
 
