@@ -434,12 +434,21 @@ class ConversationStore(AttachmentTables):
                 self._touch(row[0])
 
     def tool_call_records(self, conversation_id: int, from_position: int = 0) -> list[dict]:
-        """The tool calls kept in the conversation's answers at ``from_position`` or below
-        it, all versions, oldest first (app.tools.turns: a regenerate replays them)."""
+        """The tool calls kept in the answers at ``from_position`` or below it that
+        descend from the branch on show's message just above it (every version of what
+        followed it, none of another branch's), oldest first (app.tools.turns: a
+        regenerate replays them)."""
+        path = self.messages(conversation_id)
+        anchor = path[from_position - 1].id if 0 < from_position <= len(path) else None
+        if from_position > len(path):
+            return []
         rows = self.db.execute(
-            "SELECT info FROM messages WHERE conversation_id = ? AND role = 'assistant'"
-            " AND position >= ? AND info LIKE '%\"tool_calls\"%' ORDER BY id",
-            (conversation_id, from_position)).fetchall()
+            "WITH RECURSIVE below(id) AS ("
+            " SELECT id FROM messages WHERE conversation_id = ? AND parent_id IS ?"
+            " UNION ALL SELECT m.id FROM messages m JOIN below ON m.parent_id = below.id)"
+            " SELECT info FROM messages WHERE id IN below AND role = 'assistant'"
+            " AND info LIKE '%\"tool_calls\"%' ORDER BY id",
+            (conversation_id, anchor)).fetchall()
         found: list[dict] = []
         for (info,) in rows:
             calls = json.loads(info or "{}").get("tool_calls")

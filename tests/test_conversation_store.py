@@ -266,3 +266,34 @@ def test_a_failed_migration_leaves_version_2(tmp_path: Path,
     monkeypatch.undo()
     with ConversationStore(path) as store:
         assert store.schema_version() == 3 and len(store.messages(1)) == 2
+
+
+def test_replayed_tool_results_come_only_from_versions_of_this_branch(tmp_path) -> None:  # noqa: ANN001
+    """A regenerate replays calls the old versions of *its* answer made, never those of a
+    branch that started from another question at the same depth."""
+    from app.tools.turns import DONE, new_call, replayable
+
+    def answer(cid: int, city: str, result: str) -> None:
+        msg = store.add_message(cid, "assistant", "")
+        call = {**new_call(msg.id, 0, "weather", "w", "weather", {"city": city}),
+                "state": DONE, "result": result}
+        store.update_message(msg.id, "", COMPLETE, {"tool_calls": [call]})
+
+    store = ConversationStore(tmp_path / "chat.sqlite3")
+    cid = store.create_conversation().id
+    store.add_message(cid, "user", "Weather in Oslo?")
+    answer(cid, "Oslo", "from the Oslo question")
+    store.branch_at(cid, 0)  # the question edited: another branch at the same depth
+    store.add_message(cid, "user", "Weather in Oslo, please, for my trip?")
+    answer(cid, "Oslo", "from the other question")
+    store.branch_at(cid, 1)  # regenerate the answer on this branch
+    records = store.tool_call_records(cid, 1)
+    assert [r["result"] for r in records] == ["from the other question"]
+    assert [r["result"] for r in replayable(records, 10**9).values()] == \
+        ["from the other question"]
+    # Back on the first question's branch, its own result only.
+    first_question = store.siblings(store.messages(cid)[0].id)[0]
+    store.switch_to(first_question.id)
+    assert [r["result"] for r in store.tool_call_records(cid, 1)] == ["from the Oslo question"]
+    # From the top (no message above), every version is below.
+    assert len(store.tool_call_records(cid, 0)) == 2
