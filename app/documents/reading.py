@@ -2,21 +2,35 @@
 
 Every failure is a ``DocumentError`` whose message names the file, says what is wrong
 and what to do; no parser's traceback gets out (a user attaches whatever they have).
+
+Reading is bounded: only a regular file is opened (a FIFO would block the open, a device
+never ends), and PDF, DOCX and HTML are parsed in a child process with a memory limit and
+a timeout (``reader_process``), which ``DocumentRead.cancel()`` kills. Plain text is
+decoded here: its cost is its size, which is checked first.
 """
 
 from __future__ import annotations
 
 import bisect
-import io
+import os
 import re
-import zipfile
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+from app.documents.errors import DocumentError as DocumentError
+from app.documents.errors import ReadCancelled as ReadCancelled
+from app.documents.errors import clean_text as clean_text
+from app.documents.errors import size_text, too_long
+from app.documents.reader_process import ReaderProcess, ReadLimits
 
 # Limits: a bigger file is almost surely not meant for a chat, and reading it would
 # stall the app. Module globals so tests can lower them.
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_CHARS = 4_000_000
+# A parse's child: killed after this long, and its allocations past this much fail.
+READ_TIMEOUT_S = 60.0
+READ_MEMORY_BYTES = 1024 * 1024 * 1024
 
 TEXT, MARKDOWN, CODE, PDF, DOCX, HTML = "text", "markdown", "code", "pdf", "docx", "html"
 KINDS = (TEXT, MARKDOWN, CODE, PDF, DOCX, HTML)
@@ -35,14 +49,6 @@ _HTML_EXT = {"html", "htm"}
 # Where a text file is given by name, a share of control characters above this says binary.
 _CONTROL_SHARE = 0.01
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-
-
-class DocumentError(Exception):
-    """A file Tandem cannot read; ``str()`` is one sentence for the user."""
-
-    def __init__(self, message: str, name: str = "") -> None:
-        super().__init__(message)
-        self.name = name
 
 
 @dataclass(frozen=True)
@@ -87,32 +93,55 @@ def kind_for(path: Path) -> str | None:
 
 def read_document(path: Path) -> Document:
     """Read ``path`` into a Document; raises DocumentError with a message for the user."""
-    path = Path(path)
-    name = path.name or str(path)
-    data = _read_bytes(path, name)
-    kind = kind_for(path)
-    if kind == PDF:
-        text, pages = _read_pdf(data, name)
-    elif kind == DOCX:
-        text, pages = _read_docx(data, name), ()
-    elif kind == HTML:
-        text, pages = _read_html(data, name), ()
-    elif kind is None:
-        text, pages = _decode_unknown(data, name), ()
-        kind = TEXT
-    else:
-        text, pages = _decode_text(data, name), ()
-    return _finish(name, kind, text, pages)
+    return DocumentRead(path).result()
+
+
+class DocumentRead:
+    """One file to read. ``result()`` reads it (it blocks: call it off the GUI thread);
+    ``cancel()``, from any thread, stops it: the child parsing it is killed, and
+    ``result()`` raises ReadCancelled."""
+
+    def __init__(self, path: Path, timeout_s: float | None = None,
+                 memory_bytes: int | None = None) -> None:
+        self.path = Path(path)
+        self.name = self.path.name or str(self.path)
+        self.timeout_s = READ_TIMEOUT_S if timeout_s is None else timeout_s
+        self.memory_bytes = READ_MEMORY_BYTES if memory_bytes is None else memory_bytes
+        self.process = ReaderProcess()
+
+    @property
+    def cancelled(self) -> bool:
+        return self.process.killed
+
+    def cancel(self) -> None:
+        self.process.kill()
+
+    def result(self) -> Document:
+        name = self.name
+        if self.cancelled:
+            raise ReadCancelled(f"Stopped reading {name}: it is not attached", name)
+        fd = _open_regular(self.path, name)
+        try:
+            kind = kind_for(self.path)
+            if kind in (PDF, DOCX, HTML):
+                limits = ReadLimits(self.timeout_s, self.memory_bytes, MAX_FILE_BYTES,
+                                    MAX_CHARS)
+                text, pages = self.process.run(fd, kind, name, limits)
+            else:
+                data = _read_all(fd, name)
+                pages = ()
+                if kind is None:
+                    text, kind = _decode_unknown(data, name), TEXT
+                else:
+                    text = _decode_text(data, name)
+        finally:
+            os.close(fd)
+        return _finish(name, kind, text, pages)
 
 
 def document_from_text(name: str, text: str) -> Document:
     """A long text pasted into the message box, kept as a document named ``name``."""
     return _finish(name, TEXT, text, ())
-
-
-def clean_text(text: str) -> str:
-    """Newlines as ``\\n`` and no NULs (SQLite and the tokenizer see the same text)."""
-    return text.replace("\r\n", "\n").replace("\r", "\n").replace("\x00", "")
 
 
 def _finish(name: str, kind: str, text: str, pages: tuple[int, ...]) -> Document:
@@ -125,38 +154,74 @@ def _finish(name: str, kind: str, text: str, pages: tuple[int, ...]) -> Document
                 " OCR, for example with ocrmypdf, and attach the result", name)
         raise DocumentError(f"{name} has no text in it: attach a document with text", name)
     if len(text) > MAX_CHARS:
-        raise DocumentError(
-            f"{name} holds {len(text):,} characters of text, more than the {MAX_CHARS:,}"
-            " Tandem takes: attach a part of it", name)
+        raise too_long(name, len(text), MAX_CHARS)
     return Document(name, kind, text, pages)
 
 
-def _size(n: int) -> str:
-    # Binary units, as file managers show them: 64 MiB reads "64 MB".
-    if n >= 1024 * 1024:
-        return f"{n / (1024 * 1024):.1f} MB".replace(".0 MB", " MB")
-    return f"{max(1, round(n / 1024))} KB"
-
-
-def _read_bytes(path: Path, name: str) -> bytes:
+def _open_regular(path: Path, name: str) -> int:
+    """A descriptor open on the regular file ``path`` names (symlinks resolved), its size
+    within MAX_FILE_BYTES. Anything else is refused before it is opened: opening a FIFO
+    waits for a writer forever, and a device such as /dev/zero never ends."""
     try:
-        if path.is_dir():
+        real = path.resolve(strict=True)
+        mode = os.stat(real).st_mode
+        if stat.S_ISDIR(mode):
             raise DocumentError(
                 f"{name} is a folder: attach the files in it one by one", name)
-        if not path.exists():
+        _check_regular(mode, name)
+        # Non-blocking, and not through a link: should the name now lead elsewhere, the
+        # open neither hangs on a FIFO nor follows it, and the fstat below sees it.
+        flags = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_BINARY", 0))
+        fd = os.open(real, flags)
+    except FileNotFoundError:
+        raise DocumentError(
+            f"{name} was not found: check that the file is still there and attach it"
+            " again", name) from None
+    except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop (Python 3.11)
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise DocumentError(
+            f"{name} could not be read ({reason}): check that you may open it", name) from None
+    try:
+        info = os.fstat(fd)
+        _check_regular(info.st_mode, name)
+        if info.st_size > MAX_FILE_BYTES:
             raise DocumentError(
-                f"{name} was not found: check that the file is still there and attach it"
-                " again", name)
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise DocumentError(
-                f"{name} is {_size(size)}, more than the {_size(MAX_FILE_BYTES)} Tandem"
-                " reads: attach a smaller file or a part of it", name)
-        data = path.read_bytes()
+                f"{name} is {size_text(info.st_size)}, more than the"
+                f" {size_text(MAX_FILE_BYTES)} Tandem reads: attach a smaller file or a part"
+                " of it", name)
+        if info.st_size == 0:
+            raise DocumentError(f"{name} is empty: there is nothing in it to read", name)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_regular(mode: int, name: str) -> None:
+    if stat.S_ISREG(mode):
+        return
+    what = ("a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file")
+    raise DocumentError(
+        f"{name} is {what}, not a saved file, and Tandem reads saved files only: save"
+        " what it holds to a file and attach that", name)
+
+
+def _read_all(fd: int, name: str) -> bytes:
+    """The file's bytes, MAX_FILE_BYTES at most (a file may grow after its size was
+    checked)."""
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_FILE_BYTES + 1)
     except OSError as e:
         raise DocumentError(
             f"{name} could not be read ({e.strerror or e}): check that you may open it",
             name) from None
+    if len(data) > MAX_FILE_BYTES:
+        raise DocumentError(
+            f"{name} is more than the {size_text(MAX_FILE_BYTES)} Tandem reads: attach a"
+            " smaller file or a part of it", name)
     if not data:
         raise DocumentError(f"{name} is empty: there is nothing in it to read", name)
     return data
@@ -207,130 +272,3 @@ def _decode_text(data: bytes, name: str) -> str:
     if len(_CONTROL.findall(text)) > _CONTROL_SHARE * len(text):
         raise _not_text(name)
     return text
-
-
-# --- PDF ----------------------------------------------------------------------------
-def _read_pdf(data: bytes, name: str) -> tuple[str, tuple[int, ...]]:
-    """The text layer page by page; pages joined by a blank line, their starts kept."""
-    # The header may follow some junk; readers accept it within the first KB.
-    if b"%PDF" not in data[:1024]:
-        raise DocumentError(
-            f"{name} is not a PDF, whatever its name says: open it and save it as a PDF,"
-            " or rename it to what it is", name)
-    from pypdf import PdfReader  # imported here: the app starts without loading it
-
-    try:
-        reader = PdfReader(io.BytesIO(data), strict=False)
-        if reader.is_encrypted and not _decrypt_empty(reader):
-            raise DocumentError(
-                f"{name} is encrypted: open it, save a copy without a password, and attach"
-                " that", name)
-        parts: list[str] = []
-        pages: list[int] = []
-        offset = 0
-        for page in reader.pages:
-            text = clean_text(page.extract_text() or "").strip()
-            if parts:
-                offset += 2  # the blank line between pages
-            pages.append(offset)
-            parts.append(text)
-            offset += len(text)
-            if offset > MAX_CHARS:
-                break  # _finish says it is too long; no need to read the rest
-    except DocumentError:
-        raise
-    except Exception:  # pypdf raises many kinds on a broken file; the user needs one
-        raise DocumentError(
-            f"{name} is damaged and could not be read as a PDF: open it in a PDF viewer,"
-            " save a new copy, and attach that", name) from None
-    if not pages:
-        raise DocumentError(f"{name} has no pages: attach a PDF with text in it", name)
-    return "\n\n".join(parts), tuple(pages)
-
-
-def _decrypt_empty(reader: object) -> bool:
-    """Many "encrypted" PDFs only restrict printing and open with an empty password."""
-    try:
-        return bool(reader.decrypt(""))  # type: ignore[attr-defined]
-    except Exception:  # AES without the cryptography package, unknown handlers
-        return False
-
-
-# --- DOCX ---------------------------------------------------------------------------
-def _read_docx(data: bytes, name: str) -> str:
-    """Paragraphs and tables in body order; a table row is its cells joined by " | "."""
-    if data.startswith(b"\xd0\xcf\x11\xe0"):  # OLE: an old .doc or a password-protected file
-        raise DocumentError(
-            f"{name} is an old Word file or has a password: open it in Word, save it as"
-            " .docx without a password, and attach that", name)
-    if not zipfile.is_zipfile(io.BytesIO(data)):
-        raise DocumentError(
-            f"{name} is not a Word document, whatever its name says: open it and save it"
-            " as .docx, or rename it to what it is", name)
-    import docx  # imported here: the app starts without loading it
-    from docx.table import Table
-
-    try:
-        document = docx.Document(io.BytesIO(data))
-        blocks: list[str] = []
-        for item in document.iter_inner_content():
-            if isinstance(item, Table):
-                blocks.append(_table_text(item))
-            else:
-                blocks.append(item.text)
-    except Exception:  # python-docx, lxml and zipfile raise many kinds on a broken file
-        raise DocumentError(
-            f"{name} is damaged and could not be read as a Word document: open it in Word,"
-            " save a new copy, and attach that", name) from None
-    text = "\n\n".join(b.strip() for b in blocks if b.strip())
-    return clean_text(text)
-
-
-def _table_text(table: object) -> str:
-    rows = []
-    for row in table.rows:  # type: ignore[attr-defined]
-        cells: list[str] = []
-        last = None
-        for cell in row.cells:
-            if cell._tc is last:  # a merged cell comes once per grid column it spans
-                continue
-            last = cell._tc
-            cells.append(" ".join(cell.text.split()))
-        rows.append(" | ".join(cells))
-    return "\n".join(rows)
-
-
-# --- HTML ---------------------------------------------------------------------------
-_DROP = ("script", "style", "nav", "noscript", "template", "svg", "head")
-_BLOCKS = ("p", "div", "section", "article", "main", "header", "footer", "aside", "h1", "h2",
-           "h3", "h4", "h5", "h6", "li", "ul", "ol", "dl", "dt", "dd", "tr", "table", "pre",
-           "blockquote", "figure", "figcaption", "form", "hr", "address", "details",
-           "summary")
-
-
-def _read_html(data: bytes, name: str) -> str:
-    """The visible text, a line per block; scripts, styles and navigation dropped."""
-    from bs4 import BeautifulSoup  # imported here: the app starts without loading it
-
-    try:
-        soup = BeautifulSoup(data, "html.parser")
-        title = soup.title.get_text(" ", strip=True) if soup.title else ""
-        for tag in soup.find_all(_DROP):
-            tag.decompose()
-        for tag in soup.find_all("br"):
-            tag.replace_with("\n")
-        for tag in soup.find_all(("td", "th")):
-            tag.insert_after(" | ")
-        for tag in soup.find_all(_BLOCKS):
-            tag.insert_before("\n")
-            tag.insert_after("\n")
-        text = soup.get_text()
-    except Exception:  # the parser is lenient; this is for what it still cannot take
-        raise DocumentError(
-            f"{name} could not be read as a web page: save it as text and attach that",
-            name) from None
-    lines = [" ".join(line.split()).removesuffix(" |") for line in clean_text(text).split("\n")]
-    body = re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
-    if title and not body.startswith(title):
-        body = f"{title}\n\n{body}" if body else title
-    return body
