@@ -5,10 +5,17 @@ The documents go whole when they fit the token budget, each in a ``<document>`` 
 each in a ``<passage>`` block, in document order. The question comes last. The text is a
 pure function of its inputs: a turn's prompt is stored and replayed, so drafting and
 plain decoding must see the same one.
+
+A document's text cannot end its block: a ``<document`` or ``<passage`` tag, opening or
+closing, in the text or a name gets a backslash after its ``<`` (``</document>`` reads
+``<\\/document>``), as ``</script>`` is written ``<\\/script>`` inside a script. No tag
+starts with ``<\\``, so no document can close its block and open one of its own, and the
+text stays readable, changed by one visible character.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -82,13 +89,22 @@ def _join(context: str, question: str) -> str:
 
 
 def _document_block(attachment: Attachment) -> str:
-    return f'<document name="{_attr(attachment.name)}">\n{_paged(attachment)}\n</document>'
+    return (f'<document name="{_attr(attachment.name)}">\n{escape_tags(_paged(attachment))}'
+            "\n</document>")
 
 
 def _passage_block(passage: Passage) -> str:
     page = "" if passage.page is None else f' page="{passage.page}"'
-    return (f'<passage document="{_attr(passage.name)}"{page}>\n{passage.text.strip()}\n'
-            "</passage>")
+    return (f'<passage document="{_attr(passage.name)}"{page}>\n'
+            f"{escape_tags(passage.text.strip())}\n</passage>")
+
+
+_BLOCK_TAG = re.compile(r"<(?=\s*/?\s*(?:document|passage)\b)", re.IGNORECASE)
+
+
+def escape_tags(text: str) -> str:
+    """``text`` with a backslash after the ``<`` of each block tag, opening or closing."""
+    return _BLOCK_TAG.sub(r"<\\", text)
 
 
 def _paged(attachment: Attachment) -> str:
@@ -103,4 +119,4 @@ def _paged(attachment: Attachment) -> str:
 
 def _attr(name: str) -> str:
     # A file name inside a quoted attribute: no quote or newline ends it early.
-    return " ".join(name.replace('"', "'").split())
+    return escape_tags(" ".join(name.replace('"', "'").split()))
