@@ -24,6 +24,10 @@ from engine.errors import InvalidSamplingError
 from engine.tool_calls import Tool, ToolCall, call_text, calls_grammar, read_calls, tools_prompt
 
 Message = dict[str, Any]
+# How each syntax's calls open (an answer cut inside one holds no call to read).
+_GENERIC_OPEN = '{"tool_calls"'
+_HERMES_OPEN = "<tool_call>"
+_PYTHON_TAG = "<|python_tag|>"
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,15 @@ class ToolSyntax:
         """The calls ``text`` makes, or None when it is a plain answer."""
         calls = read_calls(text, tools)
         return ReadCalls(None, calls) if calls is not None else None
+
+    def call_start(self, text: str) -> int | None:
+        """Where, in an answer cut short (max_tokens, a stop string) that ``read`` does not
+        take, an unfinished call begins (or may: the text ends in its opening's start);
+        None where the answer is plain text."""
+        start = len(text) - len(text.lstrip())
+        head = re.sub(r"\s+", "", text[start:start + 64])
+        return start if head and _GENERIC_OPEN.startswith(head[:len(_GENERIC_OPEN)]) \
+            else None
 
 
 class _NativeSyntax(ToolSyntax):
@@ -163,7 +176,7 @@ class HermesSyntax(_NativeSyntax):
         start = text.find("<tool_call>")
         if start < 0:
             return None
-        calls = []
+        calls, end = [], start
         for found in self._BLOCK.finditer(text, start):
             try:
                 call = _known_call(json.loads(found.group(1)), tools, ("arguments",))
@@ -172,10 +185,18 @@ class HermesSyntax(_NativeSyntax):
             if call is None:
                 return None
             calls.append(call)
-        if not calls:
+            end = found.end()
+        if not calls or _HERMES_OPEN in text[end:]:  # none, or the last one unfinished
             return None
         content = text[:start].strip()
         return ReadCalls(content or None, calls)
+
+    def call_start(self, text: str) -> int | None:
+        start = text.find(_HERMES_OPEN)
+        if start >= 0:
+            return start
+        return next((len(text) - n for n in range(len(_HERMES_OPEN) - 1, 0, -1)
+                     if text.endswith(_HERMES_OPEN[:n])), None)
 
 
 class Llama3Syntax(_NativeSyntax):
@@ -188,7 +209,7 @@ class Llama3Syntax(_NativeSyntax):
         return "root ::= tool-call-object\n" + _call_object_grammar(tools, "parameters")
 
     def read(self, text: str, tools: list[Tool]) -> ReadCalls | None:
-        body = text.strip().removeprefix("<|python_tag|>").strip()
+        body = text.strip().removeprefix(_PYTHON_TAG).strip()
         if not body.startswith("{"):
             return None
         try:
@@ -197,6 +218,12 @@ class Llama3Syntax(_NativeSyntax):
             return None
         call = _known_call(value, tools, ("parameters", "arguments"))
         return ReadCalls(None, [call]) if call is not None else None
+
+    def call_start(self, text: str) -> int | None:
+        start = len(text) - len(text.lstrip())
+        body = text[start:]
+        opens = body.startswith(("{", _PYTHON_TAG)) or bool(body) and _PYTHON_TAG.startswith(body)
+        return start if opens else None
 
 
 GENERIC = ToolSyntax()

@@ -369,7 +369,7 @@ def test_a_tool_call_round_trip(server: Served) -> None:
     named = client.chat.completions.create(
         model="any", messages=ASK_WEATHER, max_tokens=60, tools=[WEATHER, TIME],
         tool_choice={"type": "function", "function": {"name": "get_time"}})
-    assert {c.function.name for c in named.choices[0].message.tool_calls} == {"get_time"}
+    assert [c.function.name for c in named.choices[0].message.tool_calls] == ["get_time"]
     one = client.chat.completions.create(model="any", messages=ASK_WEATHER, max_tokens=60,
                                          tools=[WEATHER, TIME], tool_choice="required",
                                          parallel_tool_calls=False)
@@ -401,6 +401,70 @@ def assert_a_streamed_call(client: openai.OpenAI, max_tokens: int) -> None:
     assert isinstance(json.loads(args)["city"], str)
 
 
+ASK_THREE = [{"role": "user", "content": "What is the weather in Paris, Rome and Oslo?"}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _streamed_calls(client: openai.OpenAI, **kw) -> tuple[str, list, str | None]:  # noqa: ANN003
+    """A streamed chat answer's content, tool-call deltas and finish reason."""
+    content, calls, finish = "", [], None
+    for chunk in client.chat.completions.create(model="any", stream=True, **kw):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        calls.extend(delta.tool_calls or [])
+        finish = chunk.choices[0].finish_reason or finish
+    return content, calls, finish
+
+
+@pytest.mark.parametrize("choice, parallel", [(NAMED, None), ("required", False)],
+                         ids=["named", "required-not-parallel"])
+def test_a_named_function_or_no_parallel_calls_is_exactly_one_call(
+        server: Served, choice: dict | str, parallel: bool | None) -> None:
+    """A question that asks for three calls: a named tool_choice (OpenAI: one call of that
+    function) and parallel_tool_calls false get one, with arguments that parse."""
+    client = server.client()
+    extra = {} if parallel is None else {"parallel_tool_calls": parallel}
+    ask = {"messages": ASK_THREE, "max_tokens": 60, "tools": [WEATHER, TIME],
+           "tool_choice": choice, **extra}
+    out = client.chat.completions.create(model="any", **ask).choices[0]
+    assert out.finish_reason == "tool_calls" and out.message.content is None
+    [call] = out.message.tool_calls
+    assert call.function.name in (("get_weather",) if parallel is None else
+                                  ("get_weather", "get_time"))
+    assert isinstance(json.loads(call.function.arguments)["city"], str)
+    if parallel is None:  # (streamed without parallel calls: assert_a_streamed_call)
+        content, calls, finish = _streamed_calls(client, **ask)
+        assert not content and finish == "tool_calls"
+        assert [c.function.name for c in calls] == ["get_weather"]
+
+
+def test_a_call_cut_by_max_tokens_ends_with_length_and_no_json(server: Served) -> None:
+    """A required call that max_tokens cuts: finish_reason length, the call's unfinished
+    JSON neither in content nor as tool_calls, whole and streamed."""
+    client = server.client()
+    ask = {"messages": ASK_THREE, "max_tokens": 12, "tools": [WEATHER, TIME],
+           "tool_choice": "required"}
+    out = client.chat.completions.create(model="any", **ask)
+    choice = out.choices[0]
+    assert choice.finish_reason == "length"
+    assert not choice.message.content and not choice.message.tool_calls
+    content, calls, finish = _streamed_calls(client, **ask)
+    assert (content, calls, finish) == ("", [], "length")
+
+
+def test_a_prediction_longer_than_four_contexts_gets_a_400(server: Served) -> None:
+    """The server's context is 1,024 tokens: a prediction may be up to 4 of them, counted
+    at 4 characters a token."""
+    with pytest.raises(openai.BadRequestError) as err:
+        server.client().chat.completions.create(
+            model="any", messages=HELLO, max_tokens=4,
+            prediction={"type": "content", "content": "word " * 4000})
+    assert err.value.status_code == 400 and err.value.param == "prediction"
+    assert "prediction" in err.value.message and "16384" in err.value.message
+
+
 @pytest.mark.parametrize("extra, param", [
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice"),
@@ -410,6 +474,7 @@ def assert_a_streamed_call(client: openai.OpenAI, max_tokens: int) -> None:
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [WEATHER], "tool_choice": "required",
       "response_format": {"type": "json_object"}}, "tool_choice"),
+    ({"tools": [WEATHER], "parallel_tool_calls": "no"}, "parallel_tool_calls"),
 ])
 def test_bad_tool_requests_get_a_400(server: Served, extra: dict, param: str) -> None:
     r = httpx.post(server.url + "/chat/completions", timeout=120,

@@ -3,6 +3,12 @@
 ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``; streaming as
 server-sent events ending in ``data: [DONE]``. Every answer carries Tandem's own figures
 in an extra ``tandem`` field. Errors use OpenAI's shape and never stop the server.
+
+Tool calls follow OpenAI's rules: a named ``tool_choice`` or ``parallel_tool_calls: false``
+is one call (held by the grammar where a call is required; with ``auto`` the calls read
+back are cut to the first). An answer cut short inside a call (``max_tokens``, a stop
+string) keeps its finish reason (``length``) and carries no ``tool_calls``: the unfinished
+call is dropped, not sent as content nor as arguments that do not parse.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -31,7 +37,8 @@ from engine.decoding.logprobs import TokenLogprob
 from engine.planning.prediction_budget import exactness_figures
 from engine.session import Engine
 from engine.session_process import EngineProcess
-from engine.tool_syntax import GENERIC, ReadCalls, ToolSyntax, tool_syntax_of
+from engine.tool_calls import ToolCall
+from engine.tool_syntax import GENERIC, ToolSyntax, tool_syntax_of
 
 # While a request waits for the model, how often to look for a client that left.
 _DISCONNECT_POLL_S = 0.25
@@ -43,6 +50,16 @@ _FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length
 
 class ClientGone(Exception):
     """The client disconnected while its request waited or ran."""
+
+
+@dataclass(frozen=True)
+class _Message:
+    """A chat answer as OpenAI's message: its text (None: none) and calls (none: no
+    ``tool_calls``), and its finish reason."""
+
+    content: str | None
+    calls: list[ToolCall]
+    finish: str
 
 
 @dataclass
@@ -61,6 +78,12 @@ class ServerState:
         engine = self.engine_of()
         return tool_syntax_of(engine.target.template.source) if engine is not None \
             else GENERIC
+
+    def request_limits(self) -> Limits:
+        """The limits a request is checked against, with the loaded model's context."""
+        engine = self.engine_of()
+        return replace(self.limits, n_ctx=engine.target.n_ctx) if engine is not None \
+            else self.limits
 
     def model_id(self) -> str:
         engine = self.engine_of()
@@ -200,37 +223,46 @@ class _Answer:
             return chat_logprobs(logprobs)
         return text_logprobs(logprobs, self._streamed_chars)
 
-    def _read(self, text: str) -> ReadCalls | None:
-        """The answer's function calls, where tools were offered and the answer calls."""
-        return self.req.tool_syntax.read(text, list(self.req.tools)) if self.req.tools \
-            else None
+    def _message(self, result: GenerationResult) -> _Message:
+        """The answer's text, or where tools were offered the calls it makes: at most one
+        where parallel calls are off; none, and not its text either, where it was cut
+        short inside a call."""
+        text, finish = result.text, _FINISH[result.finish_reason]
+        if not self.req.tools:
+            return _Message(text, [], finish)
+        syntax = self.req.tool_syntax
+        read = syntax.read(text, list(self.req.tools))
+        if read is not None:
+            calls = read.calls if self.req.parallel_tool_calls else read.calls[:1]
+            return _Message(read.content, calls, "tool_calls")
+        start = syntax.call_start(text) if result.finish_reason != "eos" else None
+        if start is not None:
+            return _Message(text[:start].strip() or None, [], finish)
+        return _Message(text, [], finish)
 
     @staticmethod
-    def _openai_calls(read: ReadCalls) -> list[dict[str, Any]]:
+    def _openai_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
         return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                  "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-                for c in read.calls]
+                for c in calls]
 
-    def whole(self, text: str, result: GenerationResult, job: Job) -> dict[str, Any]:
-        choice = self._choice(text, _FINISH[result.finish_reason], False,
-                              self._logprobs(result))
-        read = self._read(text)
-        if read is not None:
-            choice["message"] = {"role": "assistant", "content": read.content,
-                                 "tool_calls": self._openai_calls(read)}
-            choice["finish_reason"] = "tool_calls"
+    def whole(self, result: GenerationResult, job: Job) -> dict[str, Any]:
+        message = self._message(result)
+        choice = self._choice(message.content, message.finish, False, self._logprobs(result))
+        if message.calls:
+            choice["message"]["tool_calls"] = self._openai_calls(message.calls)
         return {**self._envelope(False), "choices": [choice],
                 "usage": _usage(result), "tandem": self.state.figures(result, job)}
 
-    def _held_back(self, text: str, read: ReadCalls | None) -> list[dict[str, Any]]:
+    def _held_back(self, message: _Message) -> list[dict[str, Any]]:
         """Where tools were offered the text is held back while it is written (it may be a
         call): then sent as calls (after any text the model wrote before them) or as
         content, before the finish chunk."""
-        if read is None:
-            return [self.text_chunk(text)] if text else []
+        before = [self.text_chunk(message.content)] if message.content else []
+        if not message.calls:
+            return before
         delta = {"tool_calls": [{"index": i, **c}
-                                for i, c in enumerate(self._openai_calls(read))]}
-        before = [self.text_chunk(read.content)] if read.content else []
+                                for i, c in enumerate(self._openai_calls(message.calls))]}
         return [*before, {**self._envelope(True),
                           "choices": [{"index": 0, "delta": delta, "logprobs": None,
                                        "finish_reason": None}]}]
@@ -257,12 +289,9 @@ class _Answer:
         finish chunk (with usage, Tandem's figures and, where asked for, the whole
         answer's log probabilities); OpenAI's separate usage chunk when the client asked
         for it (``stream_options.include_usage``)."""
-        read = self._read(result.text)
-        held = self._held_back(result.text, read) if self.req.tools else []
-        choice = self._choice(None, _FINISH[result.finish_reason], True,
-                              self._logprobs(result))
-        if read is not None:
-            choice["finish_reason"] = "tool_calls"
+        message = self._message(result)
+        held = self._held_back(message) if self.req.tools else []
+        choice = self._choice(None, message.finish, True, self._logprobs(result))
         finish = {**self._envelope(True), "choices": [choice],
                   "usage": _usage(result), "tandem": self.state.figures(result, job)}
         if not self.req.include_usage:
@@ -282,8 +311,9 @@ def make_app(state: ServerState) -> Starlette:
     async def complete(request: Request, chat: bool) -> Response:
         try:
             _check_key(request, state)
-            req = parse_request(await _read_json(request, state.limits.max_body_bytes),
-                                state.limits, chat, state.tool_syntax())
+            limits = state.request_limits()
+            req = parse_request(await _read_json(request, limits.max_body_bytes),
+                                limits, chat, state.tool_syntax())
             events: asyncio.Queue = asyncio.Queue()
             job = Job(req, _deliver_to(asyncio.get_running_loop(), events))
             state.lane.submit(job)
@@ -305,7 +335,7 @@ def make_app(state: ServerState) -> Starlette:
                 if kind == "error":
                     return _error(value)
                 if kind == "done":
-                    return JSONResponse(answer.whole(value.text, value, job))
+                    return JSONResponse(answer.whole(value, job))
         except ClientGone:
             return Response(status_code=499)
 

@@ -23,6 +23,10 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
+# A prediction may hold up to this many contexts of text (one answer repeats at most one),
+# measured in characters at about this many a token: the tokenizer is the engine's.
+PREDICTION_CONTEXTS = 4
+PREDICTION_CHARS_PER_TOKEN = 4
 
 
 class ApiError(Exception):
@@ -43,6 +47,14 @@ class ApiError(Exception):
 class Limits:
     max_tokens: int  # the most a request may ask for
     max_body_bytes: int = 1 << 20
+    n_ctx: int | None = None  # the loaded model's context (None: no cap on a prediction)
+
+    @property
+    def max_prediction_chars(self) -> int | None:
+        """The longest ``prediction``: PREDICTION_CONTEXTS contexts of text."""
+        if self.n_ctx is None:
+            return None
+        return PREDICTION_CONTEXTS * self.n_ctx * PREDICTION_CHARS_PER_TOKEN
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,8 @@ class CompletionRequest:
     enable_thinking: bool | None = None
     grammar: str | None = None  # GBNF every token obeys (response_format, grammar, tools)
     tools: tuple[Tool, ...] = ()  # functions an answer may call (read back from it)
+    # OpenAI's parallel_tool_calls: False (and a named tool_choice) means at most one call
+    parallel_tool_calls: bool = True
     # How many likeliest alternatives to report with each token's log probability
     # (None: no log probabilities).
     logprobs: int | None = None
@@ -106,10 +120,10 @@ def _integer(body: dict, name: str, default: int | None, low: int, high: int) ->
     return v
 
 
-def _boolean(body: dict, name: str) -> bool:
-    v = body.get(name, False)
+def _boolean(body: dict, name: str, default: bool = False) -> bool:
+    v = body.get(name)
     if v is None:
-        return False
+        return default
     if not isinstance(v, bool):
         raise _bad(name, f"must be true or false, got {v!r}")
     return v
@@ -283,6 +297,8 @@ def parse_request(body: Any, limits: Limits, chat: bool, syntax: ToolSyntax = GE
                           limits.max_tokens)
     assert max_tokens is not None
     tools, choice = _tools(body) if chat else ((), "none")
+    # A named function is one call of it, as OpenAI's API answers it.
+    parallel = _boolean(body, "parallel_tool_calls", True) and choice != "named"
     messages, template_tools = syntax.prepare(_messages(body), list(tools), choice != "none",
                                               choice not in ("none", "auto")) \
         if chat else ([], None)
@@ -292,7 +308,6 @@ def parse_request(body: Any, limits: Limits, chat: bool, syntax: ToolSyntax = GE
             raise _bad("tool_choice", "a required call has its own grammar: give no "
                                       "response_format or grammar with it")
         try:
-            parallel = body.get("parallel_tool_calls", True) is not False
             grammar = syntax.grammar(list(tools), parallel)
         except InvalidSamplingError as exc:
             raise ApiError(400, exc.named("'tools'"), param="tools",
@@ -310,14 +325,16 @@ def parse_request(body: Any, limits: Limits, chat: bool, syntax: ToolSyntax = GE
         enable_thinking=_enable_thinking(body),
         grammar=grammar,
         tools=tools if choice != "none" else (),
+        parallel_tool_calls=parallel,
         logprobs=_logprobs(body, chat),
         tool_syntax=syntax,
         template_tools=tuple(template_tools or ()),
-        prediction=_prediction(body))
+        prediction=_prediction(body, limits.max_prediction_chars))
 
 
-def _prediction(body: dict) -> str:
-    """OpenAI's ``prediction``: ``{"type": "content", "content": text or text parts}``."""
+def _prediction(body: dict, max_chars: int | None) -> str:
+    """OpenAI's ``prediction``: ``{"type": "content", "content": text or text parts}``,
+    of at most ``max_chars`` characters."""
     given = body.get("prediction")
     if given is None:
         return ""
@@ -325,7 +342,14 @@ def _prediction(body: dict) -> str:
         raise _bad("prediction", "must be {'type': 'content', 'content': ...}")
     if "content" not in given:
         raise _bad("prediction.content", "is missing")
-    return _text_of(given["content"], "prediction.content")
+    text = _text_of(given["content"], "prediction.content")
+    if max_chars is not None and len(text) > max_chars:
+        raise ApiError(400, f"'prediction': its content is {len(text)} characters; the limit "
+                            f"is {max_chars} ({PREDICTION_CONTEXTS} times the "
+                            f"{max_chars // PREDICTION_CONTEXTS // PREDICTION_CHARS_PER_TOKEN}"
+                            f"-token context, at {PREDICTION_CHARS_PER_TOKEN} characters a "
+                            "token)", param="prediction", code="prediction_too_large")
+    return text
 
 
 def _grammar(body: dict) -> str | None:
