@@ -11,6 +11,8 @@ written, and says what is wrong in one line.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -116,14 +118,21 @@ def read_import(path: Path) -> ImportedConversation:
     """Raises ValueError naming the file and what is wrong with it."""
     path = Path(path)
     try:
-        if path.stat().st_size > MAX_IMPORT_BYTES:
+        # Only a regular file is opened: a FIFO or a device would block or never end.
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ValueError(f"{path.name} is not a regular file: not a conversation export")
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_IMPORT_BYTES + 1)
+        if len(raw) > MAX_IMPORT_BYTES:
             raise ValueError(f"{path.name} is over {MAX_IMPORT_BYTES >> 20} MiB: not a "
                              "conversation export")
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(raw.decode("utf-8"))
     except OSError as exc:
         raise ValueError(f"cannot read {path.name}: {exc.strerror or exc}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path.name} is not JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{path.name} nests too deeply: not a conversation export") from None
     try:
         return from_json(data, fallback_title=path.stem)
     except ValueError as exc:
@@ -136,7 +145,10 @@ def from_json(data: object, fallback_title: str = "Imported chat") -> ImportedCo
         data = {"messages": data}
     if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
         raise ValueError("expected a list of messages or an object with \"messages\"")
-    if data.get("format", FORMAT) != FORMAT or int(data.get("version", VERSION)) > VERSION:
+    version = data.get("version", VERSION)
+    if type(version) is not int:
+        raise ValueError(f"its version {version!r} is not a number")
+    if data.get("format", FORMAT) != FORMAT or version > VERSION:
         raise ValueError(f"written by a newer or another program ({data.get('format')} "
                          f"version {data.get('version')})")
     system, messages = "", []

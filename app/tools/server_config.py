@@ -129,6 +129,9 @@ def read_mcp_json(path: Path) -> list[ServerConfig]:
         raise ToolConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ToolConfigError(f"{Path(path).name} is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise ToolConfigError(f"{Path(path).name} nests too deeply: not a server list"
+                              ) from None
     return [replace(c, always_allow=(), approved=False) for c in servers_from_json(data)]
 
 
