@@ -62,8 +62,10 @@ class ToolApprovalBar(QFrame):
             f"The model wants to run <b>{tool}</b> of the server "
             f"<i>{escape(str(call.get('server', '')))}</i> with "
             f"<code>{escape(args)}</code>. It runs with your rights on this computer.")
-        self.question.setToolTip(json.dumps(call.get("arguments", {}), ensure_ascii=False,
-                                            indent=1))  # all of them, however long
+        # All of them, however long; escaped, as a tooltip reads text that looks like
+        # markup as HTML.
+        full = json.dumps(call.get("arguments", {}), ensure_ascii=False, indent=1)
+        self.question.setToolTip(f"<pre>{escape(full)}</pre>")
         self.always_button.setText(f"Always allow {call.get('tool', '')}")
         # The buttons wake after a moment and never take the focus: a key pressed while
         # typing the next message cannot approve a call no one read.
