@@ -323,6 +323,9 @@ class LaneTarget:
         def read() -> Prefill:
             self._target.set_features(False)  # as plain decoding reads a prompt
             pre = self._target.prefill(prompt)
+            # A long prompt's cells may still wait in the F16 context (a pending move):
+            # moved into sequence 0 first, or the lane would get none of them.
+            self._target.settle()
             blob = one_stream_of(self._target.ctx.state_seq_array(0), self._lanes.n_lanes)
             self._lanes.ctx.state_seq_set(self.seq, blob)  # replaces the lane's cells
             return Prefill(pre.logits.copy(), None, pre.n_reused)
