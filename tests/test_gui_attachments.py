@@ -222,6 +222,27 @@ def test_send_waits_for_a_file_being_read(qtbot, db: Path, model_path: Path,
     assert [d.name for d in w.controller.pending] == ["ledger.pdf"]
 
 
+def test_the_reading_chips_x_stops_the_read_and_send_goes_on(qtbot, db: Path,
+                                                             model_path: Path,
+                                                             tmp_path: Path) -> None:
+    slow = tmp_path / "deep.html"
+    slow.write_text("<div>" * 200_000 + "deep")  # seconds of parsing
+    w = open_window(qtbot, db, model_path, max_tokens=8)
+    w.controller.attach_files([slow])
+    [read] = w.controller.documents._jobs.values()
+    assert read.process.started.wait(30)  # its child is parsing
+    [chip] = w.chat.attachments.chips
+    assert chip.remove_button is not None and "Stop reading" in chip.remove_button.toolTip()
+    with qtbot.waitSignal(w.controller.problem) as said:
+        chip.remove_button.click()
+    assert said.args == ["Stopped reading deep.html: it is not attached."]
+    assert w.controller.documents.reading == [] and w.chat.send_button.isEnabled()
+    send_and_wait(qtbot, w, "Hello?")
+    qtbot.waitUntil(lambda: read.process.process.returncode is not None, timeout=30_000)
+    assert w.controller.pending == [] and w.chat.attachments.chips == []
+    assert "attachments" not in w.store.messages(w.controller.current_id)[0].info
+
+
 def test_documents_that_fit_a_larger_context_reload_the_model_with_it(
         qtbot, db: Path, model_path: Path, tmp_path: Path, monkeypatch) -> None:
     # A tenth of the context per turn: ~2,300 characters outgrow 4,096 tokens' budget but

@@ -1,5 +1,6 @@
 """The chips above the message box: the documents the next message takes along (name,
-kind and size, an × to take one off) and the files still being read."""
+kind and size, an × to take one off) and the files still being read (an × stops the
+read)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ class Chip(QFrame):
     removed = Signal()
 
     def __init__(self, title: str, detail: str, removable: bool,
-                 parent: QWidget | None = None) -> None:
+                 parent: QWidget | None = None, remove_tip: str = "") -> None:
         super().__init__(parent)
         colors = theme.current()
         self.setObjectName("chip")
@@ -61,16 +62,17 @@ class Chip(QFrame):
             self.remove_button = QToolButton()
             self.remove_button.setText("×")
             self.remove_button.setAutoRaise(True)
-            self.remove_button.setToolTip(f"Do not send {title}")
+            self.remove_button.setToolTip(remove_tip or f"Do not send {title}")
             self.remove_button.clicked.connect(self.removed)
             row.addWidget(self.remove_button)
 
 
 class AttachmentBar(QWidget):
     """Hidden while nothing is attached; ``remove_requested(i)`` asks to drop the i-th
-    pending document."""
+    pending document, ``cancel_reading_requested(i)`` to stop reading the i-th file."""
 
     remove_requested = Signal(int)
+    cancel_reading_requested = Signal(int)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -105,8 +107,10 @@ class AttachmentBar(QWidget):
             chip = Chip(doc.name, describe(doc), removable=True)
             chip.removed.connect(lambda i=i: self.remove_requested.emit(i))
             self.chips.append(chip)
-        for name in self._reading:
-            self.chips.append(Chip(name, "reading…", removable=False))
+        for i, name in enumerate(self._reading):
+            chip = Chip(name, "reading…", removable=True, remove_tip=f"Stop reading {name}")
+            chip.removed.connect(lambda i=i: self.cancel_reading_requested.emit(i))
+            self.chips.append(chip)
         for chip in self.chips:
             self.row.addWidget(chip)
         self.row.addStretch(1)

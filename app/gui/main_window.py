@@ -222,6 +222,7 @@ class MainWindow(QMainWindow):
         self.chat.attach_requested.connect(c.attach_files)
         self.chat.paste_requested.connect(c.attach_text)
         self.chat.remove_attachment_requested.connect(c.remove_pending)
+        self.chat.attachments.cancel_reading_requested.connect(c.documents.cancel)
         c.attachments_changed.connect(self.chat.attachments.set_documents)
         c.reading_changed.connect(self.chat.set_reading)
         c.context_request.connect(self._raise_context)
