@@ -95,6 +95,7 @@ def test_chat_streamed_equals_whole_with_usage_and_figures(server: Served) -> No
     figures = whole.model_extra["tandem"]
     assert figures["tokens_per_second"] > 0 and figures["drafter"]
     assert figures["tokens_per_verification"] >= 1.0 and figures["layout"]
+    assert figures["exact"] is True and "warning" not in figures  # Q4_0: exact kernels
 
     chunks = list(client.chat.completions.create(
         model="any", messages=HELLO, max_tokens=40, temperature=0, stream=True,
