@@ -21,7 +21,16 @@ from typing import Any
 
 from engine.decoding.json_grammar import json_schema_grammar
 from engine.errors import InvalidSamplingError
-from engine.tool_calls import Tool, ToolCall, call_text, calls_grammar, read_calls, tools_prompt
+from engine.tool_calls import (
+    RESULT_OPEN,
+    Tool,
+    ToolCall,
+    call_text,
+    calls_grammar,
+    read_calls,
+    result_block,
+    tools_prompt,
+)
 
 Message = dict[str, Any]
 # How each syntax's calls open (an answer cut inside one holds no call to read).
@@ -41,7 +50,8 @@ class ReadCalls:
 
 class ToolSyntax:
     """The generic syntax: the tools described in the system message, a call written as
-    ``{"tool_calls": [...]}``, a function's result told as the user's next message."""
+    ``{"tool_calls": [...]}``, a function's result in a ``<tool_result>`` block in the
+    next turn (engine.tool_calls.result_block)."""
 
     name = "generic"
     native = False
@@ -60,11 +70,13 @@ class ToolSyntax:
                         for c in m["tool_calls"]]
                 out.append({"role": "assistant", "content": call_text(sent)})
             elif m["role"] == "tool":
-                # Templates want turns to alternate: results in a row make one message.
+                # Templates want turns to alternate (and not every one has a tool role):
+                # results in a row make one turn, each in a block that says it is a
+                # function's output, which the offer tells the model is not the user.
                 name = m.get("name") or called.get(m.get("tool_call_id", ""), "the function")
-                text = f"Result of {name}: {m['content']}"
+                text = result_block(name, m["content"])
                 if out and out[-1]["role"] == "user" and \
-                        out[-1]["content"].startswith("Result of "):
+                        out[-1]["content"].startswith(RESULT_OPEN):
                     out[-1] = {"role": "user", "content": out[-1]["content"] + "\n" + text}
                 else:
                     out.append({"role": "user", "content": text})
