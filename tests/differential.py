@@ -5,18 +5,29 @@ drafter, driven through the same random user actions, must stay identical.
         [--drafters memory,lookup,head,eagle3] [--out cases/]
     .venv/bin/python -m tests.differential --replay cases/case-1.json
     .venv/bin/python -m tests.differential --matrix --minutes 60 [--out cases/]
+    .venv/bin/python -m tests.differential --matrix --actions 10000 [--segment 50] [--out cases/]
 
 ``--matrix`` shares the minutes among models and drafters (MATRIX: the bundled Q4_0 with
 ``auto``, an F32 copy with a draft model, and tiny hybrid, sliding-window, MoE and
 latent-attention files with memory, lookup and their MTP blocks), writes each one's
-counts as it ends and skips those a rerun with the same seed finds done.
+counts as it ends and skips those a rerun with the same seed finds done. ``--actions N``
+runs N actions over the matrix instead (shared as the minutes are), in segments of
+``--segment`` actions, each a fresh set of sessions on a seed of its own, with a progress
+bar; each segment's counts are written to ``out/matrix-actions-SEED.json`` as it ends, and
+a rerun resumes after the last segment done (a divergence's case is one segment long).
 
 Each session is the real answer path (``engine.conversation.AnswerService`` over an
 ``Engine`` with the drafter named, two threads). The actions are a user's: a new chat, a
 follow-up, a regenerate, an edit of an earlier message and a switch back to the branch it
 replaced, a stop after a few tokens, a long (RAG) prompt or a short one, seeded sampling, a
 small token limit, and a chat that outgrows the context (its oldest turns dropped and the
-cache shifted); and the app's between answers: a plan switch (a new draft budget) and, with
+cache shifted); the features' (tests/differential_features.py), each greedy or sampled with
+a seed: an attached document (whole, its best passages, or whole after every session is
+reloaded with the larger context the window asks for), a tool round (a call held by the
+grammar, then the answer after its result), a predicted output (plain decoding's answer,
+that answer perturbed, an unrelated text; the plain session answers without it) and a
+JSON-schema answer, built by the window's and the API's own code; and the app's between
+answers: a plan switch (a new draft budget) and, with
 ``auto``, measuring the machine again. After each action every session's answer must be
 the plain session's token for token, with the same finish reason and the same text (as
 streamed and as returned), no drafter may have failed while answering (the answer goes on
@@ -46,9 +57,11 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from engine.errors import ContextFullError, InvalidPromptError, InvalidSettingError, TandemError
+from tests.differential_features import FEATURE_KINDS, feature_action
 from training.spec_bench import DEV_PROMPTS
 
 if TYPE_CHECKING:
+    from app.conversation_store import ConversationStore
     from engine.conversation import AnswerService, Question
 
 PROBE = "In one sentence, what did we just talk about?"
@@ -60,8 +73,9 @@ PROBE_OTHER = "Which word of our chat mattered most?"
 # Errors plain decoding raises on its own, whatever drafts: every session raising one is
 # the same outcome (reported). Any other error every session raises parts (a failed decode).
 REFUSALS = (ContextFullError, InvalidPromptError, InvalidSettingError)
-KINDS = ("new_chat", "follow_up", "regenerate", "edit", "stop", "long", "sampled",
-         "short_limit", "replan", "switch_branch")
+CHAT_KINDS = ("new_chat", "follow_up", "regenerate", "edit", "stop", "long", "sampled",
+              "short_limit", "replan", "switch_branch")
+KINDS = (*CHAT_KINDS, *FEATURE_KINDS)
 # Measuring the machine again between answers: only a planned session (``auto``) does.
 PLANNED_KINDS = (*KINDS, "remeasure")
 
@@ -75,6 +89,11 @@ class Action:
     edit_at: int = 0  # for "edit": which user message (from the start) is replaced
     stop_after: int = 0  # for "stop": the answer stops after this many text pieces
     max_draft: int = 0  # for "replan": every drafted session's new draft budget
+    # For the feature actions (tests/differential_features.py): "document": whole,
+    # passages or raised (the size it is made for); "prediction": right, perturbed or
+    # unrelated; "json_schema": the schema's name.
+    mode: str = ""
+    extra: str = ""  # "document": the document's text; "prediction": the unrelated text
 
 
 @dataclass
@@ -100,6 +119,22 @@ class Outcome:
     refused: bool = False  # the error is one of REFUSALS
 
 
+class Asked(NamedTuple):
+    """One question asked of every session: the first way they parted (None if none),
+    plain's answer, and its text as the conversation keeps it (up to the stop)."""
+
+    found: Divergence | None
+    plain: Outcome
+    text: str = ""
+
+
+def _without_prediction(question: Question) -> Question:
+    """``question`` as plain decoding answers it: no prediction to draft from."""
+    if not question.generation.prediction:
+        return question
+    return replace(question, generation=replace(question.generation, prediction=""))
+
+
 @dataclass
 class Case:
     seed: int
@@ -120,6 +155,9 @@ def random_actions(rng: random.Random, prompts: list[dict], n: int,
     actions = [Action("new_chat", rng.choice(short), rng.randint(8, 32))]
     for _ in range(n - 1):
         kind = rng.choice(kinds)
+        if kind in FEATURE_KINDS:
+            actions.append(feature_action(rng, kind, short, long))
+            continue
         text = rng.choice(long if kind == "long" else short)
         action = Action(kind, text, rng.randint(4, 32))
         if kind == "sampled":
@@ -141,22 +179,14 @@ class Sessions:
 
     def __init__(self, model: Path, drafters: list[str], n_ctx: int, work: Path,
                  draft_model: Path | None = None, flash_attn: bool | None = None) -> None:
-        from engine.conversation import AnswerService
-        from engine.session import Engine, EngineConfig
-
         self.names = ["none", *drafters]
-        self.services = {}
-        for name in self.names:
-            config = EngineConfig(model_path=model, drafter=name, n_threads=2, n_ctx=n_ctx,
-                                  cache_dir=work / "cache", memory_dir=work / f"mem-{name}",
-                                  draft_model=draft_model, flash_attn=flash_attn)
-            engine = Engine(config)
-            # What is drafted, verified and parked must not follow this machine's timings
-            # (the budget's cost curve, auto's governor, a head's dynamic depth), or a case
-            # would not replay (qwen35 with MTP parted once, 8e-4, in a run beside other
-            # work, and replayed clean).
-            engine.pin_drafting(0.35)
-            self.services[name] = AnswerService(engine, config)
+        self._opening = (model, work, draft_model, flash_attn)
+        self.services: dict[str, AnswerService] = {}
+        self._open(n_ctx)
+        # The largest context a document may raise it to (the window's ``max_ctx``).
+        trained = self.services["none"].engine.model.header.context_length  # type: ignore[union-attr]
+        self.max_ctx = min(2 * n_ctx, trained or 2 * n_ctx)
+        self._store: ConversationStore | None = None  # documents' conversations (SQLite)
         self.messages: list[dict[str, str]] = []
         self.other_branch: list[dict[str, str]] | None = None  # what the last edit replaced
         self.n_actions = 0
@@ -175,9 +205,41 @@ class Sessions:
         # The conversation and question the last probe asked about.
         self._last_probe: tuple[list[dict[str, str]], str] = ([], "")
 
+    def _open(self, n_ctx: int) -> None:
+        """Every session's engine at context ``n_ctx``."""
+        from engine.conversation import AnswerService
+        from engine.session import Engine, EngineConfig
+
+        model, work, draft_model, flash_attn = self._opening
+        self.n_ctx = n_ctx
+        for name in self.names:
+            config = EngineConfig(model_path=model, drafter=name, n_threads=2, n_ctx=n_ctx,
+                                  cache_dir=work / "cache", memory_dir=work / f"mem-{name}",
+                                  draft_model=draft_model, flash_attn=flash_attn)
+            engine = Engine(config)
+            # What is drafted, verified and parked must not follow this machine's timings
+            # (the budget's cost curve, auto's governor, a head's dynamic depth), or a case
+            # would not replay (qwen35 with MTP parted once, 8e-4, in a run beside other
+            # work, and replayed clean).
+            engine.pin_drafting(0.35)
+            self.services[name] = AnswerService(engine, config)
+
+    def reopen(self, n_ctx: int) -> None:
+        """Every session reloaded with context ``n_ctx``, as the window reloads the model
+        for documents that fit whole only in a larger one (the caches start empty; a
+        memory stays on disk)."""
+        for service in self.services.values():
+            service.close()
+        self.services = {}
+        self._open(n_ctx)
+        self._last_prompt.clear()
+
     def close(self) -> None:
         for service in self.services.values():
             service.close()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
 
     def run(self, action: Action) -> Divergence | None:
         """Apply ``action`` to every session; the first way they part, if any."""
@@ -196,30 +258,53 @@ class Sessions:
                 # turns after the edit point, as any chat app must (not a re-read).
                 self._last_prompt.clear()
             return self._probe(index)
+        if action.kind in FEATURE_KINDS:
+            return self._feature(index, action)
         messages = self._messages_for(action)
         sampling = (SamplingParams(temperature=0.8, seed=action.seed)
                     if action.seed is not None else SamplingParams())
         question = Question.chat(messages, GenerationConfig(action.max_tokens,
                                                             sampling=sampling))
-        outcomes = {name: self._answer(name, service, action, question)
-                    for name, service in self.services.items()}
-        plain = outcomes["none"]
+        asked = self._ask(index, action, question)
+        if asked.found is not None or asked.plain.error:
+            return asked.found or self._probe(index)
+        if action.kind == "edit":
+            self.other_branch = self.messages
+        elif action.kind == "new_chat":
+            self.other_branch = None
+        self.messages = messages + [{"role": "assistant", "content": asked.text}]
+        return self._probe(index)
+
+    def _ask(self, index: int, action: Action, question: Question,
+             drafted: Callable[[Outcome], Question] | None = None, turn: str = "") -> Asked:
+        """Every session's answer to ``question`` compared with plain's: the plain
+        session answers it without a prediction (plain decoding), the others
+        ``drafted(plain's answer)`` where given (a prediction made from it). ``turn``
+        names the answer in a divergence (an action with two)."""
+        plain = self._answer("none", self.services["none"], action,
+                             _without_prediction(question))
+        other = drafted(plain) if drafted is not None and not plain.error else question
+        outcomes = {"none": plain, **{name: self._answer(name, self.services[name], action,
+                                                         other)
+                                      for name in self.names[1:]}}
         if plain.error:
             odd = [n for n in self.names[1:] if outcomes[n].error != plain.error]
             if odd:
                 got = outcomes[odd[0]]
-                return Divergence(index, odd[0], f"{got.error or 'an answer'} where plain "
-                                  f"raised {plain.error}")
-            return self._raised_alike(index, action, plain) or self._probe(index)
+                return Asked(Divergence(index, odd[0], f"{turn}{got.error or 'an answer'} "
+                                        f"where plain raised {plain.error}"), plain)
+            return Asked(self._raised_alike(index, action, plain), plain)
         for name in self.names[1:]:
             got = outcomes[name]
             if got.error:
-                return Divergence(index, name, f"{got.error} where plain answered")
+                return Asked(Divergence(index, name, f"{turn}{got.error} where plain "
+                                        "answered"), plain)
             # The user still got the answer (plainly after the failure), but a crash the
             # drafter was not refused for at build time is a fault the check must show.
             if got.drafter_failed_in:
-                return Divergence(index, name, f"the drafter failed in "
-                                  f"{got.drafter_failed_in} while answering: {got.fallback}")
+                return Asked(Divergence(index, name, f"{turn}the drafter failed in "
+                                        f"{got.drafter_failed_in} while answering: "
+                                        f"{got.fallback}"), plain)
         n_answer = len(plain.tokens)
         if action.kind == "stop":  # a drafted step stops at its end: compare the prefix
             n_answer = min(len(o.tokens) for o in outcomes.values())
@@ -228,14 +313,67 @@ class Sessions:
         for name in self.names[1:]:
             why = _parts(action, plain, outcomes[name])
             if why:
-                return Divergence(index, name, why)
+                return Asked(Divergence(index, name, turn + why), plain)
         text = self.services["none"].engine.target.detokenize(plain.tokens[:n_answer])
-        if action.kind == "edit":
-            self.other_branch = self.messages
-        elif action.kind == "new_chat":
+        return Asked(None, plain, text)
+
+    def _feature(self, index: int, action: Action) -> Divergence | None:
+        """A feature action (tests/differential_features.py) after the conversation so
+        far: its question (two for a tool round) asked of every session, then the probe."""
+        from engine.conversation import Question
+        from engine.decoding.generation import GenerationConfig
+        from engine.tool_syntax import tool_syntax_of
+        from tests import differential_features as features
+
+        syntax = tool_syntax_of(self.services["none"].engine.target.template.source)  # type: ignore[union-attr]
+        history = list(self.messages)
+        if action.kind == "document":
+            turn = features.DocumentTurn(self._documents(), history, action)
+            grown = turn.grown_context(self.n_ctx, self.max_ctx)
+            if grown is not None:
+                self.reopen(grown)
+            user, _ = turn.user_message(self.n_ctx)
+            messages = [*history, user]
+            question = Question.chat(messages, GenerationConfig(
+                action.max_tokens, sampling=features.chat_sampling(action)))
+            asked = self._ask(index, action, question)
+        elif action.kind == "tool_round":
+            # A new chat with the tools offered (and offered on after it, as the window
+            # offers them while they are on): offered in the middle of a chat, they
+            # change its first message, and the whole chat would be read again.
             self.other_branch = None
-        self.messages = messages + [{"role": "assistant", "content": text}]
+            asked = self._ask(index, action,
+                              features.tool_call_question([], action, syntax),
+                              turn="the call: ")
+            if asked.found is not None or asked.plain.error:
+                return asked.found or self._probe(index)
+            turns = features.tool_result_turns([], action, syntax, asked.text)
+            question = features.tool_result_question(turns, action, syntax)
+            asked = self._ask(index, action, question, turn="after its result: ")
+            messages = list(question.messages)
+        else:  # the API's: a prediction, a JSON schema
+            def request(prediction: str = "") -> Question:
+                return features.api_question(history, action, self.n_ctx, syntax,
+                                             prediction)
+
+            def predicted(plain: Outcome) -> Question:
+                return request(features.prediction_text(action, plain.text))
+
+            asked = self._ask(index, action, request(),
+                              predicted if action.kind == "prediction" else None)
+            messages = [*history, {"role": "user", "content": action.text}]
+        if asked.found is not None or asked.plain.error:
+            return asked.found or self._probe(index)
+        self.messages = messages + [{"role": "assistant", "content": asked.text}]
         return self._probe(index)
+
+    def _documents(self) -> ConversationStore:
+        """The conversations database documents are attached in (opened once)."""
+        if self._store is None:
+            from tests.differential_features import open_store
+
+            self._store = open_store(self._opening[1])
+        return self._store
 
     def _answer(self, name: str, service: AnswerService, action: Action, question: Question
                 ) -> Outcome:

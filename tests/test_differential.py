@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.differential import (
+    KINDS,
     MATRIX,
     Action,
     Case,
@@ -56,9 +57,9 @@ def _assert_drafted(replay: Replay, rejected: bool = True) -> None:
 def test_the_actions_of_a_seed_are_the_same_every_time(dev_prompts: list[dict]) -> None:
     import random
 
-    a = random_actions(random.Random(3), dev_prompts, 30)
-    b = random_actions(random.Random(3), dev_prompts, 30)
-    assert a == b and {x.kind for x in a} >= {"new_chat", "follow_up", "regenerate"}
+    a = random_actions(random.Random(3), dev_prompts, 40)
+    b = random_actions(random.Random(3), dev_prompts, 40)
+    assert a == b and {x.kind for x in a} == set(KINDS)  # the features' actions among them
 
 
 @pytest.mark.parametrize("kind", ["edit", "regenerate"])
