@@ -83,7 +83,8 @@ class ToolSyntax:
             else:
                 out.append({"role": m["role"], "content": m["content"]})
         if offer and tools:
-            offer_text = tools_prompt(tools, required)
+            offer_text = tools_prompt(tools, required,
+                                      any(m["role"] == "tool" for m in messages))
             if out and out[0]["role"] == "system":
                 out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + offer_text}
             else:
