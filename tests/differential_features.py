@@ -90,15 +90,18 @@ EDIT_ASKS = ("Rewrite this text with simpler words:", "Fix any mistakes in this 
              "Repeat this text, changing nothing:")
 
 
-def feature_action(rng: random.Random, kind: str, short: list[str], long: list[str]
-                   ) -> Action:
+def feature_action(rng: random.Random, kind: str, short: list[str], long: list[str],
+                   mode: str | None = None, sampled: bool | None = None) -> Action:
     """A random ``kind`` action (one of FEATURE_KINDS) from the dev prompts' texts
-    (``long``: documents and texts to edit; ``short``: questions)."""
+    (``long``: documents and texts to edit; ``short``: questions); ``mode`` and
+    ``sampled`` (seeded sampling, else greedy) where given, else drawn."""
     from tests.differential import Action
 
-    seed = rng.randint(0, 2**31 - 1) if rng.random() < 0.5 else None
+    seed = rng.randint(0, 2**31 - 1)
+    if not (rng.random() < 0.5 if sampled is None else sampled):
+        seed = None
     if kind == "document":
-        mode = rng.choices(list(DOCUMENT_MODES), list(DOCUMENT_MODES.values()))[0]
+        mode = mode or rng.choices(list(DOCUMENT_MODES), list(DOCUMENT_MODES.values()))[0]
         low, high = {"whole": WHOLE_CHARS, "raised": RAISED_CHARS,
                      "passages": PASSAGES_CHARS}[mode]
         text = document_text(rng, long, rng.randint(low, high))
@@ -108,10 +111,10 @@ def feature_action(rng: random.Random, kind: str, short: list[str], long: list[s
         question = rng.choice(TOOL_QUESTIONS).format(city=rng.choice(CITIES))
         return Action(kind, question, rng.randint(24, 40), seed)
     if kind == "json_schema":
-        name = rng.choice(list(SCHEMAS))
+        name = mode or rng.choice(list(SCHEMAS))
         return Action(kind, SCHEMAS[name][0], rng.randint(8, 32), seed, mode=name)
     if kind == "prediction":
-        mode = rng.choice(PREDICTION_MODES)
+        mode = mode or rng.choice(PREDICTION_MODES)
         snippet = _cut(rng.choice(short + long), rng.randint(80, 300))
         other = _cut(rng.choice(long), rng.randint(80, 400)) if mode == "unrelated" else ""
         return Action(kind, f"{rng.choice(EDIT_ASKS)}\n\n{snippet}", rng.randint(8, 32),

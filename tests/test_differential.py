@@ -4,8 +4,10 @@ with drafts accepted and rejected on the way."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +18,7 @@ from tests.differential import (
     Case,
     MatrixRow,
     Replay,
+    Sessions,
     fewest_that_part,
     play,
     random_actions,
@@ -176,3 +179,200 @@ def test_a_late_divergence_shrinks_in_few_replays() -> None:
     assert [a.text for a in kept] == ["0", "41", "42", "250", "299"]
     assert len(replays) < 150, len(replays)
     assert sum(replays) < 300 * 30  # (dropping one at a time: about 300 * 300)
+
+
+# --- the features' actions (tests/differential_features.py) ---------------------------
+@pytest.fixture(scope="module")
+def machine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This machine's measurements, made once for the tests below (tens of seconds on a
+    busy machine); each test's memory and documents stay its own."""
+    return tmp_path_factory.mktemp("machine-cache")
+
+
+def _work(tmp_path: Path, machine_cache: Path) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "cache").symlink_to(machine_cache, target_is_directory=True)
+    return work
+
+
+def _feature(dev_prompts: list[dict], kind: str, mode: str | None = None,
+             sampled: bool = False, seed: int = 1) -> Action:
+    """A feature action as random runs draw them, of this mode and greedy or sampled."""
+    import random
+
+    from tests.differential_features import feature_action
+
+    short = [r["turns"][0] for r in dev_prompts if len(r["turns"][0]) < 400]
+    long = [r["turns"][0] for r in dev_prompts if r["category"] in ("rag", "summarization")]
+    return feature_action(random.Random(seed), kind, short, long, mode, sampled)
+
+
+def test_the_features_actions_part_nowhere(model_path: Path, dev_prompts: list[dict],
+                                           tmp_path: Path, machine_cache: Path) -> None:
+    """A document whole and as passages, a tool round and the chat going on after it,
+    predictions right, perturbed and unrelated, a JSON-schema answer: greedy and seeded
+    sampling, drafts kept and taken back."""
+    first = [_feature(dev_prompts, "document", "whole"),
+             _feature(dev_prompts, "document", "passages", sampled=True),
+             Action("regenerate", max_tokens=12),
+             _feature(dev_prompts, "tool_round"),
+             Action("follow_up", "Thanks. And tomorrow?", 12),
+             _feature(dev_prompts, "prediction", "right"),
+             _feature(dev_prompts, "prediction", "perturbed", sampled=True),
+             _feature(dev_prompts, "prediction", "unrelated"),
+             _feature(dev_prompts, "json_schema", "person", sampled=True)]
+    drafters = ["memory", "lookup"]
+    result = run_for(3, 30.0, model_path, drafters, 1024, dev_prompts, tmp_path / "cases",
+                     _work(tmp_path, machine_cache), max_actions=len(first), first=first)
+    assert result["divergences"] == 0, result["cases"]
+    assert result["actions"] == len(first) and not result["errors"], result["errors"]
+    for name in drafters:
+        assert result["accepted"][name] > 0 and result["rejected"][name] > 0, (
+            name, result["accepted"], result["rejected"])
+
+
+class WrongToken:
+    """A planted defect: the acceptance keeps one drafted token the target turned down
+    (once, while ``armed()``) and goes on after it as if it were right. Plain decoding
+    drafts nothing, so only drafted sessions carry it."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch,
+                 armed: Callable[[], bool] = lambda: True) -> None:
+        import numpy as np
+
+        from engine.decoding import generation
+        from engine.decoding.acceptance import Acceptance
+        from engine.decoding.sampling import sample_at, target_distribution
+
+        self.fired = 0
+        real = generation.accept
+
+        def accept(children: list[list[int]], node_tokens: list[int],
+                   logits_of: Callable[[int], Any], params: Any,
+                   uniform_at: Callable[[int], float]) -> Acceptance:
+            acc = real(children, node_tokens, logits_of, params, uniform_at)
+            turned_down = children[acc.path[-1]]
+            if self.fired or not turned_down or not armed():
+                return acc
+            self.fired += 1
+            path = [*acc.path, turned_down[0]]
+            row = logits_of(path[-1])
+            after = int(np.argmax(row)) if params.greedy else \
+                sample_at(target_distribution(row, params), uniform_at(len(path) - 1))
+            return Acceptance(path, after)
+
+        monkeypatch.setattr(generation, "accept", accept)
+
+
+def _sessions(model_path: Path, tmp_path: Path, machine_cache: Path) -> Sessions:
+    """A plain session and a memory one."""
+    return Sessions(model_path, ["memory"], 1024, _work(tmp_path, machine_cache))
+
+
+def _greedy_then_sampled(s: Sessions, action: Action) -> Action:
+    """``action`` answered greedily first (it parts nowhere), and the same with sampling
+    to answer next: the memory drafts the greedy answer, and the sampled one parts from
+    it, so that drafts are taken back (where the defects below act)."""
+    assert s.run(replace(action, seed=None)) is None
+    return replace(action, seed=5)
+
+
+@pytest.mark.parametrize("mode", ["whole", "passages"])
+def test_a_wrong_token_in_a_document_answer_parts(mode: str, model_path: Path,
+                                                  dev_prompts: list[dict], tmp_path: Path,
+                                                  machine_cache: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    s = _sessions(model_path, tmp_path, machine_cache)
+    try:
+        action = _greedy_then_sampled(s, _feature(dev_prompts, "document", mode))
+        defect = WrongToken(monkeypatch)
+        found = s.run(action)
+        assert defect.fired and found is not None and found.drafter == "memory", found
+        assert "parts from plain's" in found.what, found
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize(("kind", "sampled"), [("tool_round", False), ("json_schema", True)])
+def test_a_grammar_left_behind_by_a_draft_parts(kind: str, sampled: bool, model_path: Path,
+                                                dev_prompts: list[dict], tmp_path: Path,
+                                                machine_cache: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: the grammar's state is not moved past a drafted token, so the tokens
+    after it are held by the grammar where it was (a tool call, a JSON answer). The
+    grammar drafts the text it forces (a key, its punctuation) whatever the drafter."""
+    from engine.decoding import generation
+
+    fired = []
+
+    def stale_states(run: Any, draft: Any) -> tuple[Any, list[Any]]:
+        states = [run.grammar]
+        for tok in draft.tokens:
+            if tok in states[-1].eog or not states[-1].allowed(tok):
+                break
+            states.append(states[-1].clone())  # the defect: not advanced past ``tok``
+        fired.append(len(states) > 1)
+        n = len(states) - 1
+        return (draft if n == len(draft) else draft.truncated(n)), states
+
+    monkeypatch.setattr(generation, "_grammar_states", stale_states)
+    s = _sessions(model_path, tmp_path, machine_cache)
+    try:
+        found = s.run(_feature(dev_prompts, kind, sampled=sampled))
+        assert any(fired) and found is not None and found.drafter == "memory", found
+        assert "parts from plain's" in found.what, found
+        assert kind != "tool_round" or found.what.startswith("the call: "), found
+    finally:
+        s.close()
+
+
+def test_a_wrong_token_after_a_tool_result_parts(model_path: Path, dev_prompts: list[dict],
+                                                 tmp_path: Path, machine_cache: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    s = _sessions(model_path, tmp_path, machine_cache)
+    ask = s._ask
+    turns: list[str] = []
+
+    def ask_noting_the_turn(*args: Any, **kwargs: Any) -> Any:
+        turns.append(kwargs.get("turn", ""))
+        return ask(*args, **kwargs)
+
+    s._ask = ask_noting_the_turn  # type: ignore[method-assign]
+    try:
+        action = _greedy_then_sampled(s, _feature(dev_prompts, "tool_round"))
+        # Armed in the answer after the call's result only: the call parts nowhere.
+        defect = WrongToken(monkeypatch, lambda: turns[-1] == "after its result: ")
+        found = s.run(action)
+        assert defect.fired and found is not None, found
+        assert found.what.startswith("after its result: answer"), found
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_wrong_token_from_a_prediction_parts(sampled: bool, model_path: Path,
+                                               dev_prompts: list[dict], tmp_path: Path,
+                                               machine_cache: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: a drafted token the target turned down is kept, in a step where the
+    prediction (plain decoding's answer with words changed) drafted."""
+    from engine import session
+    from engine.drafters.prediction import PredictionDrafter
+
+    drafted = []
+
+    class Noted(PredictionDrafter):
+        def verifying(self, tree: Any) -> None:
+            super().verifying(tree)
+            drafted.append(bool(self._verified))
+
+    monkeypatch.setattr(session, "PredictionDrafter", Noted)
+    defect = WrongToken(monkeypatch, lambda: bool(drafted) and drafted[-1])
+    s = _sessions(model_path, tmp_path, machine_cache)
+    try:
+        found = s.run(_feature(dev_prompts, "prediction", "perturbed", sampled=sampled))
+        assert defect.fired and found is not None and found.drafter == "memory", found
+        assert "parts from plain's" in found.what, found
+    finally:
+        s.close()
