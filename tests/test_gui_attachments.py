@@ -268,8 +268,9 @@ def test_documents_that_fit_a_larger_context_reload_the_model_with_it(
 
 def test_an_attached_source_file_is_sent_as_the_prediction(qtbot, db: Path, model_path: Path,
                                                           tmp_path: Path, monkeypatch) -> None:
-    """Asking about an attached source file sends the file as the answer's prediction (the
-    engine drafts the unchanged lines from it); a chat without one sends none."""
+    """Asking for an edit of an attached source file sends the file as the answer's
+    prediction (the engine drafts the unchanged lines from it); a chat without one, or a
+    question that asks for no edit, sends none."""
     code = tmp_path / "area.py"
     code.write_text("def area(width, height):\n    return width * height\n\n\n"
                     "def perimeter(width, height):\n    return 2 * (width + height)\n")
@@ -281,4 +282,6 @@ def test_an_attached_source_file_is_sent_as_the_prediction(qtbot, db: Path, mode
     outcome = send_and_wait(qtbot, w, "Rename area to surface in this file.")
     assert outcome.text
     assert sent[0].prediction == "" and sent[1].prediction == code.read_text()
+    send_and_wait(qtbot, w, "What does this file compute?")
+    assert sent[2].prediction == ""  # the file is still on the path, but no edit is asked
     w.close()
