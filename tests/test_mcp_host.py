@@ -173,9 +173,13 @@ def test_mcp_json_reads_as_claude_desktop_and_lm_studio_write_it(tmp_path: Path)
     files, web, off = read_mcp_json(path)
     assert (files.command, files.args, dict(files.env)) == \
         ("npx", ("-y", "server-filesystem", "/home/me"), {"TOKEN": "x"})
-    assert (web.url, web.always_allow, web.transport) == \
-        ("http://localhost:8000/mcp", ("fetch",), "http")
-    assert not off.enabled
+    # A file's alwaysAllow (and any approval) is not the user's: read_mcp_json drops it.
+    assert (web.url, web.always_allow, web.transport) == ("http://localhost:8000/mcp", (),
+                                                          "http")
+    assert not off.enabled and not any(s.approved for s in (files, web, off))
+    web = servers_from_json({"mcpServers": {"web": {"url": "http://localhost:8000/mcp",
+                                                    "alwaysAllow": ["fetch"]}}})[0]
+    assert web.always_allow == ("fetch",)  # the app's own list keeps what the user allowed
     # VS Code's "servers" key reads the same way; a round trip keeps everything.
     assert servers_from_json({"servers": {"w": {"url": "https://x/mcp"}}})[0].url
     store = _Settings()
