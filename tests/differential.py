@@ -202,6 +202,9 @@ class Sessions:
         self._last_prompt: dict[str, int] = {}
         # Errors every session raised alike ("action I (kind): Type: message").
         self.errors: list[str] = []
+        # What the feature actions reached: "document whole", "document passages",
+        # "context raised", "tool call read" (or "tool call cut"), "prediction right"...
+        self.features: dict[str, int] = {}
         # The conversation and question the last probe asked about.
         self._last_probe: tuple[list[dict[str, str]], str] = ([], "")
 
@@ -332,7 +335,9 @@ class Sessions:
             grown = turn.grown_context(self.n_ctx, self.max_ctx)
             if grown is not None:
                 self.reopen(grown)
-            user, _ = turn.user_message(self.n_ctx)
+                self._reached("context raised")
+            user, whole = turn.user_message(self.n_ctx)
+            self._reached("document whole" if whole else "document passages")
             messages = [*history, user]
             question = Question.chat(messages, GenerationConfig(
                 action.max_tokens, sampling=features.chat_sampling(action)))
@@ -347,11 +352,14 @@ class Sessions:
                               turn="the call: ")
             if asked.found is not None or asked.plain.error:
                 return asked.found or self._probe(index)
+            read = syntax.read(asked.text, list(features.TOOLS)) is not None
+            self._reached("tool call read" if read else "tool call cut")
             turns = features.tool_result_turns([], action, syntax, asked.text)
             question = features.tool_result_question(turns, action, syntax)
             asked = self._ask(index, action, question, turn="after its result: ")
             messages = list(question.messages)
         else:  # the API's: a prediction, a JSON schema
+            self._reached(f"{action.kind} {action.mode}")
             def request(prediction: str = "") -> Question:
                 return features.api_question(history, action, self.n_ctx, syntax,
                                              prediction)
@@ -366,6 +374,9 @@ class Sessions:
             return asked.found or self._probe(index)
         self.messages = messages + [{"role": "assistant", "content": asked.text}]
         return self._probe(index)
+
+    def _reached(self, feature: str) -> None:
+        self.features[feature] = self.features.get(feature, 0) + 1
 
     def _documents(self) -> ConversationStore:
         """The conversations database documents are attached in (opened once)."""
@@ -637,6 +648,7 @@ def run_for(seed: int, minutes: float, model: Path, drafters: list[str], n_ctx: 
             result["accepted"], result["rejected"] = sessions.accepted, sessions.rejected
             result["rereads"], result["continued"] = sessions.rereads, sessions.n_continued
             result["errors"] = sessions.errors
+            result["features"] = sessions.features
             print(f"{len(done)} {action.kind}: {'parted' if found else 'same'}",
                   file=sys.stderr, flush=True)
             if found is not None:

@@ -68,6 +68,9 @@ TOOL_QUESTIONS = ("What is the weather in {city} today?",
                   "Should I take an umbrella in {city}?",
                   "How much is 12 km in miles?", "Convert 70 F to Celsius, please.")
 CITIES = ("Paris", "Lagos", "Osaka", "Lima", "Oslo", "Hanoi")
+# A call takes 24-34 tokens on the bundled model; the grammar ends it (then only an end of
+# generation is admitted), so the call's answer gets this many whatever the action's limit.
+CALL_TOKENS = 64
 
 SCHEMAS: dict[str, tuple[str, dict]] = {
     "person": ("Describe a made-up person as JSON: name, age and city.",
@@ -109,7 +112,7 @@ def feature_action(rng: random.Random, kind: str, short: list[str], long: list[s
                       mode=mode, extra=text)
     if kind == "tool_round":
         question = rng.choice(TOOL_QUESTIONS).format(city=rng.choice(CITIES))
-        return Action(kind, question, rng.randint(24, 40), seed)
+        return Action(kind, question, rng.randint(8, 32), seed)
     if kind == "json_schema":
         name = mode or rng.choice(list(SCHEMAS))
         return Action(kind, SCHEMAS[name][0], rng.randint(8, 32), seed, mode=name)
@@ -197,7 +200,8 @@ def tool_call_question(history: list[dict[str, Any]], action: Action, syntax: To
     """The answer that must call one of TOOLS (held by the call grammar)."""
     turn = for_model([*history, {"role": "user", "content": action.text}], list(TOOLS),
                      syntax, required=True)
-    return _tool_question(turn.messages, turn.template_tools, turn.grammar, action)
+    return _tool_question(turn.messages, turn.template_tools, turn.grammar, action,
+                          max(action.max_tokens, CALL_TOKENS))
 
 
 def tool_result_turns(history: list[dict[str, Any]], action: Action, syntax: ToolSyntax,
@@ -236,11 +240,12 @@ def tool_result(name: str, arguments: dict) -> str:
 
 
 def _tool_question(messages: list[dict[str, Any]], template_tools: tuple[dict, ...],
-                   grammar: str | None, action: Action) -> Question:
+                   grammar: str | None, action: Action, max_tokens: int | None = None
+                   ) -> Question:
     from engine.conversation import Question
 
-    generation = GenerationConfig(action.max_tokens, sampling=chat_sampling(action),
-                                  grammar=grammar)
+    generation = GenerationConfig(max_tokens or action.max_tokens,
+                                  sampling=chat_sampling(action), grammar=grammar)
     return Question.chat(messages, generation, tools=template_tools)
 
 

@@ -230,6 +230,31 @@ def test_the_features_actions_part_nowhere(model_path: Path, dev_prompts: list[d
     for name in drafters:
         assert result["accepted"][name] > 0 and result["rejected"][name] > 0, (
             name, result["accepted"], result["rejected"])
+    reached = result["features"]
+    assert {"document whole", "document passages", "tool call read", "prediction right",
+            "prediction perturbed", "prediction unrelated", "json_schema person"
+            } <= set(reached), reached
+
+
+@pytest.mark.slow
+def test_a_document_that_raises_the_context_parts_nowhere(model_path: Path,
+                                                          dev_prompts: list[dict],
+                                                          tmp_path: Path,
+                                                          machine_cache: Path) -> None:
+    """Every session reloaded with the larger context the window asks for a document
+    (1024 to 2048 tokens), the document whole in it, then the chat going on."""
+    first = [Action("new_chat", "Name three rivers.", 12),
+             _feature(dev_prompts, "document", "raised"),
+             Action("follow_up", "Say that again in fewer words.", 12),
+             _feature(dev_prompts, "document", "raised", sampled=True, seed=2)]
+    drafters = ["memory", "lookup"]
+    result = run_for(3, 30.0, model_path, drafters, 1024, dev_prompts, tmp_path / "cases",
+                     _work(tmp_path, machine_cache), max_actions=len(first), first=first)
+    assert result["divergences"] == 0, result["cases"]
+    assert result["features"].get("context raised") == 1, result["features"]
+    assert result["features"].get("document whole", 0) >= 1, result["features"]
+    for name in drafters:
+        assert result["accepted"][name] > 0, (name, result["accepted"])
 
 
 class WrongToken:
@@ -278,7 +303,8 @@ def _greedy_then_sampled(s: Sessions, action: Action) -> Action:
     return replace(action, seed=5)
 
 
-@pytest.mark.parametrize("mode", ["whole", "passages"])
+@pytest.mark.parametrize("mode", ["whole", "passages",
+                                  pytest.param("raised", marks=pytest.mark.slow)])
 def test_a_wrong_token_in_a_document_answer_parts(mode: str, model_path: Path,
                                                   dev_prompts: list[dict], tmp_path: Path,
                                                   machine_cache: Path,
