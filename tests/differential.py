@@ -623,9 +623,13 @@ def fewest_that_part(actions: list[Action], parts: Callable[[list[Action]], bool
 def run_for(seed: int, minutes: float, model: Path, drafters: list[str], n_ctx: int,
             prompts: list[dict], out: Path, work: Path, max_actions: int | None = None,
             first: list[Action] | None = None, draft_model: Path | None = None,
-            flash_attn: bool | None = None) -> dict:
+            flash_attn: bool | None = None,
+            on_action: Callable[[Action, Divergence | None], None] | None = None) -> dict:
     """``first`` actions, then random ones for ``minutes`` (or until ``max_actions`` in
-    all, whichever ends first); a divergence is shrunk and written to ``out``."""
+    all, whichever ends first); a divergence is shrunk and written to ``out``.
+    ``on_action`` hears of each action as it ends (else a line on stderr says it). The
+    result holds each kind's count and seconds (``seconds``: "document raised": [n, s],
+    the probe after each action included)."""
     rng = random.Random(seed)
     kinds = PLANNED_KINDS if "auto" in drafters else KINDS
     deadline = time.monotonic() + minutes * 60
@@ -633,7 +637,8 @@ def run_for(seed: int, minutes: float, model: Path, drafters: list[str], n_ctx: 
     done: list[Action] = []
     planned = list(first or [])
     result = {"seed": seed, "model": str(model), "drafters": drafters, "actions": 0,
-              "tokens": 0, "divergences": 0, "cases": [], "wall_s": 0.0, "errors": []}
+              "tokens": 0, "divergences": 0, "cases": [], "wall_s": 0.0, "errors": [],
+              "seconds": {}}
     t0 = time.monotonic()
     try:
         while time.monotonic() < deadline and (max_actions is None
@@ -642,15 +647,22 @@ def run_for(seed: int, minutes: float, model: Path, drafters: list[str], n_ctx: 
                 random_actions(rng, prompts, 2, kinds)[1] if done else \
                 random_actions(rng, prompts, 1)[0]
             done.append(action)
+            t_action = time.monotonic()
             found = sessions.run(action)
+            kind = f"{action.kind} {action.mode}" if action.mode else action.kind
+            n, seconds = result["seconds"].get(kind, (0, 0.0))
+            result["seconds"][kind] = [n + 1, round(seconds + time.monotonic() - t_action, 1)]
             result["actions"], result["tokens"] = len(done), sessions.n_tokens
             result["wall_s"] = round(time.monotonic() - t0, 1)
             result["accepted"], result["rejected"] = sessions.accepted, sessions.rejected
             result["rereads"], result["continued"] = sessions.rereads, sessions.n_continued
             result["errors"] = sessions.errors
             result["features"] = sessions.features
-            print(f"{len(done)} {action.kind}: {'parted' if found else 'same'}",
-                  file=sys.stderr, flush=True)
+            if on_action is not None:
+                on_action(action, found)
+            else:
+                print(f"{len(done)} {action.kind}: {'parted' if found else 'same'}",
+                      file=sys.stderr, flush=True)
             if found is not None:
                 result["divergences"] += 1
                 out.mkdir(parents=True, exist_ok=True)
@@ -764,6 +776,124 @@ def run_matrix(seed: int, minutes: float, n_ctx: int, prompts: list[dict], out: 
     return {"rows": rows, **totals}
 
 
+def segment_plan(n_actions: int, segment: int, rows: list[MatrixRow]
+                 ) -> list[tuple[int, int, int]]:
+    """(row index, segment index, actions) for ``n_actions`` shared among ``rows`` by
+    their shares (largest remainders: the counts add up to ``n_actions``), each row's cut
+    into segments of ``segment``; round-robin over the rows, so that a run cut short has
+    reached every row."""
+    total = sum(row.share for row in rows)
+    exact = [n_actions * row.share / total for row in rows]
+    counts = [int(x) for x in exact]
+    by_remainder = sorted(range(len(rows)), key=lambda r: counts[r] - exact[r])
+    for r in by_remainder[:n_actions - sum(counts)]:
+        counts[r] += 1
+    per_row = [[min(segment, n - start) for start in range(0, n, segment)] for n in counts]
+    return [(r, i, sizes[i]) for i in range(max(map(len, per_row), default=0))
+            for r, sizes in enumerate(per_row) if i < len(sizes)]
+
+
+def run_matrix_actions(seed: int, n_actions: int, segment: int, n_ctx: int,
+                       prompts: list[dict], out: Path, work: Path,
+                       rows: list[MatrixRow] | None = None, minutes: float | None = None,
+                       progress: bool = True) -> dict:
+    """``n_actions`` over ``rows`` (MATRIX), in segments of ``segment`` actions (each a
+    fresh set of sessions on a seed of its own: a divergence's case is at most one
+    segment long), with a progress bar. Each segment's counts go to
+    ``out/matrix-actions-SEED.json`` as it ends; a rerun skips the segments found there
+    (asking for more actions goes on after them). ``minutes``: no segment starts after
+    that long (the rest are left for a rerun)."""
+    from tqdm import tqdm
+
+    rows = list(MATRIX if rows is None else rows)
+    out.mkdir(parents=True, exist_ok=True)
+    record = out / f"matrix-actions-{seed}.json"
+    state = json.loads(record.read_text()) if record.exists() else {
+        "seed": seed, "segment": segment, "n_ctx": n_ctx, "segments": {}}
+    if (state["segment"], state["n_ctx"]) != (segment, n_ctx):
+        raise SystemExit(f"{record} was run with --segment {state['segment']} and --ctx "
+                         f"{state['n_ctx']}: resume with those, or use another --seed")
+    done: dict[str, dict[str, dict]] = state["segments"]
+    plan = segment_plan(n_actions, segment, rows)
+    deadline = time.monotonic() + minutes * 60 if minutes is not None else None
+    finished = sum(size for r, i, size in plan if str(i) in done.get(rows[r].name, {}))
+    bar = tqdm(total=n_actions, initial=finished, unit="action", file=sys.stderr,
+               dynamic_ncols=True, disable=not progress)
+    shared_cache = work / "machine-cache"  # this machine's measurements, made once
+    shared_cache.mkdir(parents=True, exist_ok=True)
+    n_parted = sum(r["divergences"] for row in done.values() for r in row.values())
+    try:
+        for r, i, size in plan:
+            row = rows[r]
+            if str(i) in done.get(row.name, {}):
+                continue
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            model, draft = matrix_model(row.kind, out / "models")
+            folder = work / f"{row.name.replace(' ', '-')}-{i}"
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            (folder / "cache").symlink_to(shared_cache.resolve(), target_is_directory=True)
+            bar.set_description(f"{row.name} #{i}")
+            bar.set_postfix(parted=n_parted)
+
+            def heard(action: Action, found: Divergence | None, where: str = f"{row.name} "
+                      f"#{i}") -> None:
+                bar.update(1)
+                if found is not None:
+                    bar.write(f"{where}: {action.kind} parted: {found.what:.120}")
+
+            result = run_for(seed * 1_000_000 + r * 10_000 + i, float("inf"), model,
+                             row.drafters, n_ctx, prompts, out, folder, max_actions=size,
+                             draft_model=draft, flash_attn=row.flash_attn, on_action=heard)
+            bar.update(size - result["actions"])  # the rest of a segment that parted
+            n_parted += result["divergences"]
+            done.setdefault(row.name, {})[str(i)] = result
+            shutil.rmtree(folder, ignore_errors=True)
+            partial = record.with_suffix(".json.part")
+            partial.write_text(json.dumps(state, indent=1))
+            partial.replace(record)  # whole or not at all, if the run is killed here
+    finally:
+        bar.close()
+    return matrix_actions_summary(state, n_actions)
+
+
+def matrix_actions_summary(state: dict, n_actions: int) -> dict:
+    """A ``run_matrix_actions`` record's totals: actions, tokens, divergences, cases, each
+    kind's count and mean seconds, what the features reached, and each row's drafts
+    kept and taken back."""
+    results = [r for row in state["segments"].values() for r in row.values()]
+    seconds: dict[str, list[float]] = {}
+    reached: dict[str, int] = {}
+    for r in results:
+        for kind, (n, s) in r.get("seconds", {}).items():
+            seconds.setdefault(kind, [0, 0.0])
+            seconds[kind][0] += n
+            seconds[kind][1] += s
+        for feature, n in r.get("features", {}).items():
+            reached[feature] = reached.get(feature, 0) + n
+    rows = {}
+    for name, segments in state["segments"].items():
+        drafts = {}
+        for r in segments.values():
+            for d in r["drafters"]:
+                kept, back = drafts.get(d, (0, 0))
+                drafts[d] = (kept + r.get("accepted", {}).get(d, 0),
+                             back + r.get("rejected", {}).get(d, 0))
+        rows[name] = {"segments": len(segments),
+                      "actions": sum(r["actions"] for r in segments.values()),
+                      "divergences": sum(r["divergences"] for r in segments.values()),
+                      "accepted/rejected": {d: f"{a}/{b}" for d, (a, b) in drafts.items()}}
+    return {"asked": n_actions, "actions": sum(r["actions"] for r in results),
+            "tokens": sum(r["tokens"] for r in results),
+            "divergences": sum(r["divergences"] for r in results),
+            "cases": [c for r in results for c in r["cases"]],
+            "errors": [e for r in results for e in r["errors"]],
+            "wall_s": round(sum(r["wall_s"] for r in results), 1),
+            "mean_s": {k: round(s / n, 1) for k, (n, s) in sorted(seconds.items())},
+            "features": dict(sorted(reached.items())), "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     import tempfile
 
@@ -771,7 +901,9 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m tests.differential", description=__doc__)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--minutes", type=float, default=5.0)
+    p.add_argument("--minutes", type=float, default=None,
+                   help="how long to run (default 5; with --actions: no limit, and no "
+                        "segment starts after it)")
     p.add_argument("--model", type=Path, default=None, help="GGUF (default: bundled)")
     p.add_argument("--drafters", default="memory,lookup,head,eagle3")
     p.add_argument("--ctx", type=int, default=1024, help="small: long chats shift")
@@ -784,7 +916,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="the target's flash attention (auto: this CPU's rule)")
     p.add_argument("--matrix", action="store_true",
                    help="every MATRIX model and drafter, sharing the minutes")
+    p.add_argument("--actions", type=int, default=None,
+                   help="with --matrix: this many actions, shared as the minutes are, in "
+                        "segments that a rerun resumes after (matrix-actions-SEED.json)")
+    p.add_argument("--segment", type=int, default=50,
+                   help="actions in each segment of --actions (fresh sessions each)")
     args = p.parse_args(argv)
+    if args.actions is not None and not args.matrix:
+        p.error("--actions runs over the matrix: give --matrix too")
+    minutes = 5.0 if args.minutes is None else args.minutes
     with tempfile.TemporaryDirectory() as tmp:
         if args.replay is not None:
             case = load_case(args.replay)
@@ -795,12 +935,16 @@ def main(argv: list[str] | None = None) -> int:
             return 1 if found else 0
         prompts = [json.loads(line) for line in args.prompts.read_text().splitlines()
                    if line.strip()]
+        if args.actions is not None:
+            summary = run_matrix_actions(args.seed, args.actions, args.segment, args.ctx,
+                                         prompts, args.out, Path(tmp), minutes=args.minutes)
+            print(json.dumps(summary, indent=1))
+            return 1 if summary["divergences"] else 0
         if args.matrix:
-            result = run_matrix(args.seed, args.minutes, args.ctx, prompts, args.out,
-                                Path(tmp))
+            result = run_matrix(args.seed, minutes, args.ctx, prompts, args.out, Path(tmp))
             print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
             return 1 if result["divergences"] else 0
-        result = run_for(args.seed, args.minutes, args.model or default_model_path(),
+        result = run_for(args.seed, minutes, args.model or default_model_path(),
                          args.drafters.split(","), args.ctx, prompts, args.out, Path(tmp),
                          draft_model=args.draft_model,
                          flash_attn={"auto": None, "on": True, "off": False}[args.flash_attn])

@@ -402,3 +402,57 @@ def test_a_wrong_token_from_a_prediction_parts(sampled: bool, model_path: Path,
         assert "parts from plain's" in found.what, found
     finally:
         s.close()
+
+
+# --- a run of N actions over the matrix, in segments that resume ----------------------
+def test_the_actions_are_shared_among_the_rows_in_segments_taken_in_turn() -> None:
+    from tests.differential import segment_plan
+
+    rows = [MatrixRow("a", "bundled", ["lookup"], 1.0), MatrixRow("b", "qwen3", ["lookup"], 1.5)]
+    plan = segment_plan(1001, 100, rows)
+    per_row = [sum(n for r, _, n in plan if r == k) for k in range(2)]
+    assert per_row == [400, 601] and sum(per_row) == 1001
+    assert plan[:4] == [(0, 0, 100), (1, 0, 100), (0, 1, 100), (1, 1, 100)]
+    assert plan[-1] == (1, 6, 1)  # b's last, short segment
+    assert all(n <= 100 for _, _, n in plan)
+    for k in range(2):  # each row's segments numbered in order
+        assert [i for r, i, _ in plan if r == k] == list(range(len([1 for r, _, _ in plan
+                                                                      if r == k])))
+
+
+def test_a_matrix_run_of_n_actions_resumes_after_its_segments(
+        dev_prompts: list[dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two actions, then asked for three: the first segment is not run again, the second
+    runs alone, and the counts add up."""
+    import json
+
+    import tests.differential as differential
+    from tests.differential import run_matrix_actions
+
+    rows = [MatrixRow("bundled", "bundled", ["lookup"], 1.0)]
+    out = tmp_path / "out"
+    first = run_matrix_actions(4, 2, 2, 1024, dev_prompts, out, tmp_path / "work", rows,
+                               progress=False)
+    assert first["actions"] == 2 and first["divergences"] == 0, first
+    record = out / "matrix-actions-4.json"
+    before = json.loads(record.read_text())["segments"]["bundled"]
+    assert list(before) == ["0"]
+
+    seeds: list[int] = []
+    run_for = differential.run_for
+
+    def counted(seed: int, *args: Any, **kwargs: Any) -> dict:
+        seeds.append(seed)
+        return run_for(seed, *args, **kwargs)
+
+    monkeypatch.setattr(differential, "run_for", counted)
+    again = run_matrix_actions(4, 3, 2, 1024, dev_prompts, out, tmp_path / "work", rows,
+                               progress=False)
+    assert seeds == [4_000_001]  # segment 1 only
+    after = json.loads(record.read_text())["segments"]["bundled"]
+    assert after["0"] == before["0"] and after["1"]["actions"] == 1
+    assert again["actions"] == 3 and again["divergences"] == 0, again
+    assert again["mean_s"] and again["rows"]["bundled"]["segments"] == 2, again
+    with pytest.raises(SystemExit, match="--segment 2"):
+        run_matrix_actions(4, 3, 5, 1024, dev_prompts, out, tmp_path / "work", rows,
+                           progress=False)
