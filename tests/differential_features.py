@@ -167,12 +167,15 @@ class DocumentTurn:
     def __init__(self, store: ConversationStore, history: list[dict[str, str]],
                  action: Action) -> None:
         self.store = store
+        # A system message is the conversation's system prompt there (a tool offer).
+        system = "\n\n".join(m["content"] for m in history if m["role"] == "system")
         self.conv = store.create_conversation(
-            "differential", settings=ChatSettings(max_tokens=action.max_tokens,
-                                                  temperature=TEMPERATURE if action.seed
-                                                  is not None else 0.0, seed=action.seed))
+            "differential", system, ChatSettings(max_tokens=action.max_tokens,
+                                                 temperature=TEMPERATURE if action.seed
+                                                 is not None else 0.0, seed=action.seed))
         for m in history:
-            store.add_message(self.conv.id, m["role"], m["content"])
+            if m["role"] != "system":
+                store.add_message(self.conv.id, m["role"], m.get("content") or "")
         self.msg = store.add_message(self.conv.id, "user", action.text)
         document = Document("notes.txt", "text", action.extra)
         self.attachments = [store.add_attachment(self.conv.id, document, self.msg.id)]
