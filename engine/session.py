@@ -193,10 +193,10 @@ class Engine:
             raise
         # The budget starts from the calibrated curve where there is one and learns on.
         costs = self.plans.costs
-        curve = costs.verify_s.get(self._target_device) if costs is not None else None
+        curve = costs.verify_s.get(target_device(self.target)) if costs is not None else None
         self.cost = VerifyCostModel.from_curve(curve) if curve else VerifyCostModel()
         if self.plan is not None:
-            self.plans.watch(self.plan, self._target_device)
+            self.plans.watch(self.plan, target_device(self.target))
         if self.threads is not None:
             self.threads.idle()
 
@@ -302,10 +302,6 @@ class Engine:
             self._memory_file.save(self.memory)
 
     # --- plans that stay right ----------------------------------------------------------
-    @property
-    def _target_device(self) -> str:
-        return "gpu" if self.target.n_gpu_layers else "cpu"
-
     @property
     def costs(self) -> CostProfile | None:
         return self.plans.costs
@@ -477,16 +473,14 @@ class Engine:
 
     @property
     def prediction_budget(self) -> int:
-        """The longest draft a prediction may make where the target runs now
-        (engine.planning.prediction_budget)."""
+        """The longest draft a prediction may make where the target runs now."""
         return prediction_budget(self.model.why_plain, self.verifies_exactly,
                                  self.target.n_gpu_layers, self.config.drafter,
                                  self.target.max_draft)
 
     @property
     def verifies_exactly(self) -> bool:
-        """Whether a verified batch equals one-token decoding on the kernels the target
-        runs on now: the CPU probe's verdict, or the GPU probe's once a layer is there."""
+        """Whether verifying equals one-token decoding where the target runs now."""
         return verifies_exactly(self.kernels.exact if self.kernels is not None else None,
                                 self.target.n_gpu_layers, self.plans.gpu_exact)
 
@@ -527,12 +521,7 @@ class Engine:
         return f"KV cache {self.config.kv_cache}: {KV_TRADE_OFF[self.config.kv_cache]}"
 
     def describe(self) -> str:
-        """One line: model, threads, and what drafts."""
-        how = self.plan.layout_text() if self.plan is not None else \
-            f"drafter: {self.drafter_name}"
-        if self.workers and self.plan is None:  # a plan's layout names them already
-            how += "; target on " + ", ".join(w.endpoint for w in self.workers)
-        return f"{self.model.path.name} ({self.n_threads} threads; {how})"
+        return describe_engine(self)
 
     # --- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
@@ -576,6 +565,20 @@ def target_notes(name: str, target: Target) -> list[str]:
     elif target.template.origin != OWN_TEMPLATE:
         notes.append(f"{name} has no chat template: chat format {target.template.origin}")
     return notes
+
+
+def target_device(target: Target) -> str:
+    """Where the target's verification costs are kept: "gpu" with a layer there."""
+    return "gpu" if target.n_gpu_layers else "cpu"
+
+
+def describe_engine(engine: Engine) -> str:
+    """One line: model, threads, and what drafts."""
+    how = engine.plan.layout_text() if engine.plan is not None else \
+        f"drafter: {engine.drafter_name}"
+    if engine.workers and engine.plan is None:  # a plan's layout names them already
+        how += "; target on " + ", ".join(w.endpoint for w in engine.workers)
+    return f"{engine.model.path.name} ({engine.n_threads} threads; {how})"
 
 
 def loaded_memory(engine: object) -> MemoryNeed | None:
