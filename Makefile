@@ -27,7 +27,7 @@ else
 LLAMA_CMAKE_ARGS ?= -DGGML_LLAMAFILE=ON -DGGML_RPC=ON
 endif
 
-.PHONY: run test test-slow lint bench stress install clean dist dist-check
+.PHONY: run test test-slow lint bench stress install clean dist dist-check differential
 
 install: $(STAMP)
 
@@ -65,6 +65,14 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# The differential over the whole matrix, N actions in checkpointed segments: a rerun
+# with the same SEED resumes (10,000 actions take 5-8 hours on 2 quiet cores).
+ACTIONS ?= 10000
+SEED ?= 1
+differential: $(STAMP)
+	$(PY) -m tests.differential --matrix --actions $(ACTIONS) --seed $(SEED) \
+		--out differential-cases
 
 bench: $(STAMP)
 	$(VENV)/bin/tandem bench --prompts training/data/spec_bench_dev.jsonl --per-category 5 \
