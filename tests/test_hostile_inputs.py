@@ -76,6 +76,13 @@ def unblocking(path: Path) -> threading.Thread:
     return thread
 
 
+def fifo_at(path: Path) -> Path:
+    """A FIFO at ``path`` that a reader which opens it cannot block on for good."""
+    os.mkfifo(path)
+    unblocking(path)
+    return path
+
+
 def docx_with(parts: dict[str, bytes], compression: int = zipfile.ZIP_DEFLATED) -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression) as z:
@@ -193,16 +200,14 @@ def html_hidden_text_is_not_read(tmp: Path) -> None:
 @case
 def fifo_named_like_a_text(tmp: Path) -> None:
     path = tmp / "notes.txt"
-    os.mkfifo(path)
-    unblocking(path)
+    fifo_at(path)
     refused(lambda: read_document(path), DocumentError, "notes.txt")
 
 
 @case
 def fifo_named_like_a_pdf(tmp: Path) -> None:
     path = tmp / "paper.pdf"
-    os.mkfifo(path)
-    unblocking(path)
+    fifo_at(path)
     refused(lambda: read_document(path), DocumentError, "paper.pdf")
 
 
@@ -280,8 +285,7 @@ def document_block_cannot_be_closed_early(tmp: Path) -> None:
 @case
 def mcp_json_fifo(tmp: Path) -> None:
     path = tmp / "mcp.json"
-    os.mkfifo(path)
-    unblocking(path)
+    fifo_at(path)
     refused(lambda: read_mcp_json(path), ToolConfigError, "not a regular file")
 
 
@@ -392,8 +396,7 @@ def files_server_hidden_folders(tmp: Path) -> None:
 @case
 def files_server_fifo(tmp: Path) -> None:
     folder, _ = _folder(tmp)
-    os.mkfifo(folder.root / "pipe.txt")
-    unblocking(folder.root / "pipe.txt")
+    fifo_at(folder.root / "pipe.txt")
     keeps_out(lambda: folder.read_file("pipe.txt"), "harbour")
     folder.search_files("harbour")  # returns: the FIFO is not opened
 
@@ -420,8 +423,7 @@ def tool_list_flood(tmp: Path) -> None:
 @case
 def import_fifo(tmp: Path) -> None:
     path = tmp / "chat.json"
-    os.mkfifo(path)
-    unblocking(path)
+    fifo_at(path)
     refused(lambda: read_import(path), ValueError, "not a regular file")
 
 
