@@ -166,7 +166,7 @@ def test_a_server_that_dies_mid_call_leaves_the_chat_usable(
     (call,) = cards(w)
     assert call["state"] == FAILED and "stopped answering" in call["result"]
     assert w.tool_servers.status("t").state == "failed"
-    assert "✖ t" in w.tools_panel.list.item(0).text()
+    qtbot.waitUntil(lambda: "✖ t" in w.tools_panel.list.item(0).text(), timeout=10_000)
     # No tools run now: the next message is answered as a plain chat.
     with qtbot.waitSignal(w.controller.answer_finished, timeout=ANSWER_TIMEOUT_MS):
         type_and_send(qtbot, w, "Hello?")
@@ -251,7 +251,14 @@ def test_servers_from_an_mcp_json_start_only_after_the_user_says_yes(
     qtbot.waitUntil(lambda: w.tool_servers.status("files").state == RUNNING
                     and w.tool_servers.status("broken").state == "failed", timeout=30_000)
     assert not marker.exists() and w.tool_servers.status("sneaky").state == "stopped"
-    lines = [w.tools_panel.list.item(i).text() for i in range(w.tools_panel.list.count())]
+
+    def panel_lines() -> list[str]:
+        return [w.tools_panel.list.item(i).text() for i in range(w.tools_panel.list.count())]
+
+    # The panel hears of a state change through a queued signal: wait for it, not the state.
+    qtbot.waitUntil(lambda: panel_lines()[0].startswith("● ")
+                    and panel_lines()[1].startswith("✖ "), timeout=10_000)
+    lines = panel_lines()
     assert lines[0].startswith("● files") and "tools" in lines[0]
     assert lines[1].startswith("✖ broken")
     assert "The tool server broken failed" in w.statusBar().currentMessage()
