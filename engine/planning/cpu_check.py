@@ -4,7 +4,8 @@ The packaged build ships one CPU library per instruction-set level, and ggml loa
 one a processor runs: most laptops run the AVX2 (haswell) one, whatever machine the bundle
 was built and tested on. So each level this CPU can run is loaded in turn, in a process of
 its own (``TANDEM_CPU_VARIANT``), and checked for what the lossless contract rests on:
-- the repacked kernels sum a row inside a batch as they sum it alone (bit for bit);
+- the repacked kernels and the attention kernel sum a row inside a batch as they sum it
+  alone (bit for bit);
 - the exactness probe on Q4_0, Q4_K_M, Q6_K and IQ4_XS copies of the bundled weights, and
   the kernel settings it keeps (repacking off, or short batches, where a level is not
   batch-invariant: the plan then says so);
@@ -69,7 +70,7 @@ class LevelCheck:
         if not self.runnable:
             return False
         return (self.status != "checked" or self.loaded != self.level
-                or any(k["status"] == "differs" for k in self.kernels)
+                or any(k["status"] in ("differs", "far") for k in self.kernels)
                 or not self.models or any(m.failed for m in self.models))
 
     @classmethod
@@ -149,12 +150,13 @@ def check_model(weight_type: str, path: Path, n_threads: int) -> ModelCheck:
 
 def check_this_process(level: str, models: dict[str, Path], n_threads: int) -> LevelCheck:
     """``level``'s checks on the CPU library this process loaded."""
+    from engine.runtime.attention_check import check_loaded_attention
     from engine.runtime.native import loaded_cpu_variant
     from engine.runtime.repack_check import check_loaded_library
 
     t0 = time.monotonic()
     result = LevelCheck(level, loaded=loaded_cpu_variant())
-    result.kernels = [asdict(k) for k in check_loaded_library()]
+    result.kernels = [asdict(k) for k in (*check_loaded_library(), *check_loaded_attention())]
     for weight_type, path in models.items():
         try:
             result.models.append(check_model(weight_type, path, n_threads))
@@ -206,7 +208,7 @@ def table(results: list[LevelCheck]) -> str:
             lines.append(f"| {r.level} | - | - | {r.status} | - | - |")
             continue
         exact = sum(k["status"] == "exact" for k in r.kernels)
-        built = sum(k["status"] in ("exact", "differs") for k in r.kernels)
+        built = sum(k["status"] in ("exact", "differs", "far") for k in r.kernels)
         kernels = f"{exact} of {built} exact" if built else "none built"
         for m in r.models:
             kept = ("repack" if m.repack else "no repack") + (
