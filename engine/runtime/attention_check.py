@@ -6,7 +6,7 @@ F16 K, an F16 V, three query heads per KV head, causal masks as llama.cpp writes
 computes the same rows in batches of 1, 2, 3, 5, 8, 16, 31 and 64 tokens, with 1-4 threads,
 over a cache cut right after the batch or padded to 256 cells as llama.cpp pads it. Every
 row must equal, as bits, the row computed alone; and it must be close to attention worked
-out in float64 from the same (dequantized) K and Q (ggml's own one-row path is ~1e3 times
+out in float64 from the same (dequantized) K and V (ggml's own one-row path is ~1e3 times
 further off: it sums V in F16).
 
 A self-check of the build, as engine.runtime.repack_check is: tests/test_attention_kernel.py
@@ -165,18 +165,14 @@ def _dequantize_q8_0(blocks: np.ndarray) -> np.ndarray:
 
 def _float64_row(g: _Ggml, cache: _Cache, pos: int) -> np.ndarray:
     """The token at ``pos`` attending to cells 0..pos, in float64 from the values the
-    kernel multiplies (K as stored; Q rounded to K's dot type, as ggml rounds it)."""
+    kernel multiplies (K and V as stored, Q in F32)."""
     n = pos + 1
     out = np.empty((N_HEAD, HEAD_DIM))
     for h in range(N_HEAD):
-        q = cache.q[pos, h]
+        q64 = cache.q[pos, h].astype(np.float64)
         if cache.k_type == GGML_TYPE_Q8_0:
-            qb = np.empty(HEAD_DIM // 32 * 34, dtype=np.uint8)
-            g.quantize_q8_0(q.ctypes.data, qb.ctypes.data, HEAD_DIM)
-            q64 = _dequantize_q8_0(qb)
             k64 = np.stack([_dequantize_q8_0(row) for row in cache.k[:n, h // GROUP]])
         else:
-            q64 = q.astype(np.float16).astype(np.float64)
             k64 = cache.k[:n, h // GROUP].copy().view(np.float16).astype(np.float64)
         s = k64 @ q64 / np.sqrt(HEAD_DIM)
         w = np.exp(s - s.max())
