@@ -246,15 +246,24 @@ def test_verification_stays_exact_over_a_4k_context(aligned_q4_k_m):
     assert probe.context >= LONG_CONTEXT - 1 and probe.exact, probe.describe()
 
 
-def test_an_f16_cache_splits_one_token_attention_from_512_cells(aligned_q4_k_m):
-    """The control: with flash attention and F16 keys, ggml attends a single query over
-    512+ cells in chunks per thread (flash decoding), a batch row over all cells at once;
-    the probe sees it. (Tandem decodes without flash attention: NativeContext says why.)"""
+def test_an_f16_cache_is_exact_only_through_the_one_attention_kernel(aligned_q4_k_m):
+    """The control: with flash attention and F16 keys, ggml's own kernels attend a single
+    query over 512+ cells in chunks per thread (flash decoding), a batch row over all
+    cells at once; the probe sees it. Tandem's kernel (packaging/llama-cpp/
+    tiled-attention.patch) takes every batch size the same way: exact."""
+    from engine.runtime.llama_bindings import use_tiled_attention
+
     config = TargetConfig(n_ctx=4096, n_threads=2, repack=False, type_k="f16",
                           type_v="f16", flash_attn=True)
     with Target(aligned_q4_k_m, config) as target:
         probe = probe_exactness(target, context=LONG_CONTEXT)
-    assert not probe.exact and "after" in probe.describe()
+        assert probe.exact, probe.describe()
+        use_tiled_attention(False)
+        try:
+            stock = probe_exactness(target, context=LONG_CONTEXT)
+        finally:
+            use_tiled_attention(True)
+    assert not stock.exact and "after" in stock.describe()
 
 
 def test_a_cpu_target_keeps_its_batches_on_the_cpu(target, model_path):

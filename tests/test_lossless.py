@@ -77,17 +77,24 @@ def test_lookup_greedy_equals_plain(target, prompts_and_plain, branches):
     assert n_proposed > n_accepted  # and some were wrong, so rejection was exercised
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()
 def tree_target(model_path):
-    """A target with flash attention, which verifies trees (the CPU's default target
-    runs without it and verifies each tree's best chain: Target.trees)."""
-    with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2, flash_attn=True)) as t:
-        yield t
+    """A target that verifies trees: flash attention through ggml's own one-row kernel
+    (Tandem's tiled kernel sums by cell layout, so a CPU target with it verifies each
+    tree's best chain: Target.trees)."""
+    from engine.runtime.llama_bindings import use_tiled_attention
+
+    use_tiled_attention(False)
+    try:
+        with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2, flash_attn=True)) as t:
+            yield t
+    finally:
+        use_tiled_attention(True)
 
 
 @pytest.mark.parametrize("trees", [False, True], ids=["best-chain", "tree"])
-def test_noisy_tree_drafts_equal_plain(target, tree_target, prompts_and_plain, trees):
-    verifier = tree_target if trees else target
+def test_noisy_tree_drafts_equal_plain(request, target, prompts_and_plain, trees):
+    verifier = request.getfixturevalue("tree_target") if trees else target
     assert verifier.trees is trees
     rows = prompts_and_plain[0][:10]
     # Flash attention sums otherwise: the tree target's own plain answers.
@@ -102,13 +109,13 @@ def test_noisy_tree_drafts_equal_plain(target, tree_target, prompts_and_plain, t
             assert any(s.n_accepted < s.n_proposed for s in out.stats.steps)
 
 
-def test_multi_turn_prefix_reuse_equals_cold_start(tree_target, prompts_and_plain):
+def test_multi_turn_prefix_reuse_equals_cold_start(target, prompts_and_plain):
     """With every prompt prefilled in the Q8_0 cache by flash attention, the cache's
     history does not matter: a second turn on a warm cache writes what it writes from a
     cold one. (Without flash attention the prompt kernels sum a prompt's attention too,
     so cells read as a prompt differ from cells decoded, as the F16 context's do: drafted
     and plain sessions share the history, so they stay identical.)"""
-    target = tree_target
+    assert target.flash_attn  # the CPU rule: the one attention kernel
     rows = prompts_and_plain[0]
     row = next(r for r in rows if len(r["turns"]) == 2)
     prompt, first = plain_answers(target, [row], MAX_TOKENS)[row["question_id"]]

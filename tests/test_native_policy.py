@@ -63,14 +63,19 @@ def test_the_wrapper_makes_what_it_is_given(model_path: Path):
                 ctx.check_decode(2, 1, "head batch", call="llama_process")
 
 
-def test_a_cpu_target_with_a_float_v_runs_without_flash_attention(model_path) -> None:  # noqa: ANN001
-    """The rule (``choose_flash_attn``): off on the CPU with the exact mode's Q8_0 K and
+def test_a_cpu_target_runs_flash_attention_through_the_one_kernel(model_path) -> None:  # noqa: ANN001
+    """The rule (``choose_flash_attn``): on the CPU, on with Tandem's batch-invariant
+    attention kernel; without it (ggml's own paths) off with the exact mode's Q8_0 K and
     F16 V, on with a quantized V (llama.cpp needs it) or an F16 K (the fast mode), on a
     GPU or workers, and as asked."""
+    from engine.runtime.llama_bindings import tiled_attention_on, use_tiled_attention
     from engine.runtime.native import NativeModel, choose_flash_attn
 
     model = NativeModel(model_path)
+    assert tiled_attention_on(), "the build lacks packaging/llama-cpp/tiled-attention.patch"
     try:
+        assert choose_flash_attn(None, model, "q8_0", "f16", on_cpu=True) is True
+        use_tiled_attention(False)
         assert choose_flash_attn(None, model, "q8_0", "f16", on_cpu=True) is False
         assert choose_flash_attn(None, model, "q8_0", "q8_0", on_cpu=True) is True
         assert choose_flash_attn(None, model, "f16", "f16", on_cpu=True) is True  # fast mode
@@ -78,6 +83,7 @@ def test_a_cpu_target_with_a_float_v_runs_without_flash_attention(model_path) ->
         assert choose_flash_attn(True, model, "q8_0", "f16", on_cpu=True) is True
         assert choose_flash_attn(False, model, "q8_0", "q8_0", on_cpu=True) is True  # V
     finally:
+        use_tiled_attention(True)
         model.close()
     from engine.runtime.native_policy import flash_attn_by_rule
 
@@ -87,8 +93,8 @@ def test_a_cpu_target_with_a_float_v_runs_without_flash_attention(model_path) ->
 
 def test_the_flash_attention_flag_reaches_the_target(model_path: Path) -> None:
     """``--flash-attn on|off|auto`` (every command) sets EngineConfig.flash_attn, and the
-    target runs as asked; auto is the rule (off on this CPU with the exact cache). A
-    target with it verifies trees, one without chains only."""
+    target runs as asked; auto is the rule (on: the one attention kernel on this CPU,
+    a GPU offloads). A target with it verifies trees, one without chains only."""
     import argparse
 
     from app.cli.common import add_model_args, engine_config
@@ -104,6 +110,6 @@ def test_the_flash_attention_flag_reaches_the_target(model_path: Path) -> None:
         assert config.flash_attn is {"on": True, "off": False, "auto": None}[flag]
         with Engine(config) as engine:
             target = engine.target
-            # auto: off where the layers run on this CPU (a machine with a GPU offloads)
-            on = {"on": True, "off": False, "auto": bool(target.config.n_gpu_layers)}[flag]
-            assert target.flash_attn is on and target.trees is on, flag
+            on = {"on": True, "off": False, "auto": True}[flag]
+            # The tiled kernel sums by cell layout: a CPU target verifies chains.
+            assert target.flash_attn is on and target.trees is False, flag

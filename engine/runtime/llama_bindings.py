@@ -12,6 +12,7 @@ import ctypes
 import functools
 import hashlib
 import logging
+import os
 import threading
 from collections import deque
 from pathlib import Path
@@ -81,14 +82,17 @@ def on_native_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
 
 def ensure_backend() -> None:
     """Start llama.cpp's backend once per process (log capture, a portable build's CPU
-    library)."""
+    library, the batch-invariant attention kernel on)."""
     global _backend_ready
     with _backend_lock:
-        if not _backend_ready:
+        first = not _backend_ready
+        if first:
             llama_cpp.llama_log_set(on_native_log, ctypes.c_void_p(0))
             load_backend_libraries(lib_dir())
             llama_cpp.llama_backend_init()
             _backend_ready = True
+    if first:
+        use_tiled_attention(os.environ.get("TANDEM_TILED_ATTENTION", "1") != "0")
 
 
 def lib_dir() -> Path:
@@ -255,3 +259,32 @@ def layer_input_api() -> dict[str, Any] | None:
                               [c_model], ctypes.c_uint32),
     }
     return None if any(f is None for f in api.values()) else api
+
+
+@functools.cache
+def _tiled_attention_switches() -> tuple[Any, Any] | None:
+    """(set, get) of the CPU library's batch-invariant attention kernel
+    (packaging/llama-cpp/tiled-attention.patch); None in a build without it."""
+    lib = ggml_cpu_library()
+    setter = getattr(lib, "ggml_cpu_set_batch_invariant_attention", None)
+    getter = getattr(lib, "ggml_cpu_get_batch_invariant_attention", None)
+    if setter is None or getter is None:
+        return None
+    setter.argtypes, setter.restype = [ctypes.c_bool], None
+    getter.argtypes, getter.restype = [], ctypes.c_bool
+    return setter, getter
+
+
+def use_tiled_attention(on: bool) -> None:
+    """Every CPU flash-attention op of this process through the one batch-invariant
+    kernel (Tandem's default; TANDEM_TILED_ATTENTION=0 keeps ggml's own three paths, for
+    comparisons). A no-op in a build without it."""
+    switches = _tiled_attention_switches()
+    if switches is not None:
+        switches[0](on)
+
+
+def tiled_attention_on() -> bool:
+    """Whether CPU flash attention runs the batch-invariant kernel now."""
+    switches = _tiled_attention_switches()
+    return switches is not None and bool(switches[1]())

@@ -57,6 +57,7 @@ from engine.runtime.native_policy import (
     choose_flash_attn,
     context_params,
     kernel_settings,
+    trees_exact,
 )
 from engine.runtime.native_quantize import FTYPE_Q4_0, FTYPES, ftype_named, quantize
 
@@ -69,5 +70,6 @@ __all__ = [
     "cpu_build_identity", "cpu_variants", "ensure_backend", "ftype_named",
     "ggml_cpu_library", "ggml_row_kernels", "json_object_gbnf", "json_schema_gbnf",
     "kernel_settings", "lib_dir", "llama_version", "loaded_cpu_variant", "mapped_library",
-    "native_argmax", "prompt_kernels", "prompt_kernels_available", "quantize", "utf8_bytes",
+    "native_argmax", "prompt_kernels", "prompt_kernels_available", "quantize", "trees_exact",
+    "utf8_bytes",
 ]

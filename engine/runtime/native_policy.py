@@ -11,7 +11,7 @@ import os
 
 from engine.runtime.decode_gate import prompt_kernels_available
 from engine.runtime.kv_cache import TYPE_K, TYPE_V
-from engine.runtime.llama_bindings import ggml_cpu_library
+from engine.runtime.llama_bindings import ggml_cpu_library, tiled_attention_on
 from engine.runtime.native_context import ContextParams, LlamaContext
 from engine.runtime.native_model import NativeModel
 
@@ -101,11 +101,30 @@ def flash_attn_by_rule(type_k: str, type_v: str, on_cpu: bool, latent_attention:
     layer's window (the CPU kernel skips masked cells and whole masked tiles) where the
     matrix path computes them all, so its windowed layers cost a window, not the context
     (a Gemma 3 1B shape after 8k tokens: prompts 327-366 tok/s against 280-295, decoding
-    72.6-80.4 against 69.9-73.5)."""
-    if sliding_window:
+    72.6-80.4 against 69.9-73.5).
+
+    On this machine's CPU with Tandem's attention kernel (packaging/llama-cpp/
+    tiled-attention.patch) it is on for every cache type: one kernel for every batch size,
+    bit-identical rows whatever the batch (trees included: a row's masked cells add
+    nothing), and faster than the matrix path (docs/benchmarks.md: "One attention
+    kernel")."""
+    if sliding_window or (on_cpu and tiled_attention_on()):
         return True
     return not (on_cpu and type_v in _FLOAT_TYPES and type_k not in _FLOAT_TYPES
                 and not latent_attention)
+
+
+def trees_exact(flash_attn: bool, n_gpu_layers: int, n_layer: int) -> bool:
+    """Whether a target's attention sums a tree's rows as one token at a time sums them:
+    with flash attention (``choose_flash_attn``), and where no layer runs through Tandem's
+    CPU kernel (packaging/llama-cpp/tiled-attention.patch). That kernel is exact for
+    every batch of cells laid out as one token at a time lays them out, but its 64-cell
+    tiles and vector sums are anchored at cell indices, and a tree leaves its kept tokens
+    between freed or parked cells (a noisy tree's answer parted from plain decoding at
+    token 34): layers on this machine's CPU (a worker runs the same library) verify
+    chains, whose cells match. Every layer on a GPU (``n_gpu_layers`` > ``n_layer``)
+    keeps trees."""
+    return flash_attn and not (tiled_attention_on() and n_gpu_layers <= n_layer)
 
 
 class NativeContext(LlamaContext):

@@ -34,6 +34,7 @@ from engine.runtime.native import (
     NativeContext,
     NativeModel,
     choose_flash_attn,
+    trees_exact,
 )
 from engine.runtime.native_rpc import cpu_overrides, device_array, worker_devices
 from engine.runtime.prefill import Prefill, PromptReader
@@ -247,9 +248,10 @@ class Target:
     @property
     def trees(self) -> bool:
         """Whether a draft tree can be verified (else chains only): the architecture
-        allows it, and flash attention sums a tree's rows as one token's
-        (``choose_flash_attn``)."""
-        return self.arch.trees and self.flash_attn
+        allows it and the attention kernels sum a tree's rows as one token's
+        (``native_policy.trees_exact``)."""
+        return self.arch.trees and trees_exact(self.flash_attn, self.n_gpu_layers,
+                                               self.model.n_layer)
 
     @property
     def max_draft(self) -> int | None:
