@@ -133,6 +133,23 @@ def warm_memories(runners: dict[str, Runner], prompts: list[list[int]], max_toke
             run(prompt, max_tokens, True)
 
 
+def _run_speed(row: dict[str, Any]) -> float:
+    return (row["new_tokens"] - 1) / row["decode_seconds"] if row["decode_seconds"] > 0 else 0.0
+
+
+def median_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median decode time (the lower middle of an even count)."""
+    ordered = sorted(rows, key=lambda r: r["decode_seconds"])
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def _spread(rows: list[dict[str, Any]]) -> float:
+    """The median over prompts of (fastest - slowest run) / the kept run, as a share."""
+    shares = [(max(r["all_tok_per_s"]) - min(r["all_tok_per_s"])) / r["tok_per_s"]
+              for r in rows if len(r.get("all_tok_per_s", ())) > 1 and r.get("tok_per_s")]
+    return statistics.median(shares) if shares else 0.0
+
+
 def _decode_speed(rows: list[dict[str, Any]]) -> float:
     """Tokens after the first over the time after the first, summed over prompts."""
     n = sum(max(r["new_tokens"] - 1, 0) for r in rows)
@@ -172,6 +189,7 @@ def summarize(results: list[dict[str, Any]], baseline: str = DrafterKind.NONE
             table[cat][d] = {
                 "n_prompts": len(rows),
                 "tok_per_s": speed,
+                "spread": _spread(rows),
                 "ratio": speed / base if base else float("nan"),
                 "mean_accepted": statistics.fmean(r["mean_accepted"] for r in rows),
                 "ttft_s": statistics.fmean(r["ttft_s"] for r in rows),
@@ -212,6 +230,8 @@ def format_table(summary: dict[str, Any]) -> str:
         if cell is None:
             return "-"
         text = f"{cell['tok_per_s']:.1f}"
+        if cell.get("spread"):
+            text += f"±{cell['spread'] * 50:.0f}%"
         if d != base:
             text += f" {cell['ratio']:.2f}x"
         if d != base and cell["mean_accepted"] > 0:
@@ -219,7 +239,8 @@ def format_table(summary: dict[str, Any]) -> str:
         return text
 
     head = f"{'category':<16}" + "".join(f"{d:>{width}}" for d in drafters)
-    lines = [f"decode tok/s, x = ratio to '{base}', t = tokens per verification", head,
+    lines = [f"decode tok/s (median run; ± half its runs' range), x = ratio to '{base}', "
+             "t = tokens per verification", head,
              "-" * len(head)]
     for cat, row in cats.items():
         lines.append(f"{cat:<16}" + "".join(f"{speed_cell(row.get(d), d):>{width}}"
@@ -283,10 +304,12 @@ def run_bench(
 ) -> dict[str, Any]:
     """Run every runner on every prompt (drafters interleaved per prompt, their order
     rotated so no drafter always runs on a warmer machine). With ``repeat`` > 1 each
-    run is repeated, interleaved, and the fastest kept: a shared machine's noise only
-    ever adds time (``RUN_ONCE`` runners run once). The first token and the decode are
-    two measurements, each the fastest of its runs: the run with the fastest decode
-    carries one of its first tokens, which alone varies between runs.
+    run is repeated, interleaved (every runner once, then every runner again), and the
+    median run kept with every run's speed beside it (``all_tok_per_s``, the summary's
+    spread): on this machine one plain run gave 37.9 tok/s and the next 50.1, so a ratio
+    of single runs says little, and the fastest of each would favour whichever runner
+    met a quiet moment (``RUN_ONCE`` runners run once). The first token and the decode
+    are two measurements, each the median of its runs.
     ``pause_s`` of rest before each run: a run right after llama-server's started while
     the server's threads still spun on the cores, and its first token came later
     (docs/benchmarks.md: figures behind the code's rules, "The bench").
@@ -322,6 +345,7 @@ def run_bench(
                 history[name].append({"role": "user", "content": prompt.turns[turn]})
                 tokens[name] = target.chat_prompt(history[name])
             best: dict[str, dict[str, Any]] = {}
+            runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
             times: dict[str, list[float]] = defaultdict(list)
             ttfts: dict[str, list[float]] = defaultdict(list)
             for rep in range(repeat):
@@ -353,13 +377,16 @@ def run_bench(
                                             **extra)
                     except ContextFullError as exc:
                         row = {"skipped": str(exc)}
-                    prev = best.get(name)
-                    if prev is None or "skipped" in row \
-                            or row["decode_seconds"] < prev["decode_seconds"]:
+                    if "skipped" in row:
                         best[name] = row
+                    else:
+                        runs[name].append(row)
                     if "seconds" in row:
                         times[name].append(row["seconds"])
                         ttfts[name].append(row["ttft_s"])
+            for name, rows in runs.items():
+                if "skipped" not in best.get(name, {}):
+                    best[name] = median_run(rows)
             for name in order:
                 row = best.get(name)
                 if row is None or (prompt.question_id, name, turn) in done:
@@ -369,7 +396,8 @@ def run_bench(
                 row["all_seconds"] = times[name]
                 if ttfts[name]:
                     row["all_ttft_s"] = ttfts[name]
-                    row["ttft_s"] = min(ttfts[name])
+                    row["ttft_s"] = statistics.median(ttfts[name])
+                row["all_tok_per_s"] = [_run_speed(r) for r in runs[name]]
                 answer = row.pop("tokens", None)
                 if "skipped" in row:
                     skipped.append({"question_id": prompt.question_id, "drafter": name,

@@ -383,7 +383,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=Path, default=None, help="write results here (resumes)")
     p.add_argument("--fresh", action="store_true", help="ignore results already in --json")
     p.add_argument("--repeat", type=int, default=1,
-                   help="runs per prompt and drafter; the fastest is kept (noisy machines)")
+                   help="runs per prompt and drafter, interleaved; the median run is kept and the "
+                        "spread of all shown (3 or more on a noisy machine)")
     p.add_argument("--pause", type=float, default=0.25,
                    help="seconds of rest before each run, so none starts while the last "
                         "one's threads (another process's, for llama-server) still spin")
