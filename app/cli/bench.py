@@ -41,6 +41,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     from training.spec_bench import load_prompts
 
+    if args.attention is not None:
+        return _attention(args)
     if args.heal:
         return _heal(args)
     if args.workers_trend:
@@ -168,6 +170,42 @@ def document_tasks(target: Target, categories: str) -> list[BenchPrompt]:
     wanted = {c.strip() for c in categories.split(",") if c.strip()}
     prompts = document_prompts(lambda text: len(target.tokenize(text, special=False)))
     return [p for p in prompts if not wanted or p.category in wanted]
+
+
+def _attention(args: argparse.Namespace) -> int:
+    """``--attention``: verification and prompt cost through each CPU attention path at
+    long contexts (app.benchmarks.attention_bench)."""
+    from tqdm import tqdm
+
+    from app.benchmarks.attention_bench import (
+        PATHS,
+        format_attention_table,
+        run_attention_bench,
+    )
+    from app.benchmarks.long_context import long_text
+    from engine.hub.model_store import default_model_path
+    from engine.runtime.native import NativeModel
+
+    contexts = sorted(int(s) for s in args.attention.split(",") if s.strip())
+    path = args.model or default_model_path()
+    model = NativeModel(path)
+    try:
+        tokens = model.tokenize(long_text(), add_special=False, parse_special=False)
+    finally:
+        model.close()
+    repeats = max(args.repeat, 1)
+    bar = tqdm(total=len(contexts) * repeats * len(PATHS), unit="round", file=sys.stderr)
+
+    def on_round(what: str) -> None:
+        bar.set_description(what)
+        bar.update()
+    try:
+        payload = run_attention_bench(Path(path), tokens, contexts, repeats,
+                                      args.threads or default_threads(), args.json, on_round)
+    finally:
+        bar.close()
+    print(format_attention_table(payload))
+    return 0
 
 
 def _long_context(args: argparse.Namespace, names: list[str]) -> int:
@@ -359,6 +397,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "each where the model's context holds it; prompt and decode speed "
                         "and the process's peak memory (default runners none,auto,server "
                         "with --llama-server)")
+    p.add_argument("--attention", default=None, metavar="CONTEXTS",
+                   help="verification c(1..16) and the prompt's time at these "
+                        "comma-separated contexts through each CPU attention path (the "
+                        "tiled kernel, ggml's own, matrix products), interleaved "
+                        "--repeat rounds; saved after each context to --json (resumes)")
     p.add_argument("--tool-loop", action="store_true",
                    help="questions about a folder of files answered through a real MCP "
                         "server (list, read, search): the first answers of each call "
