@@ -21,22 +21,10 @@ from engine.runtime.target import Target, TargetConfig
 from tests.conftest import follow_up_with_features
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ggml_attention():
-    """ggml's own attention paths for this module: the F16 context is for them (and for
-    a copy of the weights in the faster prompt layout); with Tandem's tiled kernel a
-    target reads prompts in its own cache (the last test here)."""
-    from engine.runtime.llama_bindings import use_tiled_attention
-
-    use_tiled_attention(False)
-    yield
-    use_tiled_attention(True)
-
-
 @pytest.fixture(scope="module")
-def target(model_path, ggml_attention):
+def target(model_path):
     """A target with flash attention, whose long prompts go through the F16 context
-    (without it the target's own cache reads them: the last tests here)."""
+    (without it the target's own cache reads them: the last test here)."""
     with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2, flash_attn=True)) as t:
         yield t
 
@@ -444,22 +432,3 @@ def test_a_target_without_flash_attention_reads_prompts_in_its_own_cache(model_p
     with Target(model_path, replace(config, f16_prefill=False)) as asked:
         assert np.array_equal(asked.prefill(long_prompts[0]).logits, logits)
 
-
-def test_the_tiled_kernel_reads_prompts_in_the_targets_own_cache(model_path, long_prompts):
-    """Tandem's attention kernel reads a Q8_0 cache as fast as an F16 one: with it (the
-    default) no F16 context is opened and nothing waits to move; the prompt's logits are
-    those of a target told to read there."""
-    from engine.runtime.llama_bindings import use_tiled_attention
-
-    use_tiled_attention(True)
-    try:
-        config = TargetConfig(n_ctx=2048, n_threads=2)
-        with Target(model_path, config) as own:
-            assert own.flash_attn and own.prompts.f16.ctx is None
-            assert "tiled attention kernel" in (own.f16_prefill_off or "")
-            logits = own.prefill(long_prompts[0]).logits.copy()
-            assert own.sequence._pending is None
-        with Target(model_path, replace(config, f16_prefill=False)) as asked:
-            assert np.array_equal(asked.prefill(long_prompts[0]).logits, logits)
-    finally:
-        use_tiled_attention(False)

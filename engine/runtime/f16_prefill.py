@@ -31,7 +31,6 @@ from engine.runtime.kv_transfer import (
     f16_to_q8_0_keys,
     llama_rotates_quantized_k,
 )
-from engine.runtime.llama_bindings import tiled_attention_on
 from engine.runtime.native import (
     NativeContext,
     NativeModel,
@@ -150,11 +149,6 @@ class F16Prefill:
             return "layers run on a GPU"
         if c.workers:
             return "layers run on workers (the cell move would cross the network twice)"
-        if tiled_attention_on() and self.copy_layout is None:
-            # One kernel reads a Q8_0 and an F16 cache alike (a 2,048-token prompt and
-            # its first token: 3.9-4.2 s in place, 3.7-4.3 s through the F16 context and
-            # the move): nothing to repay the second context and the move.
-            return "the tiled attention kernel reads prompts as fast in the target's cache"
         if not self.sequence.ctx.flash_attn and self.copy_layout is None:
             # Without flash attention a prompt goes through the matrix kernels in either
             # cache, and the target's reads it as fast with no cells to move after it
