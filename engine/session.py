@@ -35,6 +35,7 @@ import numpy as np
 
 from engine.decoding.budget import (
     MAX_DRAFT_LIMIT,
+    TILED_ROW_SHARE,
     SpeculationGovernor,
     VerifyCostModel,
     context_bucket,
@@ -71,6 +72,7 @@ from engine.runtime.kv_cache import KV_MODES, KV_TRADE_OFF
 from engine.runtime.memory_fit import MemoryNeed
 from engine.runtime.model_info import ModelInfo, read_model_info
 from engine.runtime.native import prompt_kernels_available
+from engine.runtime.native_policy import tiled_cpu_attention
 from engine.runtime.target import Target
 from engine.workers.endpoints import parse_endpoint
 from engine.workers.handshake import WorkerInfo, probe_worker
@@ -195,6 +197,9 @@ class Engine:
         costs = self.plans.costs
         curve = costs.verify_s.get(target_device(self.target)) if costs is not None else None
         self.cost = VerifyCostModel.from_curve(curve) if curve else VerifyCostModel()
+        if tiled_cpu_attention(self.target.flash_attn, self.target.n_gpu_layers,
+                               self.target.model.n_layer):
+            self.cost.row_share = TILED_ROW_SHARE
         if self.plan is not None:
             self.plans.watch(self.plan, target_device(self.target))
         if self.threads is not None:

@@ -137,3 +137,22 @@ def test_a_long_context_without_batches_measured_prices_attention_in_every_row()
     assert priced > 10.7  # never cheaper than measured there
     model.observe(3000, 16, 0.0121 * 10.7)
     assert model.at(3000).ratio(16) == pytest.approx(10.7)
+
+
+def test_rows_that_read_the_cache_together_pay_a_share_of_its_attention():
+    """Through the tiled CPU kernel a batch's rows read the cache together: past the
+    first, each row pays ``row_share`` of a token's attention (the session sets
+    TILED_ROW_SHARE for such targets)."""
+    from engine.decoding.budget import TILED_ROW_SHARE
+
+    model = VerifyCostModel.from_curve({1: 0.005, 8: 0.005 * 4.47, 16: 0.005 * 7.22})
+    model.row_share = TILED_ROW_SHARE
+    model.observe(100, 1, 0.005)
+    model.observe(3000, 1, 0.0121)
+    extra = 0.0121 - 0.005
+    priced = model.at(3000).ratio(16)
+    assert priced == pytest.approx((7.22 * 0.005 + (1 + TILED_ROW_SHARE * 15) * extra) / 0.0121)
+    assert 0 < TILED_ROW_SHARE < 1
+    alone = VerifyCostModel.from_curve({1: 0.005, 8: 0.005 * 4.47, 16: 0.005 * 7.22})
+    alone.observe(3000, 1, 0.0121)
+    assert priced < alone.at(3000).ratio(16)  # cheaper than every row reading alone

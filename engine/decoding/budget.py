@@ -24,6 +24,10 @@ MAX_DRAFT_LIMIT = 16
 # Drafts from memory cost nothing to make, and a long exact repeat (a model looping, a
 # text quoted again) is accepted whole: verify up to this many when the budget says so.
 MAX_MEMORY_DRAFT = 32
+# Each further row of a verification pays this share of one token's attention through the
+# tiled CPU kernel, whose rows read the cache together (docs/benchmarks.md, "One
+# attention kernel": c(16) over c(1) past the calibration's context).
+TILED_ROW_SHARE = 0.4
 
 
 def context_bucket(n_past: int) -> int:
@@ -69,6 +73,10 @@ class VerifyCostModel:
     window: int = 5  # decodes per median
     max_age: int = 64  # decodes of a bucket after which an unrefreshed ratio is forgotten
     learn: bool = True  # False: keep the prior (tests that want every node verified)
+    # The share of one token's attention each further row of a batch pays: 1 where every
+    # row reads the cache alone (ggml's one-row and matrix paths), less where a batch's
+    # rows read it together (the tiled CPU kernel: ``TILED_ROW_SHARE``).
+    row_share: float = 1.0
     _t1: dict[int, _Recent] = field(default_factory=dict)
     _ratios: dict[tuple[int, int], _Recent] = field(default_factory=dict)
     _clock: dict[int, int] = field(default_factory=dict)  # decodes seen per bucket
@@ -119,15 +127,17 @@ class VerifyCostModel:
         return table
 
     def _attention_priced(self, bucket: int) -> dict[int, float]:
-        """The calibrated ratios at ``bucket``, each row paying the attention a token
-        there costs above the calibration's one-token time (the ratios as calibrated
-        where that is not known or not more)."""
+        """The calibrated ratios at ``bucket``, the first row paying the attention a token
+        there costs above the calibration's one-token time and each further row
+        ``row_share`` of it (the ratios as calibrated where that is not known or not
+        more)."""
         t1_cal, known = self.prior_t1, self._t1.get(bucket)
         extra = known.value - t1_cal if known is not None and t1_cal > 0 else 0.0
         if extra <= 0:
             return dict(self.prior)
         t1 = known.value
-        return {n: (r * t1_cal + n * extra) / t1 for n, r in self.prior.items()}
+        return {n: (r * t1_cal + (1 + self.row_share * (n - 1)) * extra) / t1
+                for n, r in self.prior.items()}
 
     def observe(self, n_past: int, n_tokens: int, t_s: float) -> None:
         """A verification of ``n_tokens`` at ``n_past`` cached tokens took ``t_s``."""

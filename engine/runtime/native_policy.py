@@ -124,7 +124,13 @@ def trees_exact(flash_attn: bool, n_gpu_layers: int, n_layer: int) -> bool:
     token 34): layers on this machine's CPU (a worker runs the same library) verify
     chains, whose cells match. Every layer on a GPU (``n_gpu_layers`` > ``n_layer``)
     keeps trees."""
-    return flash_attn and not (tiled_attention_on() and n_gpu_layers <= n_layer)
+    return flash_attn and not tiled_cpu_attention(flash_attn, n_gpu_layers, n_layer)
+
+
+def tiled_cpu_attention(flash_attn: bool, n_gpu_layers: int, n_layer: int) -> bool:
+    """Whether some layer's attention runs through the tiled CPU kernel: flash attention
+    on, the kernel on, and not every layer offloaded to a GPU."""
+    return flash_attn and tiled_attention_on() and n_gpu_layers <= n_layer
 
 
 class NativeContext(LlamaContext):
