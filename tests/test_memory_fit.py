@@ -126,12 +126,27 @@ def _model_info(facts: GGUFFacts, size_bytes: int):  # noqa: ANN202
 
 def test_a_context_counts_its_attention_scores_and_the_f16_context_by_the_targets_rules(
 ) -> None:
-    """On the CPU with a float V the target runs without flash attention: a batch's
-    scores over the whole cache are counted (256 rows x n_ctx x 32 heads of F32), no F16
-    context; with a quantized V (flash attention) the F16 context's cache instead."""
+    """On the CPU with ggml's own kernels and a float V the target runs without flash
+    attention: a batch's scores over the whole cache are counted (256 rows x n_ctx x 32
+    heads of F32), no F16 context; with a quantized V (flash attention) the F16 context's
+    cache instead, and so with Tandem's tiled kernel (flash attention on: no scores)."""
     from engine.planning.memory_plan import planned_memory
+    from engine.runtime.llama_bindings import use_tiled_attention
 
     info = _model_info(FACTS, 4 * GiB)
+    tiled = planned_memory(info, N_CTX, "q8_0", "f16")
+    assert tiled.attention == 0
+    assert tiled.prefill_kv == 2 * kv_cache_bytes(FACTS, N_CTX, 4 * GiB, "f16", "f16") + tiled.kv
+    use_tiled_attention(False)
+    try:
+        _ggml_paths(info)
+    finally:
+        use_tiled_attention(True)
+
+
+def _ggml_paths(info) -> None:  # noqa: ANN001
+    from engine.planning.memory_plan import planned_memory
+
     cpu = planned_memory(info, N_CTX, "q8_0", "f16")
     assert cpu.attention == 256 * N_CTX * 32 * 4 and cpu.prefill_kv == 0
     assert cpu.kv == kv_cache_bytes(FACTS, N_CTX, 4 * GiB, "q8_0", "f16")

@@ -22,12 +22,19 @@ MAX_TOKENS = 40
 
 @pytest.fixture(scope="module")
 def target(model_path):
-    """A target with flash attention, which verifies the noisy drafter's trees (the
-    CPU's default verifies their best chain: Target.trees)."""
+    """A target that verifies the noisy drafter's trees: flash attention through ggml's
+    own one-row kernel (the CPU's default, Tandem's tiled kernel, verifies their best
+    chain: native_policy.trees_exact)."""
+    from engine.runtime.llama_bindings import use_tiled_attention
     from engine.runtime.target import Target, TargetConfig
 
-    with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2, flash_attn=True)) as t:
-        yield t
+    use_tiled_attention(False)
+    try:
+        with Target(model_path, TargetConfig(n_ctx=2048, n_threads=2, flash_attn=True)) as t:
+            assert t.trees
+            yield t
+    finally:
+        use_tiled_attention(True)
 
 
 def test_penalties_follow_llama_cpp():
