@@ -367,9 +367,14 @@ def test_a_wrong_token_after_a_tool_result_parts(model_path: Path, dev_prompts: 
     s._ask = ask_noting_the_turn  # type: ignore[method-assign]
     try:
         action = _greedy_then_sampled(s, _feature(dev_prompts, "tool_round"))
-        # Armed in the answer after the call's result only: the call parts nowhere.
+        # Armed in the answer after the call's result only: the call parts nowhere. A
+        # seed whose sampled answer has a draft turned down there (which seed does moves
+        # with the kernels' sums: the first that does is taken).
         defect = WrongToken(monkeypatch, lambda: turns[-1] == "after its result: ")
-        found = s.run(action)
+        for seed in range(5, 12):
+            found = s.run(replace(action, seed=seed))
+            if defect.fired:
+                break
         assert defect.fired and found is not None, found
         assert found.what.startswith("after its result: answer"), found
     finally:
