@@ -44,7 +44,7 @@ def _verify_once(target: Target, root: int, draft: list[int], n_keep: int) -> fl
 
 
 def _prefill_once(target: Target, tokens: list[int]) -> float:
-    target.reset()
+    target.reset(cold=True)  # nothing kept: the F16 context would hand the prompt back
     t0 = time.perf_counter()
     target.prefill(tokens)
     return time.perf_counter() - t0
